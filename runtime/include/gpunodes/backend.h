@@ -1,0 +1,67 @@
+// What a device kind implements: an allocator, its stream workers, and the kernels the ops call.
+// Kernel calls run inside an op body on that device's worker; `ctx.native_stream` is where they enqueue.
+// A CUDA worker waits for its stream after each op, so when a kernel call returns the op may still be in
+// flight on the GPU but will be complete before any dependent op starts.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpunodes/device.h"
+#include "gpunodes/engine.h"
+#include "gpunodes/memory.h"
+
+namespace gn {
+
+enum class BinaryOp { Add, Sub, Mul, Div };
+enum class UnaryOp { Exp, Relu, ScaleShift };  // ScaleShift: y = a*x + b
+enum class ReduceOp { Sum, FrobeniusNorm };
+enum class RandomKind { Uniform, Normal };  // Uniform(a, b) or Normal(mean a, std b)
+// Tf32 trades mantissa bits for tensor-core speed on CUDA; the CPU always computes in fp32.
+enum class Precision { Fp32, Tf32 };
+
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;  // C[m,n] = op(A)[m,k] * op(B)[k,n], all row-major
+  const float* a = nullptr;
+  const float* b = nullptr;
+  float* c = nullptr;
+  Precision precision = Precision::Fp32;
+};
+
+// Where a copy reads or writes: a pointer and the device whose memory it is.
+struct CopyEnd {
+  void* ptr;
+  Device device;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual std::vector<DeviceInfo> enumerate() = 0;
+  virtual std::unique_ptr<Allocator> make_allocator(Device device, Profiler* profiler) = 0;
+  virtual std::unique_ptr<StreamWorker> make_worker(Device device, StreamKind stream) = 0;
+
+  virtual void fill(float* y, int64_t n, float value, OpContext& ctx) = 0;
+  // Philox4x32-10 stream `seed`, element i from counter i: identical values on every device.
+  virtual void random(float* y, int64_t n, RandomKind kind, uint64_t seed, float a, float b,
+                      OpContext& ctx) = 0;
+  virtual void arange(float* y, int64_t n, float start, float step, OpContext& ctx) = 0;
+  virtual void gemm(const GemmArgs& args, OpContext& ctx) = 0;
+  virtual void binary(BinaryOp op, const float* a, const float* b, float* y, int64_t n, OpContext& ctx) = 0;
+  virtual void unary(UnaryOp op, const float* x, float* y, int64_t n, float alpha, float beta,
+                     OpContext& ctx) = 0;
+  // Writes one float to y, which lives on this device.
+  virtual void reduce(ReduceOp op, const float* x, int64_t n, float* y, OpContext& ctx) = 0;
+  // Copies bytes where at least one end is on this backend's kind. `pinned_staging` asks host<->device
+  // copies to go through page-locked memory so they run asynchronously to the host.
+  virtual void copy(CopyEnd dst, CopyEnd src, int64_t bytes, bool pinned_staging, OpContext& ctx) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(int cpu_devices);
+// Null when the CUDA backend was not built. The backend enumerates zero devices without a driver or GPU.
+std::unique_ptr<Backend> make_cuda_backend();
+
+}  // namespace gn

@@ -1,0 +1,155 @@
+// The dependency engine, after MXNet's: ops declare the variables they read and write, and run as soon as
+// no earlier op conflicts with them. Ops on different devices or streams therefore overlap on their own:
+// this is automatic parallelism.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpunodes/device.h"
+
+namespace gn {
+
+class Profiler;
+class StreamWorker;
+struct OpNode;
+
+// What an op's body gets: where it runs, the native stream (cudaStream_t on CUDA), and the cancel flag,
+// which long ops poll between chunks of work.
+struct OpContext {
+  Device device;
+  StreamKind stream = StreamKind::Compute;
+  void* native_stream = nullptr;
+  const std::atomic<bool>* cancel_flag = nullptr;
+  bool cancelled() const { return cancel_flag && cancel_flag->load(std::memory_order_relaxed); }
+  // Throws CancelledError when cancel was asked for.
+  void check_cancelled() const;
+};
+
+// An engine variable: one per tensor storage. It remembers the last writer and the readers since, so a new
+// op can wait for exactly the ops it conflicts with. An error from a failed op sticks to the variables that
+// op wrote, and wait() rethrows it.
+struct Var {
+  std::shared_ptr<OpNode> last_writer;
+  std::vector<std::shared_ptr<OpNode>> readers_since_write;
+  std::exception_ptr error;
+};
+using VarPtr = std::shared_ptr<Var>;
+inline VarPtr new_var() { return std::make_shared<Var>(); }
+
+struct OpInfo {
+  std::string name;
+  std::string tag;  // defaults to the thread's current tag (see ScopedOpTag)
+  int64_t bytes = 0;
+  double flops = 0;
+  bool host_blocking = false;  // the host waits for this op: a blocking copy or read
+};
+
+enum class Schedule { Parallel, Sequential };
+
+// Sets the tag that ops pushed from this thread carry into their profiler spans (the node id).
+class ScopedOpTag {
+ public:
+  explicit ScopedOpTag(std::string tag);
+  ~ScopedOpTag();
+  static const std::string& current();
+
+ private:
+  std::string previous_;
+};
+
+using OpFn = std::function<void(OpContext&)>;
+// Creates the worker for one (device, stream): a thread that runs ops, set up for that device.
+using WorkerFactory = std::function<std::unique_ptr<StreamWorker>(Device, StreamKind)>;
+
+class Engine {
+ public:
+  Engine(Profiler& profiler, WorkerFactory factory);
+  ~Engine();  // waits for every op, then stops the workers
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Enqueues op; returns at once. reads and writes may overlap or be empty.
+  void push(OpFn op, const std::vector<VarPtr>& reads, const std::vector<VarPtr>& writes, Device device,
+            StreamKind stream, OpInfo info);
+
+  // Blocks until every op that writes var so far has run; rethrows the error stuck to var.
+  void wait(const VarPtr& var);
+  // Blocks until every op pushed so far has run; rethrows the first error since the last wait_all.
+  void wait_all();
+
+  // Parallel: ops wait only for conflicting ops. Sequential: every op waits for the one pushed before it,
+  // the seed's "waitall between" baseline.
+  void set_schedule(Schedule s);
+  Schedule schedule() const;
+
+  // Ops not yet started are dropped (their outputs carry CancelledError); running ops see the flag.
+  // Returns at once; wait_all() afterwards drains. reset_cancel() makes the engine usable again.
+  void cancel();
+  void reset_cancel();
+  bool cancelled() const { return cancel_flag_.load(); }
+
+  size_t pending() const;
+
+ private:
+  friend class StreamWorker;
+  void dispatch(const std::shared_ptr<OpNode>& op);  // called with deps satisfied
+  void complete(const std::shared_ptr<OpNode>& op);  // called by workers after running op
+  std::exception_ptr input_error(const OpNode& op);  // an error stuck to what op reads
+  StreamWorker& worker(Device device, StreamKind stream);
+
+  Profiler& profiler_;
+  WorkerFactory factory_;
+  mutable std::mutex mutex_;
+  std::condition_variable done_cv_;
+  std::map<std::pair<Device, int>, std::unique_ptr<StreamWorker>> workers_;
+  std::shared_ptr<OpNode> last_pushed_;  // sequential schedule chains every op after this one
+  Schedule schedule_ = Schedule::Parallel;
+  size_t pending_ = 0;
+  std::exception_ptr first_error_;
+  std::atomic<bool> cancel_flag_{false};
+};
+
+// One thread with a FIFO of ready ops for one (device, stream). Subclasses prepare the thread (OpenMP
+// thread count, CUDA device and stream) and time ops (steady clock, or CUDA events).
+class StreamWorker {
+ public:
+  StreamWorker(Device device, StreamKind stream);
+  virtual ~StreamWorker();
+  void start(Engine* engine, Profiler* profiler);
+  void stop();  // joins; the queue must be empty
+  void enqueue(std::shared_ptr<OpNode> op);
+  Device device() const { return device_; }
+  StreamKind stream() const { return stream_; }
+
+ protected:
+  virtual void on_thread_start() {}
+  virtual void on_thread_stop() {}
+  virtual void* native_stream() { return nullptr; }
+  // Runs fn and returns its span's start and end on the profiler timeline. Default: the host's steady
+  // clock, right for the CPU. CUDA waits for the stream and uses events.
+  virtual std::pair<double, double> run_timed(const OpFn& fn, OpContext& ctx);
+  Profiler* profiler_ = nullptr;
+
+ private:
+  void loop();
+  Device device_;
+  StreamKind stream_;
+  Engine* engine_ = nullptr;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<OpNode>> queue_;
+  bool stopping_ = false;
+  std::exception_ptr init_error_;  // on_thread_start failed: every op fails with this
+  std::thread thread_;
+};
+
+}  // namespace gn

@@ -1,0 +1,75 @@
+// Per-device allocators and their statistics.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+#include "gpunodes/device.h"
+
+namespace gn {
+
+class Profiler;
+
+// PyTorch's four counters, kept for allocated bytes (handed to tensors) and reserved bytes
+// (held from the system, including a caching allocator's cache).
+struct MemoryCounter {
+  int64_t current = 0, peak = 0, allocated = 0, freed = 0;
+  void add(int64_t bytes);
+  void sub(int64_t bytes);
+};
+
+struct MemoryStats {
+  MemoryCounter allocated_bytes;
+  MemoryCounter reserved_bytes;
+  int64_t num_allocs = 0;
+  int64_t num_ooms = 0;
+};
+
+class Allocator {
+ public:
+  Allocator(Device device, Profiler* profiler) : device_(device), profiler_(profiler) {}
+  virtual ~Allocator() = default;
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  // Throws OutOfMemoryError; never returns null for bytes > 0.
+  virtual void* allocate(size_t bytes, StreamKind stream) = 0;
+  virtual void deallocate(void* ptr) = 0;
+  // Gives cached blocks back to the system (no-op where nothing is cached).
+  virtual void empty_cache() {}
+
+  MemoryStats stats() const;
+  // A cap below the physical size: simulates a small card and makes OOM testable anywhere. 0 = none.
+  void set_limit(int64_t bytes) { limit_ = bytes; }
+  int64_t limit() const { return limit_; }
+  Device device() const { return device_; }
+
+ protected:
+  // Book-keeping shared by all allocators: counters plus a timestamped memory sample.
+  void note_alloc(int64_t bytes, int64_t reserved_delta);
+  void note_free(int64_t bytes, int64_t reserved_delta);
+  void note_oom();
+  [[noreturn]] void throw_oom(int64_t requested, int64_t free, int64_t cached);
+
+  Device device_;
+  Profiler* profiler_;
+  std::atomic<int64_t> limit_{0};
+  mutable std::mutex stats_mutex_;
+  MemoryStats stats_;
+};
+
+// Host memory for CPU devices: 64-byte aligned, no cache (malloc is fast enough on the host).
+class CpuAllocator final : public Allocator {
+ public:
+  using Allocator::Allocator;
+  void* allocate(size_t bytes, StreamKind stream) override;
+  void deallocate(void* ptr) override;
+
+ private:
+  std::mutex sizes_mutex_;
+  std::unordered_map<void*, size_t> sizes_;
+};
+
+}  // namespace gn

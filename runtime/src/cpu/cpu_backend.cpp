@@ -1,0 +1,224 @@
+// The CPU backend: OpenBLAS (OpenMP build) for GEMM, OpenMP loops for the rest. Each CPU device's workers run
+// with that device's share of the cores, so N devices busy at once do not oversubscribe the machine.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "gpunodes/backend.h"
+#include "gpunodes/errors.h"
+#include "gpunodes/profiler.h"
+#include "gpunodes/random.h"
+
+namespace gn {
+namespace {
+
+// Elementwise loops go parallel only when the work pays for waking the team.
+constexpr int64_t kParallelThreshold = 1 << 15;
+
+struct HostFacts {
+  std::string model = "CPU";
+  double mhz = 0;
+  int fp32_flops_per_cycle = 16;  // SSE-only baseline: 2 x 4-wide FMA-less units
+  std::string simd = "SSE";
+  int64_t mem_total = 0, mem_available = 0;
+};
+
+HostFacts read_host_facts() {
+  HostFacts f;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    auto value = [&] { return line.substr(line.find(':') + 2); };
+    if (line.rfind("model name", 0) == 0 && f.model == "CPU") f.model = value();
+    if (line.rfind("cpu MHz", 0) == 0 && f.mhz == 0) f.mhz = std::stod(value());
+    if (line.rfind("flags", 0) == 0) {
+      std::string flags = " " + value() + " ";
+      if (flags.find(" avx512f ") != std::string::npos) {
+        f.fp32_flops_per_cycle = 64, f.simd = "AVX-512 FMA";
+      } else if (flags.find(" avx2 ") != std::string::npos && flags.find(" fma ") != std::string::npos) {
+        f.fp32_flops_per_cycle = 32, f.simd = "AVX2 FMA";
+      }
+    }
+  }
+  std::ifstream meminfo("/proc/meminfo");
+  while (std::getline(meminfo, line)) {
+    std::istringstream in(line);
+    std::string key;
+    int64_t kb = 0;
+    in >> key >> kb;
+    if (key == "MemTotal:") f.mem_total = kb * 1024;
+    if (key == "MemAvailable:") f.mem_available = kb * 1024;
+  }
+  return f;
+}
+
+int machine_cores() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+// Cores for one of `n` CPU devices: an even share, at least one.
+int core_share(int n) { return std::max(1, machine_cores() / std::max(1, n)); }
+
+class CpuStreamWorker final : public StreamWorker {
+ public:
+  CpuStreamWorker(Device d, StreamKind s, int threads) : StreamWorker(d, s), threads_(threads) {}
+
+ protected:
+  // OpenMP's thread count is per calling thread, and OpenBLAS's OpenMP build follows it.
+  void on_thread_start() override { omp_set_num_threads(threads_); }
+
+ private:
+  int threads_;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int devices) : devices_(std::max(1, devices)) {}
+
+  DeviceKind kind() const override { return DeviceKind::Cpu; }
+
+  std::vector<DeviceInfo> enumerate() override {
+    HostFacts f = read_host_facts();
+    std::vector<DeviceInfo> out;
+    for (int i = 0; i < devices_; ++i) {
+      DeviceInfo info;
+      info.device = Device::cpu(i);
+      info.name = f.model;
+      info.cores = core_share(devices_);
+      info.total_memory = f.mem_total;  // host memory is shared by all CPU devices
+      info.free_memory = f.mem_available;
+      info.peak_gflops = info.cores * f.mhz * 1e-3 * f.fp32_flops_per_cycle;
+      std::ostringstream src;
+      src << info.cores << " cores x " << f.mhz << " MHz (/proc/cpuinfo) x " << f.fp32_flops_per_cycle
+          << " fp32 FLOP/cycle (" << f.simd << ")";
+      info.peak_source = src.str();
+      out.push_back(info);
+    }
+    return out;
+  }
+
+  std::unique_ptr<Allocator> make_allocator(Device d, Profiler* profiler) override {
+    return std::make_unique<CpuAllocator>(d, profiler);
+  }
+
+  std::unique_ptr<StreamWorker> make_worker(Device d, StreamKind s) override {
+    // The copy stream is a memcpy thread; it gets one core's worth of threads.
+    return std::make_unique<CpuStreamWorker>(d, s, s == StreamKind::Compute ? core_share(devices_) : 1);
+  }
+
+  void fill(float* y, int64_t n, float value, OpContext&) override {
+#pragma omp parallel for if (n > kParallelThreshold)
+    for (int64_t i = 0; i < n; ++i) y[i] = value;
+  }
+
+  void random(float* y, int64_t n, RandomKind kind, uint64_t seed, float a, float b, OpContext&) override {
+    if (kind == RandomKind::Uniform) {
+#pragma omp parallel for if (n > kParallelThreshold / 16)
+      for (int64_t i = 0; i < n; ++i) y[i] = philox::uniform_at(seed, static_cast<uint64_t>(i), a, b);
+    } else {
+#pragma omp parallel for if (n > kParallelThreshold / 16)
+      for (int64_t i = 0; i < n; ++i) y[i] = philox::normal_at(seed, static_cast<uint64_t>(i), a, b);
+    }
+  }
+
+  void arange(float* y, int64_t n, float start, float step, OpContext&) override {
+#pragma omp parallel for if (n > kParallelThreshold)
+    for (int64_t i = 0; i < n; ++i) y[i] = start + step * static_cast<float>(i);
+  }
+
+  void gemm(const GemmArgs& g, OpContext& ctx) override {
+    const int lda = static_cast<int>(g.trans_a ? g.m : g.k);
+    const int ldb = static_cast<int>(g.trans_b ? g.k : g.n);
+    // Rows of C in chunks of at most ~2 GFLOP, so that cancel is seen within a fraction of a second even
+    // for the seed's 4000x4000 products on a small CPU.
+    const double row_flops = 2.0 * static_cast<double>(g.n) * static_cast<double>(g.k);
+    const int64_t chunk = std::max<int64_t>(256, static_cast<int64_t>(2e9 / std::max(row_flops, 1.0)));
+    for (int64_t r0 = 0; r0 < g.m; r0 += chunk) {
+      ctx.check_cancelled();
+      const int64_t rows = std::min(chunk, g.m - r0);
+      // Row r of op(A) starts at a + r*lda (no transpose) or at column r (transpose).
+      const float* a = g.trans_a ? g.a + r0 : g.a + r0 * lda;
+      cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
+                  static_cast<int>(rows), static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, a, lda, g.b, ldb,
+                  0.0f, g.c + r0 * g.n, static_cast<int>(g.n));
+    }
+  }
+
+  void binary(BinaryOp op, const float* a, const float* b, float* y, int64_t n, OpContext&) override {
+    switch (op) {
+      case BinaryOp::Add:
+#pragma omp parallel for if (n > kParallelThreshold)
+        for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+        break;
+      case BinaryOp::Sub:
+#pragma omp parallel for if (n > kParallelThreshold)
+        for (int64_t i = 0; i < n; ++i) y[i] = a[i] - b[i];
+        break;
+      case BinaryOp::Mul:
+#pragma omp parallel for if (n > kParallelThreshold)
+        for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i];
+        break;
+      case BinaryOp::Div:
+#pragma omp parallel for if (n > kParallelThreshold)
+        for (int64_t i = 0; i < n; ++i) y[i] = a[i] / b[i];
+        break;
+    }
+  }
+
+  void unary(UnaryOp op, const float* x, float* y, int64_t n, float alpha, float beta, OpContext&) override {
+    switch (op) {
+      case UnaryOp::Exp:
+#pragma omp parallel for if (n > kParallelThreshold)
+        for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+        break;
+      case UnaryOp::Relu:
+#pragma omp parallel for if (n > kParallelThreshold)
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0 ? x[i] : 0.0f;
+        break;
+      case UnaryOp::ScaleShift:
+#pragma omp parallel for if (n > kParallelThreshold)
+        for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i] + beta;
+        break;
+    }
+  }
+
+  void reduce(ReduceOp op, const float* x, int64_t n, float* y, OpContext&) override {
+    // Accumulate in double: sums of millions of floats otherwise lose digits.
+    double acc = 0;
+    if (op == ReduceOp::Sum) {
+#pragma omp parallel for reduction(+ : acc) if (n > kParallelThreshold)
+      for (int64_t i = 0; i < n; ++i) acc += x[i];
+      *y = static_cast<float>(acc);
+    } else {
+#pragma omp parallel for reduction(+ : acc) if (n > kParallelThreshold)
+      for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];
+      *y = static_cast<float>(std::sqrt(acc));
+    }
+  }
+
+  void copy(CopyEnd dst, CopyEnd src, int64_t bytes, bool, OpContext& ctx) override {
+    if (!dst.device.is_cpu() || !src.device.is_cpu())
+      throw Error("CPU backend asked to copy " + src.device.str() + " -> " + dst.device.str());
+    // Large copies in slices so cancel is honoured promptly.
+    constexpr int64_t slice = 64 << 20;
+    auto* d = static_cast<char*>(dst.ptr);
+    auto* s = static_cast<const char*>(src.ptr);
+    for (int64_t off = 0; off < bytes; off += slice) {
+      ctx.check_cancelled();
+      std::memcpy(d + off, s + off, static_cast<size_t>(std::min(slice, bytes - off)));
+    }
+  }
+
+ private:
+  int devices_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int cpu_devices) { return std::make_unique<CpuBackend>(cpu_devices); }
+
+}  // namespace gn

@@ -1,0 +1,64 @@
+// A caching allocator for one CUDA device, after PyTorch's CUDACachingAllocator but small: cudaMalloc and
+// cudaFree synchronize the device and cost far more than a kernel, so freed blocks are kept and reused.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+
+#include "gpunodes/memory.h"
+
+namespace gn::cuda {
+
+class CudaCachingAllocator final : public Allocator {
+ public:
+  using Allocator::Allocator;
+  ~CudaCachingAllocator() override;
+
+  void* allocate(size_t bytes, StreamKind stream) override;
+  void deallocate(void* ptr) override;
+  void empty_cache() override;
+
+  static constexpr size_t kRound = 512;                 // every block is a multiple of this
+  static constexpr size_t kSmallSize = 1 << 20;         // requests up to here use the small pool
+  static constexpr size_t kSmallSegment = 2 << 20;      // small blocks are carved from segments this size
+  static constexpr size_t kMinLargeSegment = 20 << 20;  // requests under 10 MiB share segments this size
+  static constexpr size_t kLargeRound = 2 << 20;        // larger segments are rounded to this
+
+ private:
+  // A block is a piece of a segment (one cudaMalloc). Neighbouring blocks of a segment are linked so that
+  // freed neighbours merge back.
+  struct Block {
+    char* ptr = nullptr;
+    size_t size = 0;
+    int stream = 0;  // blocks are reused only by allocations on the stream that freed them
+    bool small = false;
+    bool allocated = false;
+    Block* prev = nullptr;
+    Block* next = nullptr;
+  };
+  // Free blocks ordered for best fit: the smallest block of this stream that is large enough.
+  struct BySize {
+    bool operator()(const Block* a, const Block* b) const {
+      return std::tie(a->stream, a->size, a->ptr) < std::tie(b->stream, b->size, b->ptr);
+    }
+  };
+  using Pool = std::set<Block*, BySize>;
+
+  Pool& pool_of(bool small) { return small ? small_pool_ : large_pool_; }
+  Block* take_free_block(size_t size, int stream, bool small);
+  Block* new_segment(size_t size, int stream, bool small);  // nullptr when the device or the limit refuses
+  void split(Block* block, size_t size);
+  size_t release_cached();  // cudaFree of every wholly free segment; returns bytes given back
+  int64_t device_free_bytes() const;
+
+  std::mutex mutex_;
+  Pool small_pool_, large_pool_;
+  std::unordered_map<void*, Block*> live_;  // allocated blocks by pointer
+  size_t reserved_ = 0;                     // bytes held from cudaMalloc
+  size_t allocated_ = 0;                    // bytes in allocated blocks
+};
+
+}  // namespace gn::cuda

@@ -1,0 +1,258 @@
+#include "gpunodes/engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "gpunodes/errors.h"
+#include "gpunodes/profiler.h"
+
+namespace gn {
+
+struct OpNode {
+  OpFn fn;
+  std::vector<VarPtr> reads, writes;
+  Device device;
+  StreamKind stream;
+  OpInfo info;
+  // Guarded by the engine's mutex:
+  int pending_deps = 0;
+  bool done = false;
+  std::vector<std::shared_ptr<OpNode>> dependents;
+  std::exception_ptr error;
+};
+
+void OpContext::check_cancelled() const {
+  if (cancelled()) throw CancelledError();
+}
+
+namespace {
+thread_local std::string current_tag;
+}
+
+ScopedOpTag::ScopedOpTag(std::string tag) : previous_(std::move(current_tag)) { current_tag = std::move(tag); }
+ScopedOpTag::~ScopedOpTag() { current_tag = std::move(previous_); }
+const std::string& ScopedOpTag::current() { return current_tag; }
+
+Engine::Engine(Profiler& profiler, WorkerFactory factory) : profiler_(profiler), factory_(std::move(factory)) {}
+
+Engine::~Engine() {
+  {
+    std::unique_lock lock(mutex_);
+    done_cv_.wait(lock, [&] { return pending_ == 0; });
+  }
+  for (auto& [key, worker] : workers_) worker->stop();
+}
+
+void Engine::set_schedule(Schedule s) {
+  std::lock_guard lock(mutex_);
+  schedule_ = s;
+}
+
+Schedule Engine::schedule() const {
+  std::lock_guard lock(mutex_);
+  return schedule_;
+}
+
+size_t Engine::pending() const {
+  std::lock_guard lock(mutex_);
+  return pending_;
+}
+
+void Engine::push(OpFn fn, const std::vector<VarPtr>& reads, const std::vector<VarPtr>& writes, Device device,
+                  StreamKind stream, OpInfo info) {
+  auto op = std::make_shared<OpNode>();
+  op->fn = std::move(fn);
+  op->reads = reads;
+  op->writes = writes;
+  op->device = device;
+  op->stream = stream;
+  if (info.tag.empty()) info.tag = ScopedOpTag::current();
+  op->info = std::move(info);
+
+  bool ready;
+  {
+    std::lock_guard lock(mutex_);
+    std::vector<OpNode*> deps;
+    auto depend_on = [&](const std::shared_ptr<OpNode>& other) {
+      if (!other || other->done || other == op) return;
+      if (std::find(deps.begin(), deps.end(), other.get()) != deps.end()) return;
+      deps.push_back(other.get());
+      other->dependents.push_back(op);
+      ++op->pending_deps;
+    };
+    auto is_written = [&](const VarPtr& v) { return std::find(writes.begin(), writes.end(), v) != writes.end(); };
+    // Read after write: wait for the last writer.
+    for (const VarPtr& v : reads) depend_on(v->last_writer);
+    // Write after write and write after read: wait for the last writer and every reader since.
+    for (const VarPtr& v : writes) {
+      depend_on(v->last_writer);
+      for (const auto& r : v->readers_since_write) depend_on(r);
+    }
+    if (schedule_ == Schedule::Sequential) depend_on(last_pushed_);
+
+    for (const VarPtr& v : reads) {
+      if (is_written(v)) continue;
+      auto& readers = v->readers_since_write;
+      std::erase_if(readers, [](const std::shared_ptr<OpNode>& r) { return r->done; });
+      readers.push_back(op);
+    }
+    for (const VarPtr& v : writes) {
+      v->last_writer = op;
+      v->readers_since_write.clear();
+    }
+    last_pushed_ = op;
+    ++pending_;
+    ready = op->pending_deps == 0;
+  }
+  if (ready) dispatch(op);
+}
+
+void Engine::dispatch(const std::shared_ptr<OpNode>& op) {
+  if (cancel_flag_.load()) {
+    op->error = std::make_exception_ptr(CancelledError());
+    op->fn = nullptr;
+    complete(op);
+    return;
+  }
+  worker(op->device, op->stream).enqueue(op);
+}
+
+StreamWorker& Engine::worker(Device device, StreamKind stream) {
+  std::lock_guard lock(mutex_);
+  auto key = std::make_pair(device, static_cast<int>(stream));
+  auto it = workers_.find(key);
+  if (it == workers_.end()) {
+    auto w = factory_(device, stream);
+    w->start(this, &profiler_);
+    it = workers_.emplace(key, std::move(w)).first;
+  }
+  return *it->second;
+}
+
+std::exception_ptr Engine::input_error(const OpNode& op) {
+  std::lock_guard lock(mutex_);
+  for (const VarPtr& v : op.reads)
+    if (v->error) return v->error;
+  return nullptr;
+}
+
+void Engine::complete(const std::shared_ptr<OpNode>& op) {
+  std::vector<std::shared_ptr<OpNode>> ready;
+  {
+    std::lock_guard lock(mutex_);
+    op->done = true;
+    // The outcome sticks to what the op wrote: an error poisons those variables until a later op rewrites
+    // them, so that dependents skip and wait() rethrows.
+    for (const VarPtr& v : op->writes) {
+      v->error = op->error;
+      if (v->last_writer == op) v->last_writer.reset();
+    }
+    if (op->error && !first_error_) first_error_ = op->error;
+    for (auto& d : op->dependents)
+      if (--d->pending_deps == 0) ready.push_back(d);
+    op->dependents.clear();
+    op->reads.clear();
+    op->writes.clear();
+    --pending_;
+  }
+  done_cv_.notify_all();
+  for (auto& d : ready) dispatch(d);
+}
+
+void Engine::wait(const VarPtr& var) {
+  std::unique_lock lock(mutex_);
+  done_cv_.wait(lock, [&] { return !var->last_writer || var->last_writer->done; });
+  if (var->error) std::rethrow_exception(var->error);
+}
+
+void Engine::wait_all() {
+  std::unique_lock lock(mutex_);
+  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  if (auto e = std::exchange(first_error_, nullptr)) std::rethrow_exception(e);
+}
+
+void Engine::cancel() { cancel_flag_.store(true); }
+
+void Engine::reset_cancel() {
+  std::lock_guard lock(mutex_);
+  cancel_flag_.store(false);
+  first_error_ = nullptr;
+}
+
+// --- StreamWorker ----------------------------------------------------------------------------------------
+
+StreamWorker::StreamWorker(Device device, StreamKind stream) : device_(device), stream_(stream) {}
+
+StreamWorker::~StreamWorker() { stop(); }
+
+void StreamWorker::start(Engine* engine, Profiler* profiler) {
+  engine_ = engine;
+  profiler_ = profiler;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void StreamWorker::stop() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void StreamWorker::enqueue(std::shared_ptr<OpNode> op) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(op));
+  }
+  cv_.notify_one();
+}
+
+std::pair<double, double> StreamWorker::run_timed(const OpFn& fn, OpContext& ctx) {
+  double start = profiler_->now_us();
+  fn(ctx);
+  return {start, profiler_->now_us()};
+}
+
+void StreamWorker::loop() {
+  try {
+    on_thread_start();
+  } catch (...) {
+    init_error_ = std::current_exception();
+  }
+  for (;;) {
+    std::shared_ptr<OpNode> op;
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) break;  // stopping and drained
+      op = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    OpContext ctx{device_, stream_, native_stream(), &engine_->cancel_flag_};
+    if (init_error_) {
+      op->error = init_error_;
+    } else if (ctx.cancelled()) {
+      op->error = std::make_exception_ptr(CancelledError());
+    } else if (auto e = engine_->input_error(*op)) {
+      op->error = e;
+    } else {
+      try {
+        auto [start, end] = run_timed(op->fn, ctx);
+        profiler_->record(Span{op->info.name, op->info.tag, device_, stream_, start, end, op->info.bytes,
+                               op->info.flops, op->info.host_blocking});
+      } catch (...) {
+        op->error = std::current_exception();
+      }
+    }
+    op->fn = nullptr;  // releases the tensors the op held, on this thread, before dependents start
+    engine_->complete(op);
+  }
+  try {
+    on_thread_stop();
+  } catch (...) {
+  }
+}
+
+}  // namespace gn

@@ -1,0 +1,259 @@
+// Runtime values against float64 references, copy semantics, errors and memory accounting (CPU devices).
+#include <QtTest>
+
+#include <cmath>
+#include <random>
+
+#include "gpunodes/errors.h"
+#include "gpunodes/ops.h"
+
+using namespace gn;
+
+namespace {
+
+// Fresh inputs each run, from a seed printed on failure.
+std::vector<float> random_values(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// op(A)[m,k] * op(B)[k,n] in double, row-major.
+std::vector<double> reference_gemm(const std::vector<float>& a, const std::vector<float>& b, bool ta, bool tb,
+                                   int64_t m, int64_t n, int64_t k) {
+  std::vector<double> c(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        double av = ta ? a[p * m + i] : a[i * k + p];
+        double bv = tb ? b[j * k + p] : b[p * n + j];
+        acc += av * bv;
+      }
+      c[i * n + j] = acc;
+    }
+  return c;
+}
+
+}  // namespace
+
+class RuntimeTest : public QObject {
+  Q_OBJECT
+  std::mt19937 rng_{std::random_device{}()};
+
+ private slots:
+  void matmul_matches_float64_data() {
+    QTest::addColumn<int>("m");
+    QTest::addColumn<int>("n");
+    QTest::addColumn<int>("k");
+    QTest::addColumn<bool>("ta");
+    QTest::addColumn<bool>("tb");
+    QTest::newRow("square") << 64 << 64 << 64 << false << false;
+    QTest::newRow("non-square") << 37 << 91 << 53 << false << false;
+    QTest::newRow("A^T") << 40 << 30 << 20 << true << false;
+    QTest::newRow("B^T") << 40 << 30 << 20 << false << true;
+    QTest::newRow("A^T B^T") << 17 << 29 << 41 << true << true;
+    QTest::newRow("tall, chunked") << 1300 << 8 << 700 << false << false;
+  }
+  void matmul_matches_float64() {
+    QFETCH(int, m);
+    QFETCH(int, n);
+    QFETCH(int, k);
+    QFETCH(bool, ta);
+    QFETCH(bool, tb);
+    Runtime rt;
+    auto av = random_values(static_cast<size_t>(m) * k, rng_);
+    auto bv = random_values(static_cast<size_t>(k) * n, rng_);
+    Shape as = ta ? Shape{k, m} : Shape{m, k};
+    Shape bs = tb ? Shape{n, k} : Shape{k, n};
+    Tensor a = from_values(rt, as, Device::cpu(), av), b = from_values(rt, bs, Device::cpu(), bv);
+    Tensor c = matmul(a, b, {ta, tb});
+    QCOMPARE(c.shape(), (Shape{m, n}));
+    auto got = to_host(c);
+    auto want = reference_gemm(av, bv, ta, tb, m, n, k);
+    for (size_t i = 0; i < want.size(); ++i)
+      QVERIFY2(std::abs(got[i] - want[i]) <= 1e-4 * k, qPrintable(QString("element %1: %2 vs %3").arg(i).arg(got[i]).arg(want[i])));
+  }
+
+  void matmul_repeat_returns_a_batch() {
+    Runtime rt;
+    Tensor x = uniform(rt, {8, 8}, Device::cpu(), 3);
+    auto ys = matmul_repeat(x, x, 5);
+    QCOMPARE(ys.size(), size_t(5));
+    QVERIFY(!ys[0].is_same(ys[1]));
+    QCOMPARE(to_host(ys[0]), to_host(ys[4]));
+  }
+
+  void matmul_shape_mismatch_is_clear() {
+    Runtime rt;
+    Tensor a = zeros(rt, {2, 3}, Device::cpu()), b = zeros(rt, {4, 5}, Device::cpu());
+    try {
+      matmul(a, b);
+      QFAIL("expected ShapeError");
+    } catch (const ShapeError& e) {
+      QVERIFY2(QString(e.what()).contains("[2, 3] and [4, 5]"), e.what());
+    }
+  }
+
+  void elementwise_matches_float64() {
+    Runtime rt;
+    const int n = 100000;  // above the OpenMP threshold
+    auto av = random_values(n, rng_), bv = random_values(n, rng_);
+    for (auto& v : bv) v += v >= 0 ? 0.5f : -0.5f;  // keep division well away from zero
+    Tensor a = from_values(rt, {n}, Device::cpu(), av), b = from_values(rt, {n}, Device::cpu(), bv);
+    auto add_ = to_host(add(a, b)), sub_ = to_host(sub(a, b)), mul_ = to_host(mul(a, b)), div_ = to_host(div(a, b));
+    auto exp_ = to_host(gn::exp(a)), relu_ = to_host(relu(a)), ss = to_host(scale_shift(a, 2.5f, -1.0f));
+    for (int i = 0; i < n; ++i) {
+      double x = av[i], y = bv[i];
+      QCOMPARE_LE(std::abs(add_[i] - (x + y)), 1e-6);
+      QCOMPARE_LE(std::abs(sub_[i] - (x - y)), 1e-6);
+      QCOMPARE_LE(std::abs(mul_[i] - (x * y)), 1e-6);
+      QCOMPARE_LE(std::abs(div_[i] - (x / y)), 1e-5);
+      QCOMPARE_LE(std::abs(exp_[i] - std::exp(x)), 1e-5 * std::exp(x));
+      QCOMPARE(relu_[i], x > 0 ? av[i] : 0.0f);
+      QCOMPARE_LE(std::abs(ss[i] - (2.5 * x - 1.0)), 1e-5);
+    }
+  }
+
+  void sum_and_norm_match_float64() {
+    Runtime rt;
+    const int n = 300001;
+    auto v = random_values(n, rng_);
+    double s = 0, sq = 0;
+    for (float x : v) s += x, sq += double(x) * x;
+    Tensor t = from_values(rt, {n}, Device::cpu(), v);
+    QCOMPARE(sum(t).shape(), Shape{});
+    QCOMPARE_LE(std::abs(item(sum(t)) - s), 1e-3);
+    QCOMPARE_LE(std::abs(item(frobenius_norm(t)) - std::sqrt(sq)), 1e-3);
+  }
+
+  void factories() {
+    Runtime rt;
+    QCOMPARE(to_host(ones(rt, {3}, Device::cpu())), (std::vector<float>{1, 1, 1}));
+    QCOMPARE(to_host(zeros(rt, {2}, Device::cpu())), (std::vector<float>{0, 0}));
+    QCOMPARE(to_host(arange(rt, 4, Device::cpu(), 1, 0.5f)), (std::vector<float>{1, 1.5f, 2, 2.5f}));
+    auto u = to_host(uniform(rt, {10000}, Device::cpu(), 42, -2, 3));
+    double mean = 0;
+    for (float x : u) {
+      QVERIFY(x > -2 && x <= 3);
+      mean += x / u.size();
+    }
+    QCOMPARE_LE(std::abs(mean - 0.5), 0.05);
+    auto g = to_host(normal(rt, {20000}, Device::cpu(), 42, 1, 2));
+    double gm = 0, gv = 0;
+    for (float x : g) gm += x / g.size();
+    for (float x : g) gv += (x - gm) * (x - gm) / g.size();
+    QCOMPARE_LE(std::abs(gm - 1), 0.05);
+    QCOMPARE_LE(std::abs(std::sqrt(gv) - 2), 0.05);
+    QVERIFY_THROWS_EXCEPTION(ShapeError, from_values(rt, {2, 2}, Device::cpu(), {1, 2, 3}));
+  }
+
+  void same_seed_same_values_on_every_device() {
+    Runtime rt({.cpu_devices = 2});
+    QCOMPARE(to_host(uniform(rt, {1001}, Device::cpu(0), 7)), to_host(uniform(rt, {1001}, Device::cpu(1), 7)));
+    QCOMPARE(to_host(normal(rt, {1001}, Device::cpu(0), 7)), to_host(normal(rt, {1001}, Device::cpu(1), 7)));
+    QVERIFY(to_host(uniform(rt, {16}, Device::cpu(0), 7)) != to_host(uniform(rt, {16}, Device::cpu(0), 8)));
+  }
+
+  void copy_allocates_and_to_returns_same() {
+    Runtime rt({.cpu_devices = 2});
+    Tensor x = arange(rt, 6, Device::cpu(0));
+    for (bool non_blocking : {false, true}) {
+      Tensor z = copy(x, Device::cpu(1), non_blocking);
+      QCOMPARE(z.device(), Device::cpu(1));
+      QVERIFY(!z.is_same(x));
+      QCOMPARE(to_host(z), to_host(x));
+      Tensor same_device = copy(x, Device::cpu(0), non_blocking);  // copyto always allocates
+      QVERIFY(!same_device.is_same(x));
+    }
+    QVERIFY(to(x, Device::cpu(0)).is_same(x));
+    Tensor moved = to(x, Device::cpu(1));
+    QVERIFY(!moved.is_same(x));
+    QVERIFY(to(moved, Device::cpu(1)).is_same(moved));
+  }
+
+  void device_mismatch_message_is_exact() {
+    Runtime rt({.cpu_devices = 2});
+    Tensor a = ones(rt, {2}, Device::cpu(1)), b = ones(rt, {2}, Device::cpu(0));
+    try {
+      add(a, b);
+      QFAIL("expected DeviceMismatchError");
+    } catch (const DeviceMismatchError& e) {
+      QCOMPARE(QString(e.what()), QString("Expected all tensors to be on the same device, but found at least two "
+                                          "devices, cpu:1 and cpu!"));
+    }
+    QVERIFY_THROWS_EXCEPTION(DeviceMismatchError,
+                             matmul(ones(rt, {2, 2}, Device::cpu(0)), ones(rt, {2, 2}, Device::cpu(1))));
+  }
+
+  void allocator_stats_track_peak() {
+    Runtime rt;
+    auto base = rt.memory_stats(Device::cpu());
+    {
+      Tensor a = zeros(rt, {1024}, Device::cpu());
+      Tensor b = zeros(rt, {2048}, Device::cpu());
+      rt.engine().wait_all();
+      auto s = rt.memory_stats(Device::cpu());
+      QCOMPARE(s.allocated_bytes.current - base.allocated_bytes.current, int64_t(3 * 4096));
+    }
+    { Tensor c = zeros(rt, {256}, Device::cpu()); }
+    rt.engine().wait_all();
+    auto s = rt.memory_stats(Device::cpu());
+    QCOMPARE(s.allocated_bytes.current, base.allocated_bytes.current);
+    QCOMPARE(s.allocated_bytes.peak - base.allocated_bytes.current, int64_t(3 * 4096));
+    QCOMPARE(s.allocated_bytes.allocated - base.allocated_bytes.allocated, int64_t(3 * 4096 + 1024));
+    QCOMPARE(s.allocated_bytes.freed - base.allocated_bytes.freed, int64_t(3 * 4096 + 1024));
+    QVERIFY(!rt.profiler().memory_samples().empty());
+  }
+
+  void out_of_memory_through_memory_limit() {
+    Runtime rt({.memory_limits = {{Device::cpu(), 1 << 20}}});
+    Tensor fits = zeros(rt, {128 * 1024}, Device::cpu());  // 512 KiB
+    try {
+      Tensor too_big = zeros(rt, {256 * 1024}, Device::cpu());  // 1 MiB more
+      QFAIL("expected OutOfMemoryError");
+    } catch (const OutOfMemoryError& e) {
+      QString msg = e.what();
+      QVERIFY2(msg.contains("cpu") && msg.contains("1.00 MiB") && msg.contains("free") && msg.contains("cached"),
+               e.what());
+      QCOMPARE(e.requested, int64_t(1 << 20));
+    }
+    QCOMPARE(rt.memory_stats(Device::cpu()).num_ooms, int64_t(1));
+    QCOMPARE(to_host(fits).size(), size_t(128 * 1024));  // the runtime is still usable
+  }
+
+  void overflowing_shape_is_refused_before_allocation() {
+    Runtime rt;
+    auto before = rt.memory_stats(Device::cpu()).num_allocs;
+    QVERIFY_THROWS_EXCEPTION(ShapeError, zeros(rt, {int64_t(1) << 40, int64_t(1) << 40}, Device::cpu()));
+    QVERIFY_THROWS_EXCEPTION(ShapeError, zeros(rt, {3, -1}, Device::cpu()));
+    QCOMPARE(rt.memory_stats(Device::cpu()).num_allocs, before);
+  }
+
+  void devices_and_try_gpu() {
+    Runtime rt({.cpu_devices = 2, .use_cuda = false});
+    QCOMPARE(rt.cuda_device_count(), 0);
+    QCOMPARE(rt.try_gpu(0), Device::cpu(0));
+    QCOMPARE(rt.try_gpu(1), Device::cpu(1));
+    QCOMPARE(rt.try_gpu(10), Device::cpu(0));  // gpu i -> cpu (i mod N)
+    QVERIFY(rt.is_fallback(10));
+    QCOMPARE(rt.try_all_gpus(), (std::vector<Device>{Device::cpu(0), Device::cpu(1)}));
+    const DeviceInfo& info = rt.info(Device::cpu(1));
+    QVERIFY(info.cores >= 1);
+    QVERIFY(info.total_memory > 0);
+    QVERIFY(info.peak_gflops > 0);
+    QVERIFY(!info.peak_source.empty());
+    QCOMPARE(Device::parse("cuda:3"), std::optional<Device>(Device::cuda(3)));
+    QCOMPARE(Device::parse("cpu"), std::optional<Device>(Device::cpu(0)));
+    QCOMPARE(Device::parse("cpu:x"), std::nullopt);
+    QCOMPARE(Device::cpu(0).str(), std::string("cpu"));
+    QCOMPARE(Device::cpu(1).str(), std::string("cpu:1"));
+    // A real machine: the runtime with CUDA enabled must not fail just because there is no GPU.
+    Runtime with_cuda;
+    QVERIFY(with_cuda.devices().size() >= 1);
+  }
+};
+
+QTEST_GUILESS_MAIN(RuntimeTest)
+#include "test_runtime.moc"
