@@ -1,0 +1,91 @@
+// The graph document: nodes with stable readable ids, connections node.port -> node.port, params, graph
+// settings and view state. It emits signals on every change and knows nothing about graphics, so the
+// editor, the headless runner and the tests share it.
+#pragma once
+#include <QJsonObject>
+#include <QList>
+#include <QObject>
+#include <QPointF>
+#include <QString>
+#include <optional>
+
+namespace gn::core {
+
+struct GraphNode {
+  QString id;    // "mm1": unique in the document, addressable from scripts (--set mm1.repeat=5)
+  QString type;  // "MatMul"
+  QPointF position;
+  QJsonObject params;  // only the params the file sets; defaults come from the node type
+  QJsonObject extra;   // fields this version does not know, kept for the next save
+};
+
+struct Endpoint {
+  QString node, port;
+  QString str() const { return node + "." + port; }
+  static std::optional<Endpoint> parse(const QString& text);  // "node.port"
+  bool operator==(const Endpoint&) const = default;
+};
+
+struct GraphConnection {
+  Endpoint from, to;  // an output port, an input port
+  QJsonObject extra;
+  bool operator==(const GraphConnection& o) const { return from == o.from && to == o.to; }
+};
+
+class GraphDocument : public QObject {
+  Q_OBJECT
+ public:
+  explicit GraphDocument(QObject* parent = nullptr);
+
+  QString name() const { return name_; }
+  QString description() const { return description_; }
+  QJsonObject settings() const { return settings_; }
+  QJsonObject view() const { return view_; }
+  QJsonObject extra() const { return extra_; }  // unknown top-level fields
+  void setName(const QString& n);
+  void setDescription(const QString& d);
+  void setSettings(const QJsonObject& s);
+  void setView(const QJsonObject& v);  // no signal: view state is not an edit
+  void setExtra(const QJsonObject& e) { extra_ = e; }
+
+  const QList<GraphNode>& nodes() const { return nodes_; }
+  const QList<GraphConnection>& connections() const { return connections_; }
+  const GraphNode* node(const QString& id) const;
+  bool hasNode(const QString& id) const { return node(id) != nullptr; }
+  // A fresh id for a node of `type`: lower-case initials plus a number ("MatMul" -> "mm1").
+  QString makeId(const QString& type) const;
+
+  // Edits. addNode keeps node.id when it is free, otherwise assigns makeId(type); returns the id used.
+  QString addNode(GraphNode node);
+  bool removeNode(const QString& id);  // also removes its connections
+  bool setPosition(const QString& id, QPointF pos);
+  bool setParam(const QString& id, const QString& param, const QJsonValue& value);  // Undefined removes
+  bool setParams(const QString& id, const QJsonObject& params);
+  bool addConnection(const GraphConnection& c);  // refuses exact duplicates; no type checks here
+  bool removeConnection(const GraphConnection& c);
+  QList<GraphConnection> connectionsTo(const QString& nodeId) const;
+  QList<GraphConnection> connectionsFrom(const QString& nodeId) const;
+  // Replaces everything (load, undo snapshots) with one reset() signal.
+  void replaceAll(const GraphDocument& other);
+  void clear();
+
+ signals:
+  void nodeAdded(const QString& id);
+  void nodeRemoved(const QString& id);
+  void nodeMoved(const QString& id);
+  void paramsChanged(const QString& id);
+  void connectionAdded(const gn::core::GraphConnection& c);
+  void connectionRemoved(const gn::core::GraphConnection& c);
+  void metadataChanged();  // name, description, settings
+  void reset();
+  void changed();  // after any of the above
+
+ private:
+  int indexOf(const QString& id) const;
+  QString name_, description_;
+  QJsonObject settings_, view_, extra_;
+  QList<GraphNode> nodes_;
+  QList<GraphConnection> connections_;
+};
+
+}  // namespace gn::core

@@ -1,0 +1,93 @@
+// The node-type interface a plugin implements, and what a node sees while it runs. QtCore only: the host
+// knows nothing about GPUs; values that flow on wires are opaque PortValues owned by the plugin.
+#pragma once
+#include <QJsonObject>
+#include <QJsonValue>
+#include <QList>
+#include <QString>
+#include <QStringList>
+#include <memory>
+#include <optional>
+
+namespace gn::core {
+
+enum class PortType { Device, Devices, Tensor, Model, Dataset, Scalar };
+QString portTypeName(PortType t);                          // "Device", "Tensor", ...
+std::optional<PortType> portTypeFromName(const QString&);  // inverse
+// Whether an output of type `from` may feed an input of type `to` (a Device feeds a Devices input).
+bool portAccepts(PortType to, PortType from);
+
+struct PortSpec {
+  QString name;
+  PortType type = PortType::Tensor;
+  bool required = true;  // inputs only
+  QString doc;
+};
+
+enum class ParamType { Int, Float, Bool, String, Enum, Shape };
+QString paramTypeName(ParamType t);
+
+struct ParamSpec {
+  QString name;
+  ParamType type = ParamType::Int;
+  QJsonValue defaultValue;
+  std::optional<double> min, max;  // Int and Float; for Shape, bounds on each dimension
+  QStringList enumValues;          // Enum
+  QString doc;                     // tooltip and `gpunodes nodes` text
+};
+
+struct NodeTypeSpec {
+  QString name;      // "MatMul": the `type` in graph files
+  QString category;  // palette group
+  QString description;
+  QList<PortSpec> inputs, outputs;
+  QList<ParamSpec> params;
+  const PortSpec* input(const QString& port) const;
+  const PortSpec* output(const QString& port) const;
+  const ParamSpec* param(const QString& name) const;
+};
+
+// A value on a wire: a device, a batch of tensors, a model... Only the plugin that made it knows what it is.
+class PortValue {
+ public:
+  virtual ~PortValue() = default;
+  virtual QString summary() const = 0;  // for logs and tooltips: "3 x Tensor[100, 100] on cpu:1"
+};
+using PortValuePtr = std::shared_ptr<const PortValue>;
+
+class RunSession;
+
+// What execute() sees: its params (validated, with defaults filled in), its inputs, and ways to report.
+class NodeContext {
+ public:
+  virtual ~NodeContext() = default;
+  virtual const QString& nodeId() const = 0;
+  virtual const QJsonObject& params() const = 0;
+  virtual PortValuePtr input(const QString& port) const = 0;  // null when not connected
+  virtual void setOutput(const QString& port, PortValuePtr value) = 0;
+  virtual RunSession* session() const = 0;  // the node's plugin session for this run
+  virtual bool cancelled() const = 0;
+  virtual void progress(double fraction) = 0;  // 0..1
+  virtual void metric(const QString& series, double t, double value) = 0;
+  virtual void warning(const QString& message) = 0;
+  // Extra fields for this node's entry in the report (an Inspect node's "inspect" array, for example).
+  virtual void reportField(const QString& key, const QJsonValue& value) = 0;
+};
+
+class NodeType {
+ public:
+  virtual ~NodeType() = default;
+  virtual const NodeTypeSpec& spec() const = 0;
+  // Checks that go beyond the spec's types and ranges (a shape with a zero dimension, say). Each string is
+  // one problem. Called with defaults filled in.
+  virtual QStringList validateParams(const QJsonObject& params) const {
+    Q_UNUSED(params);
+    return {};
+  }
+  // Enqueues work and returns; may block where the node means a sync (Synchronize, Inspect, a blocking
+  // copy). Throws std::exception for a failure that belongs to this node.
+  virtual void execute(NodeContext& ctx) const = 0;
+};
+using NodeTypePtr = std::shared_ptr<const NodeType>;
+
+}  // namespace gn::core
