@@ -1,0 +1,33 @@
+# Sourced by run.sh and test.sh: installs the Debian packages gpunodes needs, only when one is missing,
+# with one apt-get update. Needs root (or sudo) on a fresh machine; does nothing when all are present.
+GPUNODES_PACKAGES=(cmake ninja-build g++ pkg-config
+  qt6-base-dev libqcustomplot-dev
+  libopenblas-dev libopenblas0-openmp libdnnl-dev
+  dataset-fashion-mnist
+  xvfb xauth)
+
+gpunodes_install_deps() {
+  local missing=() p
+  for p in "${GPUNODES_PACKAGES[@]}" "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "gpunodes: installing ${missing[*]}" >&2
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# Configures (once) and builds into $1 with any extra CMake arguments after it.
+gpunodes_build() {
+  local dir=$1
+  shift
+  local cuda_args=()
+  # Building every CUDA architecture costs minutes on 2 cores; one is enough to prove the CUDA path compiles.
+  [ -x /usr/local/cuda/bin/nvcc ] && cuda_args=(-DCMAKE_CUDA_ARCHITECTURES="${GPUNODES_CUDA_ARCHS:-90}")
+  if [ ! -f "$dir/build.ninja" ]; then
+    cmake -S . -B "$dir" -G Ninja "${cuda_args[@]}" "$@" || return 1
+  fi
+  cmake --build "$dir" --parallel "$(nproc)"
+}

@@ -1,0 +1,141 @@
+// Runtime benchmarks: each row against a peer measured in the same run. Not pass/fail: it prints a table.
+//   matmul through the runtime vs cblas_sgemm called directly
+//   engine overhead per tiny op vs PyTorch eager on the CPU (python3-torch), when installed
+//   two independent matmul chains on cpu_devices=2: parallel vs sequential wall time
+//   1000 x (100^2 matmul + norm): a blocking host read each step vs one read at the end
+#include <cblas.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpunodes/ops.h"
+
+using namespace gn;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Best of `reps` timings of fn(), in seconds.
+template <class F>
+double best_of(int reps, F&& fn) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    fn();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+void row(const char* measure, const std::string& ours, const std::string& peer, const std::string& ratio,
+         const char* goal) {
+  std::printf("| %-44s | %14s | %14s | %7s | %-8s |\n", measure, ours.c_str(), peer.c_str(), ratio.c_str(), goal);
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// PyTorch eager's cost per tiny op on this machine, in microseconds; negative when torch is absent.
+double torch_tiny_op_us() {
+  const char* script =
+      "python3 -c \"import torch,time\n"
+      "torch.set_num_threads(1)\nx=torch.ones(1)\n"
+      "for _ in range(2000): x=x*1.0001+0.0\n"
+      "t=time.perf_counter()\nfor _ in range(20000): x=x*1.0001\n"
+      "print((time.perf_counter()-t)/20000*1e6)\" 2>/dev/null";
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(script, "r"), pclose);
+  double us = -1;
+  if (p && std::fscanf(p.get(), "%lf", &us) != 1) us = -1;
+  return us;
+}
+
+}  // namespace
+
+int main() {
+  std::printf("gpunodes runtime benchmark (CPU)\n\n");
+  row("measure", "gpunodes", "peer", "ratio", "goal");
+  std::printf("|%s|%s|%s|%s|%s|\n", std::string(46, '-').c_str(), std::string(16, '-').c_str(),
+              std::string(16, '-').c_str(), std::string(9, '-').c_str(), std::string(10, '-').c_str());
+
+  {
+    Runtime rt;
+    for (int n : {100, 512, 1024, 2048}) {
+      const int reps = n <= 512 ? 20 : 5;
+      const double flops = 2.0 * n * n * n;
+      Tensor a = uniform(rt, {n, n}, Device::cpu(), 1), b = uniform(rt, {n, n}, Device::cpu(), 2);
+      rt.engine().wait_all();
+      double ours = best_of(reps, [&] {
+        Tensor c = matmul(a, b);
+        rt.engine().wait(c.var());
+      });
+      std::vector<float> ha = to_host(a), hb = to_host(b), hc(static_cast<size_t>(n) * n);
+      double peer = best_of(reps, [&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, ha.data(), n, hb.data(), n, 0.0f,
+                    hc.data(), n);
+      });
+      row(("matmul n=" + std::to_string(n) + " GFLOP/s vs cblas_sgemm").c_str(), fmt("%.1f", flops / ours / 1e9),
+          fmt("%.1f", flops / peer / 1e9), fmt("%.2f", peer / ours), n >= 1024 ? ">= 0.95" : "-");
+    }
+  }
+
+  {
+    Runtime rt;
+    const int ops = 20000;
+    Tensor x = ones(rt, {1}, Device::cpu());
+    for (int i = 0; i < 1000; ++i) x = scale_shift(x, 1.0001f, 0);  // warm up workers and allocator
+    rt.engine().wait_all();
+    auto t0 = Clock::now();
+    for (int i = 0; i < ops; ++i) x = scale_shift(x, 1.0001f, 0);
+    rt.engine().wait_all();
+    double us = seconds_since(t0) / ops * 1e6;
+    double torch_us = torch_tiny_op_us();
+    row("engine overhead per tiny op (us) vs PyTorch", fmt("%.2f", us),
+        torch_us > 0 ? fmt("%.2f", torch_us) : "n/a", torch_us > 0 ? fmt("%.2f", us / torch_us) : "-", "<= 4 us");
+  }
+
+  {
+    auto two_chains = [](Schedule s) {
+      Runtime rt({.cpu_devices = 2, .schedule = s});
+      std::vector<Tensor> x;
+      for (int d = 0; d < 2; ++d) x.push_back(uniform(rt, {768, 768}, Device::cpu(d), d));
+      rt.engine().wait_all();
+      auto t0 = Clock::now();
+      for (int d = 0; d < 2; ++d)
+        for (int i = 0; i < 10; ++i) x[d] = scale_shift(matmul(x[d], x[d]), 1e-3f, 0);
+      rt.engine().wait_all();
+      return seconds_since(t0);
+    };
+    double par = two_chains(Schedule::Parallel), seq = two_chains(Schedule::Sequential);
+    row("two chains on 2 CPU devices: parallel/sequential (s)", fmt("%.3f", par), fmt("%.3f", seq),
+        fmt("%.2f", par / seq), "<= 0.55");
+  }
+
+  {
+    auto log_per_step = [](bool read_each_step) {
+      Runtime rt;
+      Tensor x = uniform(rt, {100, 100}, Device::cpu(), 3);
+      rt.engine().wait_all();
+      auto t0 = Clock::now();
+      Tensor total = zeros(rt, {}, Device::cpu());  // the at-end variant keeps its log on the device
+      for (int i = 0; i < 1000; ++i) {
+        Tensor n = frobenius_norm(matmul(x, x));
+        if (read_each_step) (void)item(n);
+        else total = add(total, n);
+      }
+      (void)item(total);
+      return seconds_since(t0);
+    };
+    double each = log_per_step(true), end = log_per_step(false);
+    row("1000 x (100^2 matmul + norm): read each step/at end (s)", fmt("%.3f", each), fmt("%.3f", end),
+        fmt("%.2f", each / end), "-");
+  }
+  return 0;
+}
