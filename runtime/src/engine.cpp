@@ -19,6 +19,7 @@ struct OpNode {
   bool done = false;
   std::vector<std::shared_ptr<OpNode>> dependents;
   std::exception_ptr error;
+  bool error_from_input = false;  // skipped because something it reads had failed
 };
 
 void OpContext::check_cancelled() const {
@@ -102,6 +103,7 @@ void Engine::push(OpFn fn, const std::vector<VarPtr>& reads, const std::vector<V
     }
     last_pushed_ = op;
     ++pending_;
+    if (!op->info.tag.empty()) ++tags_[op->info.tag].pending;
     ready = op->pending_deps == 0;
   }
   if (ready) dispatch(op);
@@ -138,6 +140,8 @@ std::exception_ptr Engine::input_error(const OpNode& op) {
 
 void Engine::complete(const std::shared_ptr<OpNode>& op) {
   std::vector<std::shared_ptr<OpNode>> ready;
+  std::vector<std::function<void(const TagOutcome&)>> waiters;
+  TagOutcome outcome;
   {
     std::lock_guard lock(mutex_);
     op->done = true;
@@ -153,10 +157,51 @@ void Engine::complete(const std::shared_ptr<OpNode>& op) {
     op->dependents.clear();
     op->reads.clear();
     op->writes.clear();
+    if (auto it = tags_.find(op->info.tag); it != tags_.end()) {
+      TagState& st = it->second;
+      --st.pending;
+      const bool better = !st.outcome.error || (st.outcome.from_input && !op->error_from_input);
+      if (op->error && better) st.outcome = {op->error, op->error_from_input};
+      if (st.pending == 0) {
+        waiters = std::move(st.waiters);
+        outcome = st.outcome;
+        // A failure nobody has asked about yet is kept for the next when_done.
+        if (!waiters.empty() || !st.outcome.error) tags_.erase(it);
+      }
+    }
+    if (waiters.empty()) --pending_;
+  }
+  if (!waiters.empty()) {
+    // The op counts as pending until its waiters have run, so that wait_all() returning means every
+    // when_done callback has been made.
+    for (auto& w : waiters) {
+      try {
+        w(outcome);
+      } catch (...) {
+      }
+    }
+    std::lock_guard lock(mutex_);
     --pending_;
   }
   done_cv_.notify_all();
   for (auto& d : ready) dispatch(d);
+}
+
+void Engine::when_done(const std::string& tag, std::function<void(const TagOutcome&)> done) {
+  TagOutcome outcome;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = tags_.find(tag);
+    if (it != tags_.end() && it->second.pending > 0) {
+      it->second.waiters.push_back(std::move(done));
+      return;
+    }
+    if (it != tags_.end()) {
+      outcome = it->second.outcome;
+      tags_.erase(it);
+    }
+  }
+  done(outcome);
 }
 
 void Engine::wait(const VarPtr& var) {
@@ -237,6 +282,7 @@ void StreamWorker::loop() {
       op->error = std::make_exception_ptr(CancelledError());
     } else if (auto e = engine_->input_error(*op)) {
       op->error = e;
+      op->error_from_input = true;
     } else {
       try {
         auto [start, end] = run_timed(op->fn, ctx);

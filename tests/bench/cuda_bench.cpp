@@ -82,8 +82,9 @@ MatmulRow bench_matmul(Runtime& rt, int n, int reps, Precision precision) {
   const float one = 1, zero = 0;
   auto gemm = [&] {
     if (precision == Precision::Tf32)
-      CB(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b.data(), CUDA_R_32F, n, a.data(), CUDA_R_32F, n,
-                      &zero, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+      CB(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b.data(), CUDA_R_32F, n, a.data(),
+                      CUDA_R_32F, n, &zero, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F_FAST_TF32,
+                      CUBLAS_GEMM_DEFAULT));
     else
       CB(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b.data(), n, a.data(), n, &zero, c, n));
   };
@@ -96,7 +97,8 @@ MatmulRow bench_matmul(Runtime& rt, int n, int reps, Precision precision) {
   CB(cublasDestroy(h));
   CK(cudaStreamDestroy(s));
   CK(cudaFree(c));
-  return {precision == Precision::Tf32 ? "tf32" : "fp32", n, reps, flops / runtime_s / 1e9, flops / cublas_s / 1e9};
+  return {precision == Precision::Tf32 ? "tf32" : "fp32", n, reps, flops / runtime_s / 1e9,
+          flops / cublas_s / 1e9};
 }
 
 struct CopyRow {
@@ -203,15 +205,16 @@ int main() {
     std::printf("peak fp32 %.0f GFLOP/s: %s\n\n", info.peak_gflops, info.peak_source.c_str());
 
     std::printf("matmul (square, n x n x n)\n");
-    std::printf("  %-5s %5s %5s %14s %14s %8s %9s\n", "prec", "n", "reps", "runtime GF/s", "cuBLAS GF/s", "ratio",
-                "% peak");
+    std::printf("  %-5s %5s %5s %14s %14s %8s %9s\n", "prec", "n", "reps", "runtime GF/s", "cuBLAS GF/s",
+                "ratio", "% peak");
     std::vector<MatmulRow> rows;
     for (Precision p : {Precision::Fp32, Precision::Tf32})
       for (auto [n, reps] : {std::pair{1024, 200}, {2048, 50}, {4096, 20}}) {
         MatmulRow r = bench_matmul(rt, n, reps, p);
         rows.push_back(r);
-        std::printf("  %-5s %5d %5d %14.0f %14.0f %8.2f %8.0f%%\n", r.precision, r.n, r.reps, r.runtime_gflops,
-                    r.cublas_gflops, r.runtime_gflops / r.cublas_gflops, 100 * r.runtime_gflops / info.peak_gflops);
+        std::printf("  %-5s %5d %5d %14.0f %14.0f %8.2f %8.0f%%\n", r.precision, r.n, r.reps,
+                    r.runtime_gflops, r.cublas_gflops, r.runtime_gflops / r.cublas_gflops,
+                    100 * r.runtime_gflops / info.peak_gflops);
         std::fflush(stdout);
       }
 
@@ -221,16 +224,17 @@ int main() {
                 "rt non-blocking");
     auto copies = bench_copies(rt, copy_bytes);
     for (const CopyRow& c : copies)
-      std::printf("  %-16s %12.1f %12.1f %14.1f %16.1f\n", c.direction, c.raw_pageable, c.raw_pinned, c.rt_blocking,
-                  c.rt_non_blocking);
-    std::printf("  (rt blocking: cudaMemcpyAsync from/to pageable memory on the compute stream;\n"
-                "   rt non-blocking: copy stream, through two page-locked staging chunks)\n");
+      std::printf("  %-16s %12.1f %12.1f %14.1f %16.1f\n", c.direction, c.raw_pageable, c.raw_pinned,
+                  c.rt_blocking, c.rt_non_blocking);
+    std::printf(
+        "  (rt blocking: cudaMemcpyAsync from/to pageable memory on the compute stream;\n"
+        "   rt non-blocking: copy stream, through two page-locked staging chunks)\n");
     std::fflush(stdout);
 
     const int n = 4000, count = 10;
     OverlapResult o = bench_overlap(rt, n, count);
-    std::printf("\ncompute/copy overlap: %d x matmul %dx%d on cuda:0, then copy each result to the host\n", count, n,
-                n);
+    std::printf("\ncompute/copy overlap: %d x matmul %dx%d on cuda:0, then copy each result to the host\n",
+                count, n, n);
     std::printf("  run alone                 %8.1f ms\n", o.run_s * 1e3);
     std::printf("  copy alone                %8.1f ms\n", o.copy_s * 1e3);
     std::printf("  run + copy, blocking      %8.1f ms\n", o.blocking_s * 1e3);

@@ -44,9 +44,10 @@ std::string fmt(const char* f, double v) {
 }
 
 // PyTorch eager's cost per tiny op on this machine, in microseconds; negative when torch is absent.
+// Debian's python3-torch is installed for the system interpreter, not for a pyenv python3 on PATH.
 double torch_tiny_op_us() {
   const char* script =
-      "python3 -c \"import torch,time\n"
+      "/usr/bin/python3 -c \"import torch,time\n"
       "torch.set_num_threads(1)\nx=torch.ones(1)\n"
       "for _ in range(2000): x=x*1.0001+0.0\n"
       "t=time.perf_counter()\nfor _ in range(20000): x=x*1.0001\n"

@@ -157,6 +157,65 @@ class EngineTest : public QObject {
     QCOMPARE(item(sum(ones(rt, {4}, Device::cpu()))), 4.0f);  // usable again
   }
 
+  void when_done_fires_once_the_tags_ops_are_complete() {
+    Runtime rt;
+    std::atomic<int> finished{0};
+    std::atomic<bool> called{false};
+    std::atomic<int> finished_at_call{-1};
+    std::exception_ptr seen = std::make_exception_ptr(Error("not called"));
+    {
+      ScopedOpTag tag("node1");
+      for (int i = 0; i < 3; ++i)
+        rt.engine().push(
+            [&finished](OpContext&) {
+              std::this_thread::sleep_for(30ms);
+              ++finished;
+            },
+            {}, {new_var()}, Device::cpu(), StreamKind::Compute, {"slow"});
+    }
+    rt.engine().when_done("node1", [&](const TagOutcome& o) {
+      finished_at_call = finished.load();
+      seen = o.error;
+      called = true;
+    });
+    rt.engine().wait_all();
+    QVERIFY2(called, "wait_all returned before the when_done callback was made");
+    QCOMPARE(finished_at_call.load(), 3);  // every op of the tag had run, whichever thread called
+    QVERIFY(!seen);
+    // A tag with nothing pending (or never used) answers at once, on this thread.
+    bool at_once = false;
+    rt.engine().when_done("node1", [&](const TagOutcome& o) { at_once = !o.error; });
+    QVERIFY(at_once);
+    at_once = false;
+    rt.engine().when_done("never-used", [&](const TagOutcome&) { at_once = true; });
+    QVERIFY(at_once);
+  }
+
+  void when_done_tells_own_errors_from_inherited_ones() {
+    Runtime rt;
+    VarPtr a = new_var(), b = new_var();
+    {
+      ScopedOpTag tag("producer");
+      rt.engine().push([](OpContext&) { throw Error("boom in producer"); }, {}, {a}, Device::cpu(),
+                       StreamKind::Compute, {"failing"});
+    }
+    {
+      ScopedOpTag tag("consumer");
+      rt.engine().push([](OpContext&) {}, {a}, {b}, Device::cpu(), StreamKind::Compute, {"dependent"});
+    }
+    QVERIFY_THROWS_EXCEPTION(Error, rt.engine().wait_all());
+    // Both already finished: the failure was kept until asked for, then forgotten.
+    TagOutcome producer, consumer;
+    rt.engine().when_done("producer", [&](const TagOutcome& o) { producer = o; });
+    rt.engine().when_done("consumer", [&](const TagOutcome& o) { consumer = o; });
+    QVERIFY(producer.error && !producer.from_input);
+    QVERIFY(consumer.error && consumer.from_input);
+    QVERIFY(producer.error == consumer.error);  // the same exception, passed along
+    TagOutcome again{std::make_exception_ptr(Error("stale"))};
+    rt.engine().when_done("producer", [&](const TagOutcome& o) { again = o; });
+    QVERIFY(!again.error);
+  }
+
   void blocking_reads_are_marked_in_the_trace() {
     Runtime rt;
     Tensor x = ones(rt, {10, 10}, Device::cpu());

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "gpunodes/device.h"
@@ -54,6 +55,13 @@ struct OpInfo {
 };
 
 enum class Schedule { Parallel, Sequential };
+
+// What the ops pushed under one tag came to: the first error among them, preferring one the tag's own ops
+// raised over one they inherited because something they read had failed (from_input).
+struct TagOutcome {
+  std::exception_ptr error;
+  bool from_input = false;
+};
 
 // Sets the tag that ops pushed from this thread carry into their profiler spans (the node id).
 class ScopedOpTag {
@@ -99,6 +107,11 @@ class Engine {
 
   size_t pending() const;
 
+  // Calls done once no op pushed with `tag` is pending: at once on this thread when none is, otherwise on
+  // the thread that completes the last one, with no engine lock held. The outcome covers the tag's ops
+  // since the previous when_done for it. The graph executor learns this way when a node's work is over.
+  void when_done(const std::string& tag, std::function<void(const TagOutcome&)> done);
+
  private:
   friend class StreamWorker;
   void dispatch(const std::shared_ptr<OpNode>& op);  // called with deps satisfied
@@ -116,6 +129,14 @@ class Engine {
   size_t pending_ = 0;
   std::exception_ptr first_error_;
   std::atomic<bool> cancel_flag_{false};
+  // Per tag: ops not yet completed, their outcome so far, and who waits for them. An entry goes away when
+  // its waiters are called, or when its ops finish cleanly with nobody waiting.
+  struct TagState {
+    size_t pending = 0;
+    TagOutcome outcome;
+    std::vector<std::function<void(const TagOutcome&)>> waiters;
+  };
+  std::unordered_map<std::string, TagState> tags_;
 };
 
 // One thread with a FIFO of ready ops for one (device, stream). Subclasses prepare the thread (OpenMP

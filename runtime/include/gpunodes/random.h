@@ -42,10 +42,11 @@ GN_HD U32x4 philox4x32_10(uint64_t counter, uint64_t seed) {
 // Uniform in (0, 1]: 24 random bits, never 0 so that log() is safe.
 GN_HD float to_unit_float(uint32_t x) { return (static_cast<float>(x >> 8) + 1.0f) * (1.0f / 16777216.0f); }
 
-// Element i of Uniform(lo, hi).
+// Element i of Uniform(lo, hi). An explicit fused multiply-add: nvcc contracts `lo + d * u` into one by
+// default and the host compiler may or may not, which would make devices differ in the last bit.
 GN_HD float uniform_at(uint64_t seed, uint64_t i, float lo, float hi) {
   U32x4 r = philox4x32_10(i >> 2, seed);
-  return lo + (hi - lo) * to_unit_float(r.v[i & 3]);
+  return fmaf(hi - lo, to_unit_float(r.v[i & 3]), lo);
 }
 
 // Element i of Normal(mean, std) by Box-Muller over the lane pair of counter i/2. Computed in double so

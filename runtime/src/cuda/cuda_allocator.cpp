@@ -12,7 +12,9 @@
 namespace gn::cuda {
 namespace {
 
-size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+size_t round_up(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
 
 // 512 B granules, so that blocks freed by one tensor fit the next tensor of a similar size.
 size_t block_size(size_t bytes) {
@@ -62,15 +64,17 @@ void* CudaCachingAllocator::allocate(size_t bytes, StreamKind stream) {
         block = new_segment(size, s, small);
       }
       if (!block)
-        throw_oom(static_cast<int64_t>(bytes), device_free_bytes(), static_cast<int64_t>(reserved_ - allocated_));
+        throw_oom(static_cast<int64_t>(bytes), device_free_bytes(),
+                  static_cast<int64_t>(reserved_ - allocated_));
       reserved_delta = static_cast<int64_t>(block->size);
     }
     split(block, size);
     block->allocated = true;
+    block->used = size;
     live_.emplace(block->ptr, block);
-    allocated_ += block->size;
+    allocated_ += size;
     ptr = block->ptr;
-    given = block->size;
+    given = size;
   }
   note_alloc(static_cast<int64_t>(given), reserved_delta);
   return ptr;
@@ -85,7 +89,7 @@ void CudaCachingAllocator::deallocate(void* ptr) {
     if (it == live_.end()) return;  // not ours: nothing safe to do, and a free must not throw
     Block* block = it->second;
     live_.erase(it);
-    size = block->size;
+    size = block->used;
     allocated_ -= size;
     block->allocated = false;
     Pool& pool = pool_of(block->small);

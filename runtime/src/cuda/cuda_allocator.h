@@ -33,6 +33,8 @@ class CudaCachingAllocator final : public Allocator {
   struct Block {
     char* ptr = nullptr;
     size_t size = 0;
+    size_t used =
+        0;           // the rounded request while allocated (a block may be larger when splitting did not pay)
     int stream = 0;  // blocks are reused only by allocations on the stream that freed them
     bool small = false;
     bool allocated = false;

@@ -80,7 +80,9 @@ ThreadResources& thread_resources() {
   return *tls_resources;
 }
 
-void release_thread_resources() { tls_resources.reset(); }
+void release_thread_resources() {
+  tls_resources.reset();
+}
 
 // --- CudaStreamWorker --------------------------------------------------------------------------------------
 
@@ -98,7 +100,6 @@ void CudaStreamWorker::anchor() {
   GN_CUDA_CHECK(cudaEventRecord(ref_, stream_));
   GN_CUDA_CHECK(cudaEventSynchronize(ref_));
   ref_host_us_ = profiler_ ? profiler_->now_us() : 0.0;
-  since_ref_ms_ = 0;
 }
 
 void CudaStreamWorker::on_thread_stop() {
@@ -114,9 +115,10 @@ void CudaStreamWorker::on_thread_stop() {
 }
 
 std::pair<double, double> CudaStreamWorker::run_timed(const OpFn& fn, OpContext& ctx) {
-  // Event times are floats in ms: re-anchor every few seconds so that offsets keep microsecond precision.
-  // The stream is idle here (the previous op was waited for), so this costs one short round trip.
-  if (since_ref_ms_ > 4000.0f) anchor();
+  // Event times are floats in ms: re-anchor every few seconds (idle time included) so that offsets keep
+  // sub-microsecond precision. The stream is idle here (the previous op was waited for): one short round
+  // trip.
+  if (profiler_ && profiler_->now_us() - ref_host_us_ > 4e6) anchor();
   GN_CUDA_CHECK(cudaEventRecord(start_, stream_));
   try {
     fn(ctx);
@@ -132,7 +134,6 @@ std::pair<double, double> CudaStreamWorker::run_timed(const OpFn& fn, OpContext&
   float start_ms = 0, end_ms = 0;
   GN_CUDA_CHECK(cudaEventElapsedTime(&start_ms, ref_, start_));
   GN_CUDA_CHECK(cudaEventElapsedTime(&end_ms, ref_, end_));
-  since_ref_ms_ = end_ms;
   return {ref_host_us_ + start_ms * 1000.0, ref_host_us_ + end_ms * 1000.0};
 }
 

@@ -31,7 +31,7 @@ constexpr int kReduceBlocks = 1024;
 // them at once, so each worker thread has its own; events must belong to the device of the stream they mark.
 struct PerDeviceResources {
   cublasHandle_t cublas = nullptr;
-  double* scratch = nullptr;  // kReduceBlocks doubles
+  double* scratch = nullptr;                 // kReduceBlocks doubles
   cudaEvent_t done[2] = {nullptr, nullptr};  // double buffering: staging halves, gemm chunks
 };
 
@@ -78,8 +78,7 @@ class CudaStreamWorker final : public StreamWorker {
 
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ref_ = nullptr, start_ = nullptr, end_ = nullptr;
-  double ref_host_us_ = 0;
-  float since_ref_ms_ = 0;  // offset of the last end event from the reference
+  double ref_host_us_ = 0;  // profiler time at which the reference event was seen complete
 };
 
 }  // namespace gn::cuda

@@ -3,6 +3,8 @@
 
 namespace gn {
 
-std::unique_ptr<Backend> make_cuda_backend() { return nullptr; }
+std::unique_ptr<Backend> make_cuda_backend() {
+  return nullptr;
+}
 
 }  // namespace gn

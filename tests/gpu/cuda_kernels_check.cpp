@@ -21,15 +21,15 @@ int g_failures = 0;
 int g_checks = 0;
 
 // One failed expectation: printed at once, counted, and the check goes on.
-#define EXPECT(cond, ...)                                            \
-  do {                                                               \
-    ++g_checks;                                                      \
-    if (!(cond)) {                                                   \
-      ++g_failures;                                                  \
-      std::printf("    FAIL line %d: %s: ", __LINE__, #cond);        \
-      std::printf(__VA_ARGS__);                                      \
-      std::printf("\n");                                             \
-    }                                                                \
+#define EXPECT(cond, ...)                                     \
+  do {                                                        \
+    ++g_checks;                                               \
+    if (!(cond)) {                                            \
+      ++g_failures;                                           \
+      std::printf("    FAIL line %d: %s: ", __LINE__, #cond); \
+      std::printf(__VA_ARGS__);                               \
+      std::printf("\n");                                      \
+    }                                                         \
   } while (0)
 
 // Runs one named check; an exception counts as a failure and does not stop the others.
@@ -48,8 +48,8 @@ void run_check(const char* name, const std::function<void()>& body) {
 }
 
 // Row-major op(A)[m,k] op(B)[k,n] in float64 at (i, j).
-double gemm_ref(const std::vector<float>& a, const std::vector<float>& b, int64_t m, int64_t n, int64_t k, bool ta,
-                bool tb, int64_t i, int64_t j) {
+double gemm_ref(const std::vector<float>& a, const std::vector<float>& b, int64_t m, int64_t n, int64_t k,
+                bool ta, bool tb, int64_t i, int64_t j) {
   double acc = 0;
   for (int64_t p = 0; p < k; ++p) {
     const double x = ta ? a[p * m + i] : a[i * k + p];
@@ -87,11 +87,13 @@ void check_matmul(Runtime& rt, int64_t m, int64_t n, int64_t k, bool ta, bool tb
       const double err = std::abs(cv[i * n + j] - gemm_ref(av, bv, m, n, k, ta, tb, i, j));
       if (err > worst) worst = err, wi = i, wj = j;
     }
-  EXPECT(worst <= tol, "%lldx%lldx%lld ta=%d tb=%d: |err| %.3g at (%lld,%lld) > %.3g", (long long)m, (long long)n,
-         (long long)k, ta, tb, worst, (long long)wi, (long long)wj, tol);
+  EXPECT(worst <= tol, "%lldx%lldx%lld ta=%d tb=%d: |err| %.3g at (%lld,%lld) > %.3g", (long long)m,
+         (long long)n, (long long)k, ta, tb, worst, (long long)wi, (long long)wj, tol);
 }
 
-bool same_bits(float x, float y) { return std::memcmp(&x, &y, sizeof x) == 0; }
+bool same_bits(float x, float y) {
+  return std::memcmp(&x, &y, sizeof x) == 0;
+}
 
 }  // namespace
 
@@ -106,12 +108,13 @@ int main() {
   run_check("devices: cuda:0 described", [&] {
     for (const DeviceInfo& d : rt.devices()) {
       if (!d.device.is_cuda()) continue;
-      std::printf("    %s: %s, %s total, %s free, cc %s, %d SMs, driver %s, runtime %s, cuBLAS %s, cuDNN %s, "
-                  "peak %.0f GFLOP/s (%s)\n",
-                  d.device.str().c_str(), d.name.c_str(), format_bytes(d.total_memory).c_str(),
-                  format_bytes(d.free_memory).c_str(), d.compute_capability.c_str(), d.sm_count,
-                  d.driver_version.c_str(), d.runtime_version.c_str(), d.cublas_version.c_str(),
-                  d.cudnn_version.c_str(), d.peak_gflops, d.peak_source.c_str());
+      std::printf(
+          "    %s: %s, %s total, %s free, cc %s, %d SMs, driver %s, runtime %s, cuBLAS %s, cuDNN %s, "
+          "peak %.0f GFLOP/s (%s)\n",
+          d.device.str().c_str(), d.name.c_str(), format_bytes(d.total_memory).c_str(),
+          format_bytes(d.free_memory).c_str(), d.compute_capability.c_str(), d.sm_count,
+          d.driver_version.c_str(), d.runtime_version.c_str(), d.cublas_version.c_str(),
+          d.cudnn_version.c_str(), d.peak_gflops, d.peak_source.c_str());
     }
     const DeviceInfo& d = rt.info(g);
     EXPECT(!d.name.empty(), "no name");
@@ -119,8 +122,8 @@ int main() {
            (long long)d.free_memory, (long long)d.total_memory);
     EXPECT(d.compute_capability.find('.') != std::string::npos, "cc '%s'", d.compute_capability.c_str());
     EXPECT(d.sm_count > 0, "sm_count %d", d.sm_count);
-    EXPECT(!d.driver_version.empty() && !d.runtime_version.empty(), "versions '%s' '%s'", d.driver_version.c_str(),
-           d.runtime_version.c_str());
+    EXPECT(!d.driver_version.empty() && !d.runtime_version.empty(), "versions '%s' '%s'",
+           d.driver_version.c_str(), d.runtime_version.c_str());
     EXPECT(!d.cublas_version.empty() && !d.cudnn_version.empty(), "library versions missing");
     EXPECT(d.peak_gflops > 1000 && !d.peak_source.empty(), "peak %.0f", d.peak_gflops);
     EXPECT(rt.try_gpu(0) == g, "try_gpu(0) = %s", rt.try_gpu(0).str().c_str());
@@ -164,13 +167,16 @@ int main() {
     const auto s = to_host(add(a, b)), d = to_host(sub(a, b)), p = to_host(mul(a, b)), q = to_host(div(a, b));
     const auto e = to_host(gn::exp(a)), r = to_host(relu(a)), ss = to_host(scale_shift(a, 3.5f, -1.25f));
     int64_t bad_exact = 0, bad_close = 0;
-    auto close = [](double got, double want) { return std::abs(got - want) <= 2.5e-7 * std::abs(want) + 1e-30; };
+    auto close = [](double got, double want) {
+      return std::abs(got - want) <= 2.5e-7 * std::abs(want) + 1e-30;
+    };
     for (int64_t i = 0; i < n; ++i) {
       const double x = av[i], y = bv[i];
       // Sums, differences and products of two floats are exact in double: one rounding, so bit-equal.
-      bad_exact += !same_bits(s[i], float(x + y)) + !same_bits(d[i], float(x - y)) + !same_bits(p[i], float(x * y)) +
-                   !same_bits(r[i], av[i] > 0 ? av[i] : 0.0f);
-      bad_close += !close(q[i], x / y) + !std::isfinite(e[i]) + !(std::abs(e[i] - std::exp(x)) <= 4e-7 * std::exp(x)) +
+      bad_exact += !same_bits(s[i], float(x + y)) + !same_bits(d[i], float(x - y)) +
+                   !same_bits(p[i], float(x * y)) + !same_bits(r[i], av[i] > 0 ? av[i] : 0.0f);
+      bad_close += !close(q[i], x / y) + !std::isfinite(e[i]) +
+                   !(std::abs(e[i] - std::exp(x)) <= 4e-7 * std::exp(x)) +
                    !(std::abs(ss[i] - (3.5 * x - 1.25)) <= 1e-6 * (1 + std::abs(3.5 * x - 1.25)));
     }
     EXPECT(bad_exact == 0, "%lld add/sub/mul/relu results not correctly rounded", (long long)bad_exact);
@@ -192,7 +198,8 @@ int main() {
     for (size_t op = 0; op < gpu.size(); ++op) {
       int64_t diff = 0;
       for (int64_t i = 0; i < n; ++i) diff += !same_bits(gpu[op][i], cpu[op][i]);
-      EXPECT(diff == 0, "%s: %lld of %lld elements differ from cpu", names[op], (long long)diff, (long long)n);
+      EXPECT(diff == 0, "%s: %lld of %lld elements differ from cpu", names[op], (long long)diff,
+             (long long)n);
     }
   });
 
@@ -204,25 +211,28 @@ int main() {
       for (float v : xv) s += v, sq += double(v) * v;
       const float got_s = item(sum(x)), got_n = item(frobenius_norm(x));
       // Accumulated in double on the GPU too: within a rounding of the float result.
-      EXPECT(std::abs(got_s - s) <= 1e-6 * std::max(1.0, std::abs(s)), "n=%lld sum %.9g want %.9g", (long long)n,
-             got_s, s);
-      EXPECT(std::abs(got_n - std::sqrt(sq)) <= 1e-6 * std::max(1.0, std::sqrt(sq)), "n=%lld norm %.9g want %.9g",
-             (long long)n, got_n, std::sqrt(sq));
+      EXPECT(std::abs(got_s - s) <= 1e-6 * std::max(1.0, std::abs(s)), "n=%lld sum %.9g want %.9g",
+             (long long)n, got_s, s);
+      EXPECT(std::abs(got_n - std::sqrt(sq)) <= 1e-6 * std::max(1.0, std::sqrt(sq)),
+             "n=%lld norm %.9g want %.9g", (long long)n, got_n, std::sqrt(sq));
       EXPECT(sum(x).shape().empty() && sum(x).device() == g, "result shape/device");
     }
   });
 
   run_check("random: same seed, same values as cpu", [&] {
     for (int64_t n : {int64_t(4099), int64_t(1 << 20)}) {
-      const auto gu = to_host(uniform(rt, {n}, g, 9, -1, 3)), cu = to_host(uniform(rt, {n}, Device::cpu(), 9, -1, 3));
+      const auto gu = to_host(uniform(rt, {n}, g, 9, -1, 3)),
+                 cu = to_host(uniform(rt, {n}, Device::cpu(), 9, -1, 3));
       int64_t diff = 0;
       for (int64_t i = 0; i < n; ++i) diff += !same_bits(gu[i], cu[i]);
       EXPECT(diff == 0, "uniform n=%lld: %lld elements differ", (long long)n, (long long)diff);
-      const auto gn_ = to_host(normal(rt, {n}, g, 9, 1, 2)), cn = to_host(normal(rt, {n}, Device::cpu(), 9, 1, 2));
+      const auto gn_ = to_host(normal(rt, {n}, g, 9, 1, 2)),
+                 cn = to_host(normal(rt, {n}, Device::cpu(), 9, 1, 2));
       int64_t not_equal = 0, far = 0;
       for (int64_t i = 0; i < n; ++i) {
         not_equal += !same_bits(gn_[i], cn[i]);
-        // Device double sin/cos/log may differ from libm's in the last double bit, rarely visible as one float ulp.
+        // Device double sin/cos/log may differ from libm's in the last double bit, rarely visible as one
+        // float ulp.
         far += !(std::abs(gn_[i] - cn[i]) <= 1e-6f * (1 + std::abs(cn[i])));
       }
       std::printf("    normal n=%lld: %lld of %lld not bit-equal (allowed: within 1e-6)\n", (long long)n,
@@ -230,7 +240,8 @@ int main() {
       EXPECT(far == 0, "normal n=%lld: %lld elements differ by more than 1e-6", (long long)n, (long long)far);
     }
     // Different seeds differ.
-    EXPECT(to_host(uniform(rt, {8}, g, 1)) != to_host(uniform(rt, {8}, g, 2)), "seeds 1 and 2 gave the same values");
+    EXPECT(to_host(uniform(rt, {8}, g, 1)) != to_host(uniform(rt, {8}, g, 2)),
+           "seeds 1 and 2 gave the same values");
   });
 
   run_check("copies h2d, d2h, d2d, blocking and not", [&] {
@@ -275,7 +286,8 @@ int main() {
       EXPECT(false, "no DeviceMismatchError");
     } catch (const DeviceMismatchError& e) {
       EXPECT(std::string(e.what()) ==
-                 "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!",
+                 "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
+                 "cpu!",
              "message: %s", e.what());
     }
   });

@@ -1,0 +1,117 @@
+// Layers with forward and backward, as tensor ops. NCHW float32. Like every op, each call checks its inputs
+// (same device, shapes), enqueues one engine op on the inputs' device and returns at once; the results live
+// on that device. Backward functions return fresh gradient tensors. The CPU runs them with oneDNN and
+// OpenBLAS, CUDA with cuDNN and cuBLAS (see runtime/src/nn/).
+#pragma once
+#include <cstdint>
+
+#include "gpunodes/ops.h"
+#include "gpunodes/tensor.h"
+
+namespace gn::nn {
+
+// --- linear: y = x W^T + b, with x [N, in], W [out, in] (PyTorch's layout), b [out] -------------------
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
+struct LinearGrads {
+  Tensor dx;  // undefined unless asked for: the first layer's input needs none
+  Tensor dw, db;
+};
+LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, bool need_dx = true);
+
+// --- conv2d: x [N, C, H, W], w [K, C, R, S], b [K] -> y [N, K, OH, OW] ---------------------------------
+struct Conv2dOptions {
+  int64_t stride = 1;
+  int64_t padding = 0;
+};
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOptions& options = {});
+struct Conv2dGrads {
+  Tensor dx;  // undefined unless asked for
+  Tensor dw, db;
+};
+Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Conv2dOptions& options = {},
+                            bool need_dx = true);
+
+// --- batchnorm2d over (N, H, W) per channel -----------------------------------------------------------------
+// Training: normalises with the batch's mean and biased variance, and updates the running statistics in place
+// as PyTorch does: running = (1 - momentum) * running + momentum * batch, with the unbiased variance.
+// Eval: normalises with the running statistics.
+struct BatchNormOptions {
+  bool training = true;
+  float momentum = 0.1f;
+  float eps = 1e-5f;
+};
+struct BatchNormResult {
+  Tensor y;
+  Tensor save_mean, save_invstd;  // [C], training only: what backward needs
+};
+BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                            const Tensor& running_var, const BatchNormOptions& options = {});
+struct BatchNormGrads {
+  Tensor dx, dgamma, dbeta;
+};
+// The training-mode gradient (the batch statistics depend on x).
+BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
+                                    const Tensor& save_invstd);
+
+// --- activations -----------------------------------------------------------------------------------------
+enum class Activation { Relu, Sigmoid };
+Tensor activation(Activation kind, const Tensor& x);
+// Both derivatives follow from the output y: relu' = [y > 0], sigmoid' = y (1 - y).
+Tensor activation_backward(Activation kind, const Tensor& y, const Tensor& dy);
+
+// --- pooling ---------------------------------------------------------------------------------------------
+enum class PoolKind { Max, Avg };
+struct Pool2dOptions {
+  PoolKind kind = PoolKind::Max;
+  int64_t kernel = 2;
+  int64_t stride = 2;
+  int64_t padding = 0;  // average pooling counts padded cells (PyTorch's count_include_pad)
+};
+Tensor pool2d(const Tensor& x, const Pool2dOptions& options);
+// Max pooling sends each gradient to the first maximum of its window.
+Tensor pool2d_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Pool2dOptions& options);
+// [N, C, H, W] -> [N, C, 1, 1]
+Tensor global_avg_pool(const Tensor& x);
+Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape);
+
+// --- shape and residual ------------------------------------------------------------------------------------
+// [N, ...] -> [N, rest]. A copy: tensors have no views.
+Tensor flatten(const Tensor& x);
+Tensor reshape(const Tensor& x, const Shape& shape);  // same element count; a copy
+// The residual add is gn::add; its backward hands dy to both branches.
+
+// --- loss --------------------------------------------------------------------------------------------------
+// Softmax cross-entropy of logits [N, classes] against labels [N] (class indices stored as floats),
+// computed with the log-sum-exp shift so that large logits do not overflow.
+struct CrossEntropy {
+  Tensor loss;     // [] mean over the batch
+  Tensor stats;    // [2] {sum of the per-sample losses, number of correct argmax predictions}
+  Tensor dlogits;  // [N, classes] (softmax - onehot) * grad_scale; undefined unless asked for
+};
+// grad_scale 0 means 1/N, the gradient of the mean. Data parallel replicas pass 1/(total batch) so that
+// their gradients sum to the whole batch's.
+CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool want_grad = true,
+                                   float grad_scale = 0);
+
+// --- optimiser ---------------------------------------------------------------------------------------------
+// PyTorch's SGD, in place: g = grad + weight_decay * p; buf = momentum * buf + g; p -= lr * buf (plain
+// p -= lr * g without momentum). `momentum_buf` starts at zero and may be undefined when momentum is 0.
+struct SgdOptions {
+  float lr = 0.1f;
+  float momentum = 0;
+  float weight_decay = 0;
+};
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdOptions& options);
+
+// --- in-place helpers the trainer and loaders use ------------------------------------------------------------
+// dst <- src, between any two devices (same shape). Ordered after everything that reads or writes dst.
+void copy_into(const Tensor& dst, const Tensor& src);
+// dst <- host values, asynchronously: the values are captured.
+void write_values(const Tensor& dst, std::vector<float> values);
+
+// CUDA only: lets cuDNN use TF32 tensor cores for fp32 convolutions (PyTorch's
+// torch.backends.cudnn.allow_tf32, on by default). Off gives full fp32 accuracy, for tests.
+void set_cudnn_allow_tf32(bool allow);
+bool cudnn_allow_tf32();
+
+}  // namespace gn::nn

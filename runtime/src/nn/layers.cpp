@@ -1,0 +1,408 @@
+// The layer ops: argument checks, output allocation and one engine op each. The kernels are in
+// cpu_kernels.cpp and cuda/cuda_nn_kernels.cu.
+#include "gpunodes/nn/layers.h"
+
+#include <atomic>
+#include <string>
+
+#include "gpunodes/errors.h"
+#include "gpunodes/runtime.h"
+#include "kernels.h"
+
+namespace gn::nn {
+namespace {
+
+constexpr int64_t kF = sizeof(float);
+
+std::atomic<bool> g_allow_tf32{true};
+
+// Runs `body` with the kernels of `device` on its compute stream: it reads `reads` and writes `writes`.
+template <class Body>
+void push_kernel(Runtime& rt, Device device, std::vector<VarPtr> reads, std::vector<VarPtr> writes, OpInfo info,
+                 Body body) {
+  NnKernels* kernels = &nn_kernels(device);
+  Allocator* alloc = &rt.allocator(device);
+  rt.engine().push(
+      [kernels, alloc, body = std::move(body)](OpContext& ctx) {
+        KernelContext kc{ctx, *alloc};
+        body(*kernels, kc);
+      },
+      reads, writes, device, StreamKind::Compute, std::move(info));
+}
+
+void need_rank(const char* op, const char* what, const Tensor& t, size_t rank) {
+  if (!t.defined()) throw Error(std::string(op) + ": " + what + " is undefined");
+  if (t.shape().size() != rank)
+    throw ShapeError(std::string(op) + ": " + what + " must have " + std::to_string(rank) + " dimensions, got " +
+                     shape_str(t.shape()));
+}
+
+void need_shape(const char* op, const char* what, const Tensor& t, const Shape& shape) {
+  if (!t.defined()) throw Error(std::string(op) + ": " + what + " is undefined");
+  if (t.shape() != shape)
+    throw ShapeError(std::string(op) + ": " + what + " must be " + shape_str(shape) + ", got " +
+                     shape_str(t.shape()));
+}
+
+double dbl(int64_t v) { return static_cast<double>(v); }
+
+ConvShape conv_shape(const char* op, const Tensor& x, const Tensor& w, const Conv2dOptions& o) {
+  need_rank(op, "input", x, 4);
+  need_rank(op, "weight", w, 4);
+  if (o.stride < 1) throw Error(std::string(op) + ": stride must be at least 1, got " + std::to_string(o.stride));
+  if (o.padding < 0) throw Error(std::string(op) + ": padding must not be negative");
+  ConvShape s{};
+  s.n = x.shape()[0], s.c = x.shape()[1], s.h = x.shape()[2], s.w = x.shape()[3];
+  s.k = w.shape()[0], s.r = w.shape()[2], s.s = w.shape()[3];
+  s.stride = o.stride, s.pad = o.padding;
+  if (w.shape()[1] != s.c)
+    throw ShapeError(std::string(op) + ": input " + shape_str(x.shape()) + " has " + std::to_string(s.c) +
+                     " channels but the weight " + shape_str(w.shape()) + " expects " + std::to_string(w.shape()[1]));
+  s.oh = (s.h + 2 * s.pad - s.r) / s.stride + 1;
+  s.ow = (s.w + 2 * s.pad - s.s) / s.stride + 1;
+  if (s.h + 2 * s.pad < s.r || s.w + 2 * s.pad < s.s || s.oh < 1 || s.ow < 1)
+    throw ShapeError(std::string(op) + ": kernel " + std::to_string(s.r) + "x" + std::to_string(s.s) +
+                     " does not fit the padded input " + shape_str(x.shape()));
+  return s;
+}
+
+double conv_flops(const ConvShape& s) { return 2.0 * dbl(s.n) * dbl(s.k) * dbl(s.oh * s.ow) * dbl(s.c * s.r * s.s); }
+
+PoolShape pool_shape(const char* op, const Tensor& x, const Pool2dOptions& o) {
+  need_rank(op, "input", x, 4);
+  if (o.kernel < 1 || o.stride < 1 || o.padding < 0 || o.padding * 2 > o.kernel)
+    throw Error(std::string(op) + ": needs kernel >= 1, stride >= 1 and 0 <= padding <= kernel/2");
+  PoolShape s{};
+  s.n = x.shape()[0], s.c = x.shape()[1], s.h = x.shape()[2], s.w = x.shape()[3];
+  s.kernel = o.kernel, s.stride = o.stride, s.pad = o.padding, s.kind = o.kind;
+  if (s.h + 2 * s.pad < s.kernel || s.w + 2 * s.pad < s.kernel)
+    throw ShapeError(std::string(op) + ": window " + std::to_string(o.kernel) + " does not fit " +
+                     shape_str(x.shape()));
+  s.oh = (s.h + 2 * s.pad - s.kernel) / s.stride + 1;
+  s.ow = (s.w + 2 * s.pad - s.kernel) / s.stride + 1;
+  return s;
+}
+
+}  // namespace
+
+void set_cudnn_allow_tf32(bool allow) { g_allow_tf32 = allow; }
+bool cudnn_allow_tf32() { return g_allow_tf32; }
+
+NnKernels& nn_kernels(Device device) {
+  if (device.is_cpu()) return cpu_nn_kernels();
+  if (NnKernels* k = cuda_nn_kernels()) return *k;
+  throw Error("no layer kernels for " + device.str() + ": the CUDA backend was not built");
+}
+
+// --- linear ------------------------------------------------------------------------------------------------
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  check_same_device({&x, &w, &b});
+  need_rank("linear", "input", x, 2);
+  need_rank("linear", "weight", w, 2);
+  const int64_t n = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
+  if (w.shape()[1] != in)
+    throw ShapeError("linear: input " + shape_str(x.shape()) + " has " + std::to_string(in) +
+                     " features but the weight " + shape_str(w.shape()) + " expects " + std::to_string(w.shape()[1]));
+  need_shape("linear", "bias", b, {out});
+  Tensor y(x.runtime(), {n, out}, x.device());
+  push_kernel(x.runtime(), x.device(), {x.var(), w.var(), b.var()}, {y.var()},
+              {"linear", "", x.bytes() + w.bytes() + b.bytes() + y.bytes(), 2.0 * dbl(n) * dbl(in) * dbl(out)},
+              [=](NnKernels& k, KernelContext& kc) { k.linear_forward(n, in, out, x.data(), w.data(), b.data(), y.data(), kc); });
+  return y;
+}
+
+LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, bool need_dx) {
+  check_same_device({&x, &w, &dy});
+  need_rank("linear backward", "input", x, 2);
+  need_rank("linear backward", "weight", w, 2);
+  const int64_t n = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
+  need_shape("linear backward", "weight", w, {out, in});
+  need_shape("linear backward", "output gradient", dy, {n, out});
+  Runtime& rt = x.runtime();
+  LinearGrads g;
+  g.dw = Tensor(rt, w.shape(), x.device());
+  g.db = Tensor(rt, {out}, x.device());
+  std::vector<VarPtr> writes{g.dw.var(), g.db.var()};
+  if (need_dx) {
+    g.dx = Tensor(rt, x.shape(), x.device());
+    writes.push_back(g.dx.var());
+  }
+  const double flops = (need_dx ? 4.0 : 2.0) * dbl(n) * dbl(in) * dbl(out);
+  Tensor dx = g.dx, dw = g.dw, db = g.db;
+  push_kernel(rt, x.device(), {x.var(), w.var(), dy.var()}, writes,
+              {"linear backward", "", x.bytes() + w.bytes() + 2 * dy.bytes() + dw.bytes() + (need_dx ? x.bytes() : 0), flops},
+              [=](NnKernels& k, KernelContext& kc) {
+                k.linear_backward(n, in, out, x.data(), w.data(), dy.data(), dx.defined() ? dx.data() : nullptr,
+                                  dw.data(), db.data(), kc);
+              });
+  return g;
+}
+
+// --- conv2d ------------------------------------------------------------------------------------------------
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOptions& o) {
+  check_same_device({&x, &w, &b});
+  ConvShape s = conv_shape("conv2d", x, w, o);
+  need_shape("conv2d", "bias", b, {s.k});
+  Tensor y(x.runtime(), {s.n, s.k, s.oh, s.ow}, x.device());
+  push_kernel(x.runtime(), x.device(), {x.var(), w.var(), b.var()}, {y.var()},
+              {"conv2d", "", x.bytes() + w.bytes() + y.bytes(), conv_flops(s)},
+              [=](NnKernels& k, KernelContext& kc) { k.conv2d_forward(s, x.data(), w.data(), b.data(), y.data(), kc); });
+  return y;
+}
+
+Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Conv2dOptions& o,
+                            bool need_dx) {
+  check_same_device({&x, &w, &dy});
+  ConvShape s = conv_shape("conv2d backward", x, w, o);
+  need_shape("conv2d backward", "output gradient", dy, {s.n, s.k, s.oh, s.ow});
+  Runtime& rt = x.runtime();
+  Conv2dGrads g;
+  g.dw = Tensor(rt, w.shape(), x.device());
+  g.db = Tensor(rt, {s.k}, x.device());
+  std::vector<VarPtr> writes{g.dw.var(), g.db.var()};
+  if (need_dx) {
+    g.dx = Tensor(rt, x.shape(), x.device());
+    writes.push_back(g.dx.var());
+  }
+  Tensor dx = g.dx, dw = g.dw, db = g.db;
+  push_kernel(rt, x.device(), {x.var(), w.var(), dy.var()}, writes,
+              {"conv2d backward", "", x.bytes() + w.bytes() + 2 * dy.bytes() + dw.bytes() + (need_dx ? x.bytes() : 0),
+               (need_dx ? 2.0 : 1.0) * conv_flops(s)},
+              [=](NnKernels& k, KernelContext& kc) {
+                k.conv2d_backward(s, x.data(), w.data(), dy.data(), dx.defined() ? dx.data() : nullptr, dw.data(),
+                                  db.data(), kc);
+              });
+  return g;
+}
+
+// --- batchnorm2d ---------------------------------------------------------------------------------------------
+
+BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                            const Tensor& running_var, const BatchNormOptions& o) {
+  check_same_device({&x, &gamma, &beta, &running_mean, &running_var});
+  need_rank("batchnorm2d", "input", x, 4);
+  const int64_t c = x.shape()[1];
+  for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var}) need_shape("batchnorm2d", "a parameter", *t, {c});
+  if (o.training && x.shape()[0] * x.shape()[2] * x.shape()[3] < 2)
+    throw ShapeError("batchnorm2d: training needs more than one value per channel, got input " +
+                     shape_str(x.shape()));
+  BnShape s{x.shape()[0], c, x.shape()[2] * x.shape()[3]};
+  Runtime& rt = x.runtime();
+  BatchNormResult r;
+  r.y = Tensor(rt, x.shape(), x.device());
+  std::vector<VarPtr> reads{x.var(), gamma.var(), beta.var()};
+  std::vector<VarPtr> writes{r.y.var()};
+  if (o.training) {
+    r.save_mean = Tensor(rt, {c}, x.device());
+    r.save_invstd = Tensor(rt, {c}, x.device());
+    writes.insert(writes.end(), {r.save_mean.var(), r.save_invstd.var(), running_mean.var(), running_var.var()});
+  } else {
+    reads.insert(reads.end(), {running_mean.var(), running_var.var()});
+  }
+  Tensor y = r.y, sm = r.save_mean, si = r.save_invstd;
+  const bool training = o.training;
+  const float momentum = o.momentum, eps = o.eps;
+  push_kernel(rt, x.device(), reads, writes,
+              {training ? "batchnorm2d" : "batchnorm2d (eval)", "", (training ? 3 : 2) * x.bytes(), 5.0 * dbl(x.numel())},
+              [=](NnKernels& k, KernelContext& kc) {
+                k.batchnorm_forward(s, x.data(), gamma.data(), beta.data(), running_mean.data(), running_var.data(),
+                                    y.data(), training ? sm.data() : nullptr, training ? si.data() : nullptr, training,
+                                    momentum, eps, kc);
+              });
+  return r;
+}
+
+BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
+                                    const Tensor& save_invstd) {
+  check_same_device({&x, &dy, &gamma, &save_mean, &save_invstd});
+  need_rank("batchnorm2d backward", "input", x, 4);
+  need_shape("batchnorm2d backward", "output gradient", dy, x.shape());
+  const int64_t c = x.shape()[1];
+  for (const Tensor* t : {&gamma, &save_mean, &save_invstd}) need_shape("batchnorm2d backward", "a parameter", *t, {c});
+  BnShape s{x.shape()[0], c, x.shape()[2] * x.shape()[3]};
+  Runtime& rt = x.runtime();
+  BatchNormGrads g{Tensor(rt, x.shape(), x.device()), Tensor(rt, {c}, x.device()), Tensor(rt, {c}, x.device())};
+  Tensor dx = g.dx, dg = g.dgamma, dbt = g.dbeta;
+  push_kernel(rt, x.device(), {x.var(), dy.var(), gamma.var(), save_mean.var(), save_invstd.var()},
+              {dx.var(), dg.var(), dbt.var()}, {"batchnorm2d backward", "", 3 * x.bytes(), 8.0 * dbl(x.numel())},
+              [=](NnKernels& k, KernelContext& kc) {
+                k.batchnorm_backward(s, x.data(), dy.data(), gamma.data(), save_mean.data(), save_invstd.data(),
+                                     dx.data(), dg.data(), dbt.data(), kc);
+              });
+  return g;
+}
+
+// --- activations ---------------------------------------------------------------------------------------------
+
+Tensor activation(Activation kind, const Tensor& x) {
+  if (!x.defined()) throw Error("activation: the input is undefined");
+  Tensor y(x.runtime(), x.shape(), x.device());
+  const char* name = kind == Activation::Relu ? "relu" : "sigmoid";
+  push_kernel(x.runtime(), x.device(), {x.var()}, {y.var()}, {name, "", 2 * x.bytes(), dbl(x.numel())},
+              [=](NnKernels& k, KernelContext& kc) { k.activation_forward(kind, x.data(), y.data(), x.numel(), kc); });
+  return y;
+}
+
+Tensor activation_backward(Activation kind, const Tensor& y, const Tensor& dy) {
+  check_same_device({&y, &dy});
+  if (y.shape() != dy.shape())
+    throw ShapeError("activation backward: output " + shape_str(y.shape()) + " and its gradient " +
+                     shape_str(dy.shape()) + " differ");
+  Tensor dx(y.runtime(), y.shape(), y.device());
+  const char* name = kind == Activation::Relu ? "relu backward" : "sigmoid backward";
+  push_kernel(y.runtime(), y.device(), {y.var(), dy.var()}, {dx.var()}, {name, "", 3 * y.bytes(), 2.0 * dbl(y.numel())},
+              [=](NnKernels& k, KernelContext& kc) { k.activation_backward(kind, y.data(), dy.data(), dx.data(), y.numel(), kc); });
+  return dx;
+}
+
+// --- pooling -----------------------------------------------------------------------------------------------
+
+Tensor pool2d(const Tensor& x, const Pool2dOptions& o) {
+  if (!x.defined()) throw Error("pool2d: the input is undefined");
+  PoolShape s = pool_shape("pool2d", x, o);
+  Tensor y(x.runtime(), {s.n, s.c, s.oh, s.ow}, x.device());
+  push_kernel(x.runtime(), x.device(), {x.var()}, {y.var()},
+              {o.kind == PoolKind::Max ? "max pool" : "avg pool", "", x.bytes() + y.bytes(),
+               dbl(y.numel()) * dbl(s.kernel * s.kernel)},
+              [=](NnKernels& k, KernelContext& kc) { k.pool_forward(s, x.data(), y.data(), kc); });
+  return y;
+}
+
+Tensor pool2d_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Pool2dOptions& o) {
+  check_same_device({&x, &y, &dy});
+  PoolShape s = pool_shape("pool2d backward", x, o);
+  need_shape("pool2d backward", "output", y, {s.n, s.c, s.oh, s.ow});
+  need_shape("pool2d backward", "output gradient", dy, y.shape());
+  Tensor dx(x.runtime(), x.shape(), x.device());
+  push_kernel(x.runtime(), x.device(), {x.var(), y.var(), dy.var()}, {dx.var()},
+              {o.kind == PoolKind::Max ? "max pool backward" : "avg pool backward", "", 2 * x.bytes() + 2 * y.bytes(),
+               dbl(y.numel()) * dbl(s.kernel * s.kernel)},
+              [=](NnKernels& k, KernelContext& kc) { k.pool_backward(s, x.data(), y.data(), dy.data(), dx.data(), kc); });
+  return dx;
+}
+
+Tensor global_avg_pool(const Tensor& x) {
+  need_rank("global_avg_pool", "input", x, 4);
+  const int64_t planes = x.shape()[0] * x.shape()[1], hw = x.shape()[2] * x.shape()[3];
+  if (hw < 1) throw ShapeError("global_avg_pool: empty planes in " + shape_str(x.shape()));
+  Tensor y(x.runtime(), {x.shape()[0], x.shape()[1], 1, 1}, x.device());
+  push_kernel(x.runtime(), x.device(), {x.var()}, {y.var()}, {"global avg pool", "", x.bytes() + y.bytes(), dbl(x.numel())},
+              [=](NnKernels& k, KernelContext& kc) { k.global_avg_pool_forward(planes, hw, x.data(), y.data(), kc); });
+  return y;
+}
+
+Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape) {
+  if (x_shape.size() != 4) throw ShapeError("global_avg_pool backward: input shape must have 4 dimensions");
+  need_shape("global_avg_pool backward", "output gradient", dy, {x_shape[0], x_shape[1], 1, 1});
+  const int64_t planes = x_shape[0] * x_shape[1], hw = x_shape[2] * x_shape[3];
+  Tensor dx(dy.runtime(), x_shape, dy.device());
+  push_kernel(dy.runtime(), dy.device(), {dy.var()}, {dx.var()},
+              {"global avg pool backward", "", dy.bytes() + dx.bytes(), dbl(dx.numel())},
+              [=](NnKernels& k, KernelContext& kc) { k.global_avg_pool_backward(planes, hw, dy.data(), dx.data(), kc); });
+  return dx;
+}
+
+// --- shape ----------------------------------------------------------------------------------------------------
+
+Tensor reshape(const Tensor& x, const Shape& shape) {
+  if (!x.defined()) throw Error("reshape: the input is undefined");
+  if (checked_numel(shape) != x.numel())
+    throw ShapeError("reshape: cannot view " + shape_str(x.shape()) + " as " + shape_str(shape));
+  Tensor y(x.runtime(), shape, x.device());
+  copy_into(y, x);
+  return y;
+}
+
+Tensor flatten(const Tensor& x) {
+  if (!x.defined() || x.shape().empty()) throw ShapeError("flatten: needs a tensor with a batch dimension");
+  const int64_t n = x.shape()[0];
+  return reshape(x, {n, n ? x.numel() / n : 0});
+}
+
+// --- loss -------------------------------------------------------------------------------------------------------
+
+CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool want_grad, float grad_scale) {
+  check_same_device({&logits, &labels});
+  need_rank("softmax_cross_entropy", "logits", logits, 2);
+  const int64_t n = logits.shape()[0], classes = logits.shape()[1];
+  need_shape("softmax_cross_entropy", "labels", labels, {n});
+  if (n < 1 || classes < 1) throw ShapeError("softmax_cross_entropy: empty logits " + shape_str(logits.shape()));
+  Runtime& rt = logits.runtime();
+  CrossEntropy r;
+  r.loss = Tensor(rt, {}, logits.device());
+  r.stats = Tensor(rt, {2}, logits.device());
+  std::vector<VarPtr> writes{r.loss.var(), r.stats.var()};
+  if (want_grad) {
+    r.dlogits = Tensor(rt, logits.shape(), logits.device());
+    writes.push_back(r.dlogits.var());
+  }
+  const float scale = grad_scale != 0 ? grad_scale : 1.0f / static_cast<float>(n);
+  Tensor loss = r.loss, stats = r.stats, dl = r.dlogits;
+  push_kernel(rt, logits.device(), {logits.var(), labels.var()}, writes,
+              {"softmax cross-entropy", "", (want_grad ? 2 : 1) * logits.bytes() + labels.bytes(), 4.0 * dbl(logits.numel())},
+              [=](NnKernels& k, KernelContext& kc) {
+                k.softmax_cross_entropy(n, classes, logits.data(), labels.data(), loss.data(), stats.data(),
+                                        dl.defined() ? dl.data() : nullptr, scale, kc);
+              });
+  return r;
+}
+
+// --- optimiser --------------------------------------------------------------------------------------------------
+
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdOptions& o) {
+  check_same_device({&param, &grad});
+  if (param.shape() != grad.shape())
+    throw ShapeError("sgd: parameter " + shape_str(param.shape()) + " and gradient " + shape_str(grad.shape()) +
+                     " differ");
+  const bool use_buf = o.momentum != 0;
+  if (use_buf) {
+    check_same_device({&param, &momentum_buf});
+    need_shape("sgd", "momentum buffer", momentum_buf, param.shape());
+  }
+  std::vector<VarPtr> writes{param.var()};
+  if (use_buf) writes.push_back(momentum_buf.var());
+  const int64_t n = param.numel();
+  const float lr = o.lr, m = o.momentum, wd = o.weight_decay;
+  Tensor buf = use_buf ? momentum_buf : Tensor();
+  push_kernel(param.runtime(), param.device(), {grad.var()}, writes,
+              {"sgd", "", (use_buf ? 5 : 3) * param.bytes(), 4.0 * dbl(n)},
+              [=](NnKernels& k, KernelContext& kc) {
+                k.sgd_step(n, param.data(), grad.data(), buf.defined() ? buf.data() : nullptr, lr, m, wd, kc);
+              });
+}
+
+// --- helpers ------------------------------------------------------------------------------------------------------
+
+void copy_into(const Tensor& dst, const Tensor& src) {
+  if (!dst.defined() || !src.defined()) throw Error("copy_into: a tensor is undefined");
+  if (dst.numel() != src.numel())
+    throw ShapeError("copy_into: " + shape_str(src.shape()) + " does not fit " + shape_str(dst.shape()));
+  if (dst.is_same(src)) return;
+  Runtime& rt = dst.runtime();
+  // The GPU end drives a transfer; between CPU devices the source does (as gn::copy).
+  const Device owner = src.device().is_cuda() || !dst.device().is_cuda() ? src.device() : dst.device();
+  Backend* be = &rt.backend(owner);
+  rt.engine().push(
+      [be, dst, src](OpContext& c) {
+        be->copy({dst.data(), dst.device()}, {src.data(), src.device()}, src.bytes(), false, c);
+      },
+      {src.var()}, {dst.var()}, owner, StreamKind::Compute, {"copy", "", src.bytes(), 0});
+}
+
+void write_values(const Tensor& dst, std::vector<float> values) {
+  if (!dst.defined()) throw Error("write_values: the tensor is undefined");
+  if (static_cast<int64_t>(values.size()) != dst.numel())
+    throw ShapeError("write_values: " + std::to_string(values.size()) + " values for " + shape_str(dst.shape()));
+  Runtime& rt = dst.runtime();
+  Backend* be = &rt.backend(dst.device());
+  auto host = std::make_shared<std::vector<float>>(std::move(values));
+  rt.engine().push(
+      [be, dst, host](OpContext& c) {
+        be->copy({dst.data(), dst.device()}, {host->data(), Device::cpu()}, dst.bytes(), false, c);
+      },
+      {}, {dst.var()}, dst.device(), StreamKind::Compute, {"write values", "", dst.bytes(), 0});
+}
+
+}  // namespace gn::nn
