@@ -1,8 +1,16 @@
 // The executor: takes a snapshot of the document, validates it, and runs it on its own thread. Nodes are
 // executed in topological order; each enqueues work on its plugin's runtime and returns, so independent
-// branches overlap. Events stream through events(); the report grows as the run goes.
+// branches overlap. Under the "sequential" schedule the executor also waits for each node's work to finish
+// before it starts the next. Events stream through events(); the report grows as the run goes.
+//
+// start/cancel/wait/report are called from one controlling thread (the UI thread, the CLI's main loop).
+// A node whose input comes from a failed, skipped or cancelled node is skipped ("skipped: input a (x1.out)
+// failed"). Node statuses in the report: pending, running, ok, failed, skipped, cancelled; after a refused
+// start (validation failed): invalid, or missing for a node whose type no plugin provides.
 #pragma once
+#include <QByteArray>
 #include <QJsonObject>
+#include <QList>
 #include <QString>
 #include <atomic>
 #include <memory>
@@ -32,9 +40,11 @@ class Executor {
   bool wasCancelled() const { return cancelled_.load(); }
   EventChannel& events() { return events_; }
 
-  // {graph, ok, cancelled, wall_ms, devices[], nodes{id: {type, status, device, calls, time_ms, gflops,
-  // pct_peak, bytes, error, ...}}, metrics{series: [[t, v]...]}, memory{device: {peak_bytes, current_bytes}}}
-  // Partial while running or after cancel.
+  // {graph, ok, cancelled, running, wall_ms, devices[], nodes{id: {type, status, device, calls, time_ms,
+  // gflops, pct_peak, bytes, flops, wall_ms, error, warnings?, ...fields the node reported}},
+  // metrics{series: [[t, v]...]}, memory{device: {peak_bytes, current_bytes}}, validation?: [issues]}.
+  // calls, time_ms, bytes and flops add up the node's trace spans; pct_peak is null when the session does
+  // not know the device's peak. Partial while running or after cancel; empty before the first start().
   QJsonObject report() const;
 
  private:
@@ -45,5 +55,10 @@ class Executor {
   std::thread thread_;
   std::atomic<bool> running_{false}, cancelled_{false};
 };
+
+// Chrome trace-event JSON ({"traceEvents": [...]}, which chrome://tracing and Perfetto open): one process
+// per device, one thread per stream, an "X" event per span with the node id in args, and a memory counter
+// per device. The CLI's --trace and the editor's export share it.
+QByteArray chromeTrace(const QList<TraceSpan>& spans, const QList<MemorySampleEvent>& memory = {});
 
 }  // namespace gn::core

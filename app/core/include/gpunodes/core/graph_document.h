@@ -52,8 +52,11 @@ class GraphDocument : public QObject {
   const QList<GraphConnection>& connections() const { return connections_; }
   const GraphNode* node(const QString& id) const;
   bool hasNode(const QString& id) const { return node(id) != nullptr; }
-  // A fresh id for a node of `type`: lower-case initials plus a number ("MatMul" -> "mm1").
+  // A fresh id for a node of `type`: the lower-case initials of its CamelCase words plus the smallest free
+  // number ("MatMul" -> "mm1", "AllDevices" -> "ad1", "Tensor" -> "t1", then "t2"...).
   QString makeId(const QString& type) const;
+  // Ids are 1-64 ASCII letters, digits, '_' or '-': no dot, so "node.port" stays unambiguous.
+  static bool isValidId(const QString& id);
 
   // Edits. addNode keeps node.id when it is free, otherwise assigns makeId(type); returns the id used.
   QString addNode(GraphNode node);
@@ -68,6 +71,9 @@ class GraphDocument : public QObject {
   // Replaces everything (load, undo snapshots) with one reset() signal.
   void replaceAll(const GraphDocument& other);
   void clear();
+  // Sets nodes and connections exactly as given, duplicate ids included, with no signal: for loaders that
+  // fill a fresh document (validation must see a file's duplicates, not silently renamed ones).
+  void setContents(QList<GraphNode> nodes, QList<GraphConnection> connections);
 
  signals:
   void nodeAdded(const QString& id);

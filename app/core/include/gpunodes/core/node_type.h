@@ -47,6 +47,9 @@ struct NodeTypeSpec {
   const ParamSpec* param(const QString& name) const;
 };
 
+// The params execute() sees: the spec's defaults, overridden by what the node sets.
+QJsonObject withDefaults(const NodeTypeSpec& spec, const QJsonObject& params);
+
 // A value on a wire: a device, a batch of tensors, a model... Only the plugin that made it knows what it is.
 class PortValue {
  public:

@@ -29,10 +29,10 @@ struct RunEvent {
     RunFinished,   // ok tells the outcome; message has the first error
     NodeQueued,
     NodeStarted,
-    NodeFinished,
-    NodeFailed,    // message
+    NodeFinished,  // value: wall milliseconds from the node's start to the end of its work
+    NodeFailed,    // message (also for a skipped or cancelled node)
     NodeWarning,   // message
-    Progress,      // node, value in 0..1
+    Progress,      // node, value in 0..1; an empty node is the whole run (nodes done / nodes)
     Metric,        // series, t, value
     Span,          // span
     Memory,        // memory

@@ -1,5 +1,6 @@
 // Validation before a run: every problem, per node, in one pass.
 #pragma once
+#include <QJsonValue>
 #include <QList>
 #include <QString>
 
@@ -7,6 +8,8 @@ namespace gn::core {
 
 class GraphDocument;
 class NodeTypeRegistry;
+struct ParamSpec;
+struct RunSettings;
 
 struct Issue {
   enum class Severity { Error, Warning };
@@ -33,6 +36,17 @@ class ValidationReport {
 // Unknown types ("missing" nodes), duplicate ids, dangling connections, unknown ports, port type mismatch,
 // a required input left open, two wires into one input, cycles (naming their nodes), params of the wrong
 // type or out of range, and each plugin's own graph checks (device conflicts known before the run).
+// Graph-level checks of doc.settings() too (schedule, cpu_devices). Cycles are reported on every node that
+// lies on one, with the same message, so the editor can paint each of them.
 ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& registry);
+// The same, with run settings that override the file's (command-line --schedule, --cpu-devices); plugins'
+// validateGraph sees these.
+ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& registry, const RunSettings& settings);
+
+// One param value against its spec: JSON type, finite, range, enum values, shape dimensions (each an
+// integer >= 0 within the spec's range, and a product that fits in 64 bits). Empty when the value is fine;
+// otherwise the problem, without the param's name ("must be at most 100000"). The CLI's --set and the
+// editor's inspector use it too.
+QString checkParam(const ParamSpec& spec, const QJsonValue& value);
 
 }  // namespace gn::core

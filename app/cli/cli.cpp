@@ -1,0 +1,694 @@
+#include "cli/cli.h"
+
+#include <QCommandLineParser>
+#include <QCoreApplication>
+#include <QDir>
+#include <QElapsedTimer>
+#include <QFileInfo>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
+#include <QRegularExpression>
+#include <QSaveFile>
+#include <QSet>
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <unistd.h>
+
+#include "gpunodes/core/executor.h"
+#include "gpunodes/core/graph_document.h"
+#include "gpunodes/core/node_type.h"
+#include "gpunodes/core/plugin.h"
+#include "gpunodes/core/registry.h"
+#include "gpunodes/core/serializer.h"
+#include "gpunodes/core/validation.h"
+
+namespace gn::cli {
+
+using namespace gn::core;
+
+namespace {
+
+void write(FILE* to, const QString& text) {
+  const QByteArray bytes = text.toUtf8();
+  std::fwrite(bytes.constData(), 1, size_t(bytes.size()), to);
+  std::fflush(to);
+}
+void out(const QString& text) { write(stdout, text); }
+void err(const QString& text) { write(stderr, text); }
+
+int usageError(const QString& message) {
+  err(QStringLiteral("gpunodes: %1\n\n%2").arg(message, usage()));
+  return kUsage;
+}
+
+// The SIGINT handler only sets this flag (async-signal-safe); the main loop polls it and cancels.
+std::atomic<int> g_interrupted{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+extern "C" void onInterrupt(int) { g_interrupted.store(1); }
+
+void installInterruptHandler() {
+  struct sigaction action {};
+  action.sa_handler = onInterrupt;
+  sigemptyset(&action.sa_mask);
+  // One-shot: a second Ctrl-C gets the default action and ends the process at once.
+  action.sa_flags = SA_RESETHAND;
+  sigaction(SIGINT, &action, nullptr);
+}
+
+struct Parsed {
+  bool ok = false;
+  int exitCode = kOk;
+  QStringList positional;
+};
+
+// QCommandLineParser, but usage errors exit 2 and --help prints our text.
+Parsed parse(QCommandLineParser& parser, const QString& command, const QStringList& args, int positionals) {
+  parser.setSingleDashWordOptionMode(QCommandLineParser::ParseAsLongOptions);
+  const QCommandLineOption help(QStringList{"h", "help"});
+  parser.addOption(help);
+  Parsed p;
+  if (!parser.parse(QStringList{"gpunodes " + command} + args)) {
+    p.exitCode = usageError(QStringLiteral("%1: %2").arg(command, parser.errorText()));
+    return p;
+  }
+  if (parser.isSet(help)) {
+    out(usage());
+    return p;
+  }
+  p.positional = parser.positionalArguments();
+  if (p.positional.size() != positionals) {
+    p.exitCode = usageError(positionals == 0
+                                ? QStringLiteral("%1 takes no file (got \"%2\")").arg(command, p.positional.value(0))
+                            : p.positional.isEmpty()
+                                ? QStringLiteral("%1: missing FILE").arg(command)
+                                : QStringLiteral("%1 takes one FILE (got %2 arguments)").arg(command).arg(p.positional.size()));
+    return p;
+  }
+  p.ok = true;
+  return p;
+}
+
+void loadPlugins(NodeTypeRegistry& registry) {
+  registry.loadPlugins();
+  for (const NodeTypeRegistry::LoadError& e : registry.loadErrors())
+    err(QStringLiteral("gpunodes: warning: plugin %1: %2\n").arg(e.path, e.reason));
+  if (registry.plugins().isEmpty())
+    err(QStringLiteral("gpunodes: warning: no node plugins found (looked in: %1); set GPUNODES_PLUGIN_PATH\n")
+            .arg(NodeTypeRegistry::defaultPluginDirs().join(", ")));
+}
+
+std::optional<int> parseCpuDevices(const QString& text, QString* error) {
+  bool ok = false;
+  const int n = text.toInt(&ok);
+  if (!ok || n < 1 || n > 1024) {
+    *error = QStringLiteral("--cpu-devices: expected a number from 1 to 1024, got \"%1\"").arg(text);
+    return std::nullopt;
+  }
+  return n;
+}
+
+QString shorten(const QString& s, int max = 60) { return s.size() > max ? s.left(max - 3) + "..." : s; }
+
+QString humanBytes(double bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+  int u = 0;
+  while (bytes >= 1000 && u < 5) {
+    bytes /= 1000;
+    ++u;
+  }
+  return u == 0 ? QStringLiteral("%1 B").arg(qint64(bytes))
+                : QStringLiteral("%1 %2").arg(bytes, 0, 'f', bytes < 10 ? 2 : 1).arg(units[u]);
+}
+
+bool saveBytes(const QString& path, const QByteArray& bytes, const QString& what) {
+  QSaveFile file(path);
+  if (!file.open(QIODevice::WriteOnly) || file.write(bytes) != bytes.size() || !file.commit()) {
+    err(QStringLiteral("error: %1: cannot write the %2: %3\n").arg(path, what, file.errorString()));
+    return false;
+  }
+  return true;
+}
+
+QString csvField(const QString& s) {
+  if (!s.contains(u',') && !s.contains(u'"') && !s.contains(u'\n')) return s;
+  QString q = s;
+  q.replace(u'"', QStringLiteral("\"\""));
+  return u'"' + q + u'"';
+}
+
+QByteArray metricsCsv(const QJsonObject& metrics) {
+  QByteArray csv = "series,t,value\n";
+  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
+    const QByteArray series = csvField(it.key()).toUtf8();
+    for (const QJsonValue& sample : it.value().toArray()) {
+      const QJsonArray tv = sample.toArray();
+      csv += series + ',' + QByteArray::number(tv[0].toDouble(), 'g', 12) + ',' +
+             QByteArray::number(tv[1].toDouble(), 'g', 12) + '\n';
+    }
+  }
+  return csv;
+}
+
+// Issues as one line each, naming the file; a cycle is reported on each of its nodes but printed once.
+void printIssues(const QString& file, const QList<Issue>& issues, bool warnings) {
+  QSet<QString> printedCycles;
+  for (const Issue& i : issues) {
+    const bool error = i.severity == Issue::Severity::Error;
+    if (!error && !warnings) continue;
+    if (i.message.startsWith(QStringLiteral("cycle: "))) {
+      if (printedCycles.contains(i.message)) continue;
+      printedCycles.insert(i.message);
+      err(QStringLiteral("%1: %2: %3\n").arg(error ? "error" : "warning", file, i.message));
+      continue;
+    }
+    err(QStringLiteral("%1: %2: %3\n").arg(error ? "error" : "warning", file, i.text()));
+  }
+}
+
+// ---- run --------------------------------------------------------------------------------------------
+
+class Progress {
+ public:
+  Progress(bool tty, bool quiet, int total) : tty_(tty), quiet_(quiet), total_(total) { clock_.start(); }
+
+  void handle(const RunEvent& e) {
+    if (quiet_) return;
+    switch (e.kind) {
+      case RunEvent::Kind::NodeStarted:
+        current_ = e.node;
+        nodeProgress_ = 0;
+        if (!tty_) line(QStringLiteral("[%1] started").arg(e.node));
+        break;
+      case RunEvent::Kind::NodeFinished:
+        ++done_;
+        if (!tty_) line(QStringLiteral("[%1] finished in %2 ms").arg(e.node).arg(e.value, 0, 'f', 1));
+        break;
+      case RunEvent::Kind::NodeFailed:
+        ++done_;
+        if (e.message.startsWith(QStringLiteral("skipped")) || e.message == QStringLiteral("cancelled"))
+          line(QStringLiteral("[%1] %2").arg(e.node, e.message));
+        else
+          line(QStringLiteral("[%1] failed: %2").arg(e.node, e.message));
+        break;
+      case RunEvent::Kind::NodeWarning:
+        line(QStringLiteral("[%1] warning: %2").arg(e.node.isEmpty() ? QStringLiteral("graph") : e.node, e.message));
+        break;
+      case RunEvent::Kind::Progress:
+        if (e.node == current_) nodeProgress_ = e.value;
+        break;
+      default: break;
+    }
+  }
+
+  // The bar, redrawn at most 10 times a second.
+  void tick(bool force = false) {
+    if (quiet_ || !tty_) return;
+    if (!force && lastDraw_.isValid() && lastDraw_.elapsed() < 100) return;
+    lastDraw_.start();
+    constexpr int kWidth = 24;
+    const double fraction = total_ > 0 ? std::min(1.0, (done_ + nodeProgress_ * (done_ < total_)) / total_) : 1.0;
+    const int filled = int(std::lround(fraction * kWidth));
+    QString bar = QStringLiteral("\r[%1%2] %3/%4 nodes  %5  %6 s")
+                      .arg(QString(filled, u'#'), QString(kWidth - filled, u'-'))
+                      .arg(done_)
+                      .arg(total_)
+                      .arg(done_ < total_ ? shorten(current_, 20) : QString())
+                      .arg(clock_.elapsed() / 1000.0, 0, 'f', 1);
+    const int visible = int(bar.size());
+    if (visible < drawn_) bar += QString(drawn_ - visible, u' ');
+    drawn_ = visible;
+    err(bar);
+  }
+
+  void clear() {
+    if (quiet_ || !tty_ || drawn_ == 0) return;
+    err(u'\r' + QString(drawn_, u' ') + u'\r');
+    drawn_ = 0;
+  }
+
+ private:
+  void line(const QString& text) {
+    clear();
+    err(text + u'\n');
+    tick(true);
+  }
+
+  bool tty_, quiet_;
+  int total_, done_ = 0, drawn_ = 0;
+  double nodeProgress_ = 0;
+  QString current_;
+  QElapsedTimer clock_, lastDraw_;
+};
+
+QString cell(const QJsonValue& v, int precision) {
+  if (v.isNull() || v.isUndefined()) return QStringLiteral("-");
+  return QString::number(v.toDouble(), 'f', precision);
+}
+
+void printSummary(const GraphDocument& doc, const QJsonObject& report) {
+  const QStringList header{"node", "type", "device", "calls", "time (ms)", "GFLOP/s", "% peak", "bytes", "status"};
+  QList<QStringList> rows;
+  const QJsonObject nodes = report.value("nodes").toObject();
+  QSet<QString> seen;
+  for (const GraphNode& n : doc.nodes()) {
+    if (seen.contains(n.id)) continue;
+    seen.insert(n.id);
+    const QJsonObject o = nodes.value(n.id).toObject();
+    const bool hasFlops = o.value("gflops").toDouble() > 0;
+    rows.append({n.id, n.type, o.value("device").toString().isEmpty() ? QStringLiteral("-") : o.value("device").toString(),
+                 QString::number(o.value("calls").toInteger()), cell(o.value("time_ms"), 2),
+                 hasFlops ? cell(o.value("gflops"), 1) : QStringLiteral("-"),
+                 hasFlops ? cell(o.value("pct_peak"), 1) : QStringLiteral("-"),
+                 o.value("bytes").toDouble() > 0 ? humanBytes(o.value("bytes").toDouble()) : QStringLiteral("-"),
+                 o.value("status").toString()});
+  }
+  QList<int> width;
+  for (const QString& h : header) width.append(int(h.size()));
+  for (const QStringList& r : rows)
+    for (int c = 0; c < r.size(); ++c) width[c] = std::max(width[c], int(r[c].size()));
+  auto format = [&](const QStringList& r) {
+    QString line;
+    for (int c = 0; c < r.size(); ++c) {
+      const bool numeric = c >= 3 && c <= 7;
+      line += numeric ? r[c].rightJustified(width[c]) : r[c].leftJustified(width[c]);
+      if (c + 1 < r.size()) line += QStringLiteral("  ");
+    }
+    return line.trimmed() + u'\n';
+  };
+  QString table = u'\n' + format(header);
+  for (const QStringList& r : rows) table += format(r);
+  for (const GraphNode& n : doc.nodes()) {
+    const QJsonObject o = nodes.value(n.id).toObject();
+    const QString error = o.value("error").toString();
+    if (!error.isEmpty() && o.value("status").toString() == "failed") table += QStringLiteral("%1: %2\n").arg(n.id, error);
+  }
+  const double seconds = report.value("wall_ms").toDouble() / 1000.0;
+  if (report.value("cancelled").toBool())
+    table += QStringLiteral("cancelled after %1 s\n").arg(seconds, 0, 'f', 2);
+  else if (report.value("ok").toBool())
+    table += QStringLiteral("ok in %1 s\n").arg(seconds, 0, 'f', 2);
+  else
+    table += QStringLiteral("FAILED in %1 s\n").arg(seconds, 0, 'f', 2);
+  out(table);
+}
+
+// Applies one --set NODE.PARAM=VALUE; returns an error message, empty on success.
+QString applySet(GraphDocument& doc, const NodeTypeRegistry& registry, const QString& file, const QString& text) {
+  const qsizetype eq = text.indexOf(u'=');
+  const std::optional<Endpoint> target = eq > 0 ? Endpoint::parse(text.left(eq)) : std::nullopt;
+  if (!target) return QStringLiteral("--set %1: expected NODE.PARAM=VALUE").arg(text);
+  const GraphNode* node = doc.node(target->node);
+  if (!node) {
+    QStringList ids;
+    for (const GraphNode& n : doc.nodes()) ids.append(n.id);
+    if (ids.size() > 20) ids = ids.mid(0, 20) << QStringLiteral("...");
+    return QStringLiteral("--set %1: no node \"%2\" in %3 (nodes: %4)")
+        .arg(text, target->node, file, ids.isEmpty() ? QStringLiteral("none") : ids.join(", "));
+  }
+  const NodeTypePtr type = registry.find(node->type);
+  if (!type)
+    return QStringLiteral("--set %1: node \"%2\" has type \"%3\", which no plugin provides")
+        .arg(text, node->id, node->type);
+  const ParamSpec* spec = type->spec().param(target->port);
+  if (!spec) {
+    QStringList names;
+    for (const ParamSpec& p : type->spec().params) names.append(p.name);
+    return QStringLiteral("--set %1: %2 (%3) has no param \"%4\" (params: %5)")
+        .arg(text, node->id, node->type, target->port, names.isEmpty() ? QStringLiteral("none") : names.join(", "));
+  }
+  QString problem;
+  const QJsonValue value = parseParamValue(*spec, text.mid(eq + 1), &problem);
+  if (value.isUndefined()) return QStringLiteral("--set %1: %2 (%3)").arg(text, problem, paramTypeName(spec->type));
+  doc.setParam(node->id, spec->name, value);
+  return {};
+}
+
+QJsonObject failedReport(const QString& file, const QString& error) {
+  return QJsonObject{{"file", file}, {"graph", QString()}, {"ok", false},   {"cancelled", false},
+                     {"error", error}, {"wall_ms", 0},       {"devices", QJsonArray()}, {"nodes", QJsonObject()},
+                     {"metrics", QJsonObject()}, {"memory", QJsonObject()}};
+}
+
+int commandRun(const QStringList& args) {
+  QCommandLineParser parser;
+  const QCommandLineOption set("set", "", "NODE.PARAM=VALUE"), report("report", "", "OUT.json"),
+      metrics("metrics", "", "OUT.csv"), trace("trace", "", "OUT.json"), schedule("schedule", "", "MODE"),
+      cpuDevices("cpu-devices", "", "N"), quiet("quiet");
+  parser.addOptions({set, report, metrics, trace, schedule, cpuDevices, quiet});
+  const Parsed p = parse(parser, "run", args, 1);
+  if (!p.ok) return p.exitCode;
+  const QString file = p.positional[0];
+  const bool beQuiet = parser.isSet(quiet);
+
+  std::optional<int> cpus;
+  if (parser.isSet(cpuDevices)) {
+    QString problem;
+    cpus = parseCpuDevices(parser.value(cpuDevices), &problem);
+    if (!cpus) return usageError(problem);
+  }
+  if (parser.isSet(schedule) && parser.value(schedule) != "parallel" && parser.value(schedule) != "sequential")
+    return usageError(QStringLiteral("--schedule: expected parallel or sequential, got \"%1\"").arg(parser.value(schedule)));
+
+  NodeTypeRegistry registry;
+  loadPlugins(registry);
+
+  auto writeOutputs = [&](const QJsonObject& r, const QList<TraceSpan>& spans, const QList<MemorySampleEvent>& memory) {
+    bool ok = true;
+    if (parser.isSet(report)) ok &= saveBytes(parser.value(report), QJsonDocument(r).toJson(QJsonDocument::Indented), "report");
+    if (parser.isSet(metrics)) ok &= saveBytes(parser.value(metrics), metricsCsv(r.value("metrics").toObject()), "metrics");
+    if (parser.isSet(trace)) ok &= saveBytes(parser.value(trace), chromeTrace(spans, memory), "trace");
+    return ok;
+  };
+
+  GraphDocument doc;
+  QString loadError;
+  if (!serializer::loadFile(file, doc, &loadError)) {
+    err(QStringLiteral("error: %1\n").arg(loadError));
+    writeOutputs(failedReport(file, loadError), {}, {});
+    return kFailed;
+  }
+  for (const QString& s : parser.values(set)) {
+    const QString problem = applySet(doc, registry, file, s);
+    if (!problem.isEmpty()) return usageError(problem);
+  }
+  QJsonObject settingsJson = doc.settings();
+  if (parser.isSet(schedule)) settingsJson.insert("schedule", parser.value(schedule));
+  if (cpus) settingsJson.insert("cpu_devices", *cpus);
+  doc.setSettings(settingsJson);
+  const RunSettings settings = RunSettings::fromGraph(settingsJson);
+
+  Executor executor(registry);
+  ValidationReport validation;
+  auto withFile = [&](QJsonObject r) {
+    r.insert("file", file);
+    r.insert("schedule", settings.schedule);
+    r.insert("cpu_devices", settings.cpuDevices);
+    return r;
+  };
+  if (!executor.start(doc, settings, &validation)) {
+    printIssues(file, validation.issues(), !beQuiet);
+    writeOutputs(withFile(executor.report()), {}, {});
+    return kFailed;
+  }
+
+  g_interrupted.store(0);
+  installInterruptHandler();
+  const bool tty = isatty(STDERR_FILENO) == 1;
+  Progress progress(tty, beQuiet, int(doc.nodes().size()));
+  QList<TraceSpan> spans;
+  QList<MemorySampleEvent> memory;
+  const bool keepTrace = parser.isSet(trace);
+  bool finished = false, cancelling = false;
+  while (!finished) {
+    for (const RunEvent& e : executor.events().waitAndDrain(50)) {
+      if (e.kind == RunEvent::Kind::RunFinished) finished = true;
+      if (keepTrace && e.kind == RunEvent::Kind::Span) spans.append(e.span);
+      if (keepTrace && e.kind == RunEvent::Kind::Memory) memory.append(e.memory);
+      progress.handle(e);
+    }
+    if (g_interrupted.load() && !cancelling) {
+      cancelling = true;
+      executor.cancel();
+      progress.clear();
+      err(QStringLiteral("gpunodes: cancelling (Ctrl-C again quits at once)\n"));
+    }
+    progress.tick();
+  }
+  executor.wait();
+  signal(SIGINT, SIG_DFL);
+  progress.clear();
+
+  const QJsonObject result = withFile(executor.report());
+  if (!beQuiet) printSummary(doc, result);
+  const bool written = writeOutputs(result, spans, memory);
+  if (executor.wasCancelled()) return kCancelled;
+  return result.value("ok").toBool() && written ? kOk : kFailed;
+}
+
+// ---- validate, devices, nodes ----------------------------------------------------------------------
+
+int commandValidate(const QStringList& args) {
+  QCommandLineParser parser;
+  const Parsed p = parse(parser, "validate", args, 1);
+  if (!p.ok) return p.exitCode;
+  const QString file = p.positional[0];
+  NodeTypeRegistry registry;
+  loadPlugins(registry);
+  GraphDocument doc;
+  QString error;
+  if (!serializer::loadFile(file, doc, &error)) {
+    err(QStringLiteral("error: %1\n").arg(error));
+    return kFailed;
+  }
+  const ValidationReport report = validate(doc, registry);
+  printIssues(file, report.issues(), true);
+  if (!report.ok()) return kFailed;
+  out(QStringLiteral("%1: ok (%2 nodes, %3 connections)\n")
+          .arg(file)
+          .arg(doc.nodes().size())
+          .arg(doc.connections().size()));
+  return kOk;
+}
+
+int commandDevices(const QStringList& args) {
+  QCommandLineParser parser;
+  const QCommandLineOption json("json"), cpuDevices("cpu-devices", "", "N");
+  parser.addOptions({json, cpuDevices});
+  const Parsed p = parse(parser, "devices", args, 0);
+  if (!p.ok) return p.exitCode;
+  RunSettings settings;
+  if (parser.isSet(cpuDevices)) {
+    QString problem;
+    const std::optional<int> cpus = parseCpuDevices(parser.value(cpuDevices), &problem);
+    if (!cpus) return usageError(problem);
+    settings.cpuDevices = *cpus;
+    settings.all.insert("cpu_devices", *cpus);
+  }
+  NodeTypeRegistry registry;
+  loadPlugins(registry);
+  QJsonArray devices;
+  QJsonObject sets;
+  QString text;
+  for (NodeSetPlugin* plugin : registry.plugins()) {
+    QJsonObject env;
+    try {
+      env = plugin->environment(settings);
+    } catch (const std::exception& e) {
+      err(QStringLiteral("gpunodes: warning: %1: listing devices failed: %2\n").arg(plugin->setName(), e.what()));
+      continue;
+    }
+    if (env.isEmpty()) continue;
+    sets.insert(plugin->setName(), env);
+    for (const QJsonValue& d : env.value("devices").toArray()) devices.append(d);
+    if (!env.value("table").toString().isEmpty()) {
+      if (!text.isEmpty()) text += u'\n';
+      text += env.value("table").toString();
+      if (!text.endsWith(u'\n')) text += u'\n';
+    }
+  }
+  if (sets.isEmpty()) {
+    err(QStringLiteral("gpunodes: no loaded node set reports devices\n"));
+    return kFailed;
+  }
+  if (parser.isSet(json))
+    out(QString::fromUtf8(QJsonDocument(QJsonObject{{"devices", devices}, {"node_sets", sets}}).toJson(QJsonDocument::Indented)));
+  else
+    out(text);
+  return kOk;
+}
+
+QJsonObject typeJson(const NodeTypeSpec& spec, const QString& plugin) {
+  auto ports = [](const QList<PortSpec>& list, bool inputs) {
+    QJsonArray a;
+    for (const PortSpec& p : list) {
+      QJsonObject o{{"name", p.name}, {"type", portTypeName(p.type)}, {"doc", p.doc}};
+      if (inputs) o.insert("required", p.required);
+      a.append(o);
+    }
+    return a;
+  };
+  QJsonArray params;
+  for (const ParamSpec& p : spec.params) {
+    QJsonObject o{{"name", p.name}, {"type", paramTypeName(p.type)}, {"default", p.defaultValue}, {"doc", p.doc}};
+    if (p.min) o.insert("min", *p.min);
+    if (p.max) o.insert("max", *p.max);
+    if (!p.enumValues.isEmpty()) o.insert("values", QJsonArray::fromStringList(p.enumValues));
+    params.append(o);
+  }
+  return QJsonObject{{"name", spec.name},         {"category", spec.category}, {"description", spec.description},
+                     {"plugin", plugin},           {"inputs", ports(spec.inputs, true)},
+                     {"outputs", ports(spec.outputs, false)}, {"params", params}};
+}
+
+QString valueText(const QJsonValue& v) {
+  if (v.isUndefined()) return QStringLiteral("(none)");
+  if (v.isString()) return v.toString();
+  if (v.isArray() || v.isObject())
+    return QString::fromUtf8(v.isArray() ? QJsonDocument(v.toArray()).toJson(QJsonDocument::Compact)
+                                         : QJsonDocument(v.toObject()).toJson(QJsonDocument::Compact));
+  return QString::fromUtf8(QJsonDocument(QJsonArray{v}).toJson(QJsonDocument::Compact)).mid(1).chopped(1);
+}
+
+int commandNodes(const QStringList& args) {
+  QCommandLineParser parser;
+  const QCommandLineOption json("json");
+  parser.addOption(json);
+  const Parsed p = parse(parser, "nodes", args, 0);
+  if (!p.ok) return p.exitCode;
+  NodeTypeRegistry registry;
+  loadPlugins(registry);
+  if (parser.isSet(json)) {
+    QJsonArray types, errors;
+    for (const NodeTypePtr& t : registry.types())
+      types.append(typeJson(t->spec(), registry.pluginOf(t->spec().name)->setName()));
+    for (const NodeTypeRegistry::LoadError& e : registry.loadErrors())
+      errors.append(QJsonObject{{"path", e.path}, {"reason", e.reason}});
+    out(QString::fromUtf8(QJsonDocument(QJsonObject{{"node_types", types}, {"load_errors", errors}})
+                              .toJson(QJsonDocument::Indented)));
+    return kOk;
+  }
+  QString text, category;
+  for (const NodeTypePtr& t : registry.types()) {
+    const NodeTypeSpec& s = t->spec();
+    if (s.category != category || text.isEmpty()) {
+      category = s.category;
+      text += QStringLiteral("\n%1\n").arg(category.isEmpty() ? QStringLiteral("(no category)") : category);
+    }
+    text += QStringLiteral("  %1  %2\n").arg(s.name, s.description);
+    auto ports = [&](const char* label, const QList<PortSpec>& list, bool inputs) {
+      if (list.isEmpty()) return;
+      QStringList parts;
+      for (const PortSpec& port : list)
+        parts.append(QStringLiteral("%1: %2%3").arg(port.name, portTypeName(port.type),
+                                                    inputs && !port.required ? QStringLiteral(" (optional)") : QString()));
+      text += QStringLiteral("    %1 %2\n").arg(QString::fromLatin1(label), parts.join(", "));
+    };
+    ports("inputs: ", s.inputs, true);
+    ports("outputs:", s.outputs, false);
+    for (const ParamSpec& param : s.params) {
+      QString kind = paramTypeName(param.type);
+      if (param.min || param.max)
+        kind += QStringLiteral(" %1..%2")
+                    .arg(param.min ? valueText(*param.min) : QString(), param.max ? valueText(*param.max) : QString());
+      if (!param.enumValues.isEmpty()) kind += QStringLiteral(" {%1}").arg(param.enumValues.join("|"));
+      text += QStringLiteral("    %1 (%2) = %3  %4\n").arg(param.name, kind, valueText(param.defaultValue), param.doc);
+    }
+  }
+  if (text.isEmpty()) {
+    err(QStringLiteral("gpunodes: no node types: no plugin loaded\n"));
+    return kFailed;
+  }
+  out(text.mid(1));
+  return kOk;
+}
+
+}  // namespace
+
+QString usage() {
+  return QStringLiteral(
+      "usage: gpunodes [FILE]                  open the editor (optionally a graph)\n"
+      "       gpunodes run FILE [options]      run headless\n"
+      "           --set NODE.PARAM=VALUE       override a param (repeatable); shapes as 100x100 or [100,100]\n"
+      "           --report OUT.json            the run report\n"
+      "           --metrics OUT.csv            metric samples: series,t,value\n"
+      "           --trace OUT.json             Chrome trace (open in Perfetto or chrome://tracing)\n"
+      "           --schedule parallel|sequential\n"
+      "           --cpu-devices N              split the CPU into N devices\n"
+      "           --quiet                      no progress and no summary\n"
+      "       gpunodes validate FILE           check only; per-node errors\n"
+      "       gpunodes devices [--json]        what try_all_gpus sees\n"
+      "       gpunodes nodes [--json]          the node catalogue from loaded plugins\n"
+      "exit codes: 0 ok, 1 graph invalid or a node failed, 2 usage, 130 cancelled (Ctrl-C)\n"
+      "plugins: <binary dir>/plugins, the install prefix, and GPUNODES_PLUGIN_PATH (colon-separated)\n");
+}
+
+bool isCommand(const QString& arg) {
+  return arg == "run" || arg == "validate" || arg == "devices" || arg == "nodes" || arg == "help" ||
+         arg == "-h" || arg == "--help";
+}
+
+QJsonValue parseParamValue(const ParamSpec& spec, const QString& raw, QString* error) {
+  const QString text = raw.trimmed();
+  auto fail = [&](const QString& why) {
+    if (error) *error = why;
+    return QJsonValue(QJsonValue::Undefined);
+  };
+  auto integer = [](const QString& s) -> std::optional<QJsonValue> {
+    bool ok = false;
+    const qlonglong i = s.trimmed().toLongLong(&ok);
+    if (ok) return QJsonValue(qint64(i));
+    const double d = s.trimmed().toDouble(&ok);  // "1e6" is an integer too
+    if (ok && std::isfinite(d) && d == std::floor(d)) return QJsonValue(d);
+    return std::nullopt;
+  };
+  QJsonValue value;
+  switch (spec.type) {
+    case ParamType::Int: {
+      const std::optional<QJsonValue> v = integer(text);
+      if (!v) return fail(QStringLiteral("expected an integer, got \"%1\"").arg(shorten(text)));
+      value = *v;
+      break;
+    }
+    case ParamType::Float: {
+      bool ok = false;
+      const double d = text.toDouble(&ok);
+      if (!ok) return fail(QStringLiteral("expected a number, got \"%1\"").arg(shorten(text)));
+      value = d;
+      break;
+    }
+    case ParamType::Bool: {
+      const QString t = text.toLower();
+      if (t == "true" || t == "1" || t == "yes" || t == "on")
+        value = true;
+      else if (t == "false" || t == "0" || t == "no" || t == "off")
+        value = false;
+      else
+        return fail(QStringLiteral("expected true or false, got \"%1\"").arg(shorten(text)));
+      break;
+    }
+    case ParamType::String:
+    case ParamType::Enum: value = raw; break;
+    case ParamType::Shape: {
+      QString t = text;
+      if (t.startsWith(u'[') && t.endsWith(u']')) t = t.mid(1, t.size() - 2);
+      QJsonArray dims;
+      if (!t.trimmed().isEmpty()) {
+        static const QRegularExpression separators(QStringLiteral("[xX,*]"));
+        for (const QString& part : t.split(separators)) {
+          const std::optional<QJsonValue> v = integer(part);
+          if (!v)
+            return fail(QStringLiteral("expected a shape like 100x100 or [100,100], got \"%1\"").arg(shorten(text)));
+          dims.append(*v);
+        }
+      }
+      value = dims;
+      break;
+    }
+  }
+  const QString problem = checkParam(spec, value);
+  if (!problem.isEmpty()) return fail(problem);
+  return value;
+}
+
+int runCommand(int argc, char** argv) {
+  QCoreApplication app(argc, argv);  // applicationDirPath() finds <bin>/plugins
+  QCoreApplication::setApplicationName(QStringLiteral("gpunodes"));
+  const QStringList all = QCoreApplication::arguments();
+  const QString command = all.value(1);
+  const QStringList args = all.mid(2);
+  if (command == "help" || command == "-h" || command == "--help") {
+    out(usage());
+    return kOk;
+  }
+  if (command == "run") return commandRun(args);
+  if (command == "validate") return commandValidate(args);
+  if (command == "devices") return commandDevices(args);
+  if (command == "nodes") return commandNodes(args);
+  return usageError(QStringLiteral("unknown command \"%1\"").arg(command));
+}
+
+}  // namespace gn::cli

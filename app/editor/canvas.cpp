@@ -1,0 +1,1387 @@
+#include "canvas.h"
+
+#include <QApplication>
+#include <QClipboard>
+#include <QCursor>
+#include <QGraphicsSceneHoverEvent>
+#include <QGraphicsSceneMouseEvent>
+#include <QInputDialog>
+#include <QKeyEvent>
+#include <QLineEdit>
+#include <QMenu>
+#include <QMimeData>
+#include <QPainter>
+#include <QScrollBar>
+#include <QStyleOptionGraphicsItem>
+#include <QToolTip>
+#include <QVarLengthArray>
+#include <cmath>
+
+#include "gpunodes/core/registry.h"
+#include "minimap.h"
+#include "node_search.h"
+#include "style.h"
+
+namespace gn::editor {
+
+using core::Endpoint;
+using core::GraphConnection;
+
+namespace {
+
+const char* kClipboardMime = "application/x-gpunodes-graph";
+const char* kNodeTypeMime = "application/x-gpunodes-node-type";
+
+constexpr qreal kHeader = 26, kPortTop = 32, kPortRow = 20, kSummaryRow = 15, kErrorStrip = 18, kRadius = 5;
+// Below kLodSimple a node is a coloured box: text would be unreadable and costs most of the frame. Below
+// kLodNoDetail it keeps its port dots but loses text and antialiasing.
+constexpr qreal kLodSimple = 0.4, kLodNoDetail = 0.65;
+
+struct Fonts {
+  QFont title, body, small;
+  QFontMetricsF titleM, bodyM, smallM;
+  Fonts(QFont t, QFont b, QFont s) : title(t), body(b), small(s), titleM(t), bodyM(b), smallM(s) {}
+};
+
+const Fonts& fonts() {
+  static const Fonts f = [] {
+    QFont base = QApplication::font();
+    QFont title = base;
+    title.setPointSizeF(9.5);
+    title.setBold(true);
+    QFont body = base;
+    body.setPointSizeF(8.5);
+    QFont small = base;
+    small.setPointSizeF(7.5);
+    return Fonts(title, body, small);
+  }();
+  return f;
+}
+
+QStaticText staticText(const QString& s) {
+  QStaticText t(s);
+  t.setTextFormat(Qt::PlainText);
+  t.setPerformanceHint(QStaticText::AggressiveCaching);
+  return t;
+}
+
+const QColor kBody(0x2c, 0x2f, 0x35, 242), kText(0xe8, 0xea, 0xee), kDimText(0x9a, 0xa3, 0xad);
+const QColor kError(0xe5, 0x48, 0x48), kWarn(0xe6, 0xb4, 0x3c), kSelect(0xff, 0xd1, 0x66);
+
+}  // namespace
+
+QString runStatusName(RunStatus s) {
+  switch (s) {
+    case RunStatus::Idle:
+      return "idle";
+    case RunStatus::Queued:
+      return "queued";
+    case RunStatus::Running:
+      return "running";
+    case RunStatus::Done:
+      return "done";
+    case RunStatus::Failed:
+      return "error";
+    case RunStatus::Cancelled:
+      return "cancelled";
+  }
+  return {};
+}
+
+// ----------------------------------------------------------------------------------------------------
+// NodeItem
+
+NodeItem::NodeItem(GraphScene* scene, const QString& id) : scene_(scene), id_(id) {
+  setFlags(ItemIsMovable | ItemIsSelectable | ItemSendsGeometryChanges);
+  setAcceptHoverEvents(true);
+  // No item cache: measured (tests/bench/editor_bench), blitting a thousand cached pixmaps when zoomed out
+  // and re-rendering them on every zoom step cost more than painting, which is cheap with pre-laid-out text
+  // and level-of-detail cut-offs.
+  rebuild();
+}
+
+void NodeItem::rebuild() {
+  const core::GraphNode* n = scene_->document()->node(id_);
+  if (!n) return;
+  typeName_ = n->type;
+  ports_ = scene_->editor()->portsOf(id_);
+  const core::NodeTypeSpec* spec = scene_->editor()->specOf(id_);
+  headerColor_ = style::categoryColor(spec ? spec->category : QString("missing"));
+  title_ = staticText(typeName_);
+  idText_ = staticText(id_);
+  inLabels_.clear();
+  outLabels_.clear();
+  for (const core::PortSpec& p : ports_.inputs) inLabels_ << staticText(p.name);
+  for (const core::PortSpec& p : ports_.outputs) outLabels_ << staticText(p.name);
+  layout();
+  if (pos() != n->position) setPos(n->position);
+  // Ports may have moved (a missing node gains ports from its wires): re-anchor the wires.
+  for (WireItem* w : wires_) {
+    const bool out = w->fromNode() == this;
+    const int from = w->fromNode()->portIndex(true, w->connection().from.port);
+    const int to = w->toNode()->portIndex(false, w->connection().to.port);
+    Q_UNUSED(out);
+    w->setPorts(from, to);
+  }
+}
+
+void NodeItem::layout() {
+  const Fonts& f = fonts();
+  const core::GraphNode* n = scene_->document()->node(id_);
+  const core::NodeTypeSpec* spec = scene_->editor()->specOf(id_);
+  qreal maxIn = 0, maxOut = 0;
+  for (const core::PortSpec& p : ports_.inputs) maxIn = qMax(maxIn, f.bodyM.horizontalAdvance(p.name));
+  for (const core::PortSpec& p : ports_.outputs) maxOut = qMax(maxOut, f.bodyM.horizontalAdvance(p.name));
+  const qreal titleW = f.titleM.horizontalAdvance(typeName_) + f.smallM.horizontalAdvance(id_) + 22;
+  // Room on the right of the title for the status badge ("running 100%").
+  const qreal w = std::ceil(qMax<qreal>(170, qMax(titleW + 78, maxIn + maxOut + 44)));
+
+  QStringList lines;
+  if (spec && n) {
+    for (const core::ParamSpec& ps : spec->params) {
+      if (lines.size() == 3) break;
+      const QJsonValue v = n->params.contains(ps.name) ? n->params.value(ps.name) : ps.defaultValue;
+      lines << QString("%1  %2").arg(ps.name, style::formatValue(v));
+    }
+  } else {
+    lines << QString("type '%1' is not loaded").arg(typeName_);
+  }
+  summary_.clear();
+  for (const QString& l : lines) summary_ << staticText(f.smallM.elidedText(l, Qt::ElideRight, w - 16));
+
+  const QStringList errs = errors();
+  const int rows = int(qMax(ports_.inputs.size(), ports_.outputs.size()));
+  qreal h = kPortTop + rows * kPortRow + summary_.size() * kSummaryRow + 10;
+  if (!errs.isEmpty()) {
+    errorLine_ = staticText(f.smallM.elidedText(errs.first(), Qt::ElideRight, w - 12));
+    h += kErrorStrip;
+  }
+  prepareGeometryChange();
+  body_ = QRectF(0, 0, w, h);
+  bounds_ = body_.adjusted(-kRadius - 2, -2, kRadius + 2, 2);
+  bodyPath_ = QPainterPath();
+  bodyPath_.addRoundedRect(body_, 6, 6);
+  QPainterPath top;
+  top.addRoundedRect(QRectF(0, 0, w, kHeader + 6), 6, 6);
+  QPainterPath cut;
+  cut.addRect(QRectF(0, kHeader, w, 6));
+  headerPath_ = top.subtracted(cut);
+  portsTop_ = kPortTop;
+  update();
+}
+
+QPainterPath NodeItem::shape() const {
+  QPainterPath p;
+  p.addRect(bounds_);
+  return p;
+}
+
+int NodeItem::portIndex(bool output, const QString& name) const {
+  const QList<core::PortSpec>& ports = output ? ports_.outputs : ports_.inputs;
+  for (int i = 0; i < ports.size(); ++i)
+    if (ports[i].name == name) return i;
+  return -1;
+}
+
+QPointF NodeItem::portPos(bool output, int index) const {
+  return QPointF(output ? body_.width() : 0, portsTop_ + kPortRow / 2 + index * kPortRow);
+}
+
+std::optional<NodeItem::PortHit> NodeItem::portAt(QPointF p, qreal slack) const {
+  for (int i = 0; i < ports_.inputs.size(); ++i)
+    if (QLineF(p, portPos(false, i)).length() <= slack) return PortHit{false, i};
+  for (int i = 0; i < ports_.outputs.size(); ++i)
+    if (QLineF(p, portPos(true, i)).length() <= slack) return PortHit{true, i};
+  return std::nullopt;
+}
+
+QString NodeItem::badgeText() const {
+  switch (status_) {
+    case RunStatus::Idle:
+      return {};
+    case RunStatus::Queued:
+      return "queued";
+    case RunStatus::Running:
+      return progress_ > 0 ? QString("running %1%").arg(int(progress_ * 100)) : QString("running");
+    case RunStatus::Done:
+      return style::formatMs(timeMs_);
+    case RunStatus::Failed:
+      return "error";
+    case RunStatus::Cancelled:
+      return "cancelled";
+  }
+  return {};
+}
+
+void NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) {
+  const qreal lod = option->levelOfDetailFromTransform(p->worldTransform());
+  const bool selected = isSelected();
+  const bool hasErrors = !issueErrors_.isEmpty() || !runError_.isEmpty();
+  const bool hasWarnings = !issueWarnings_.isEmpty() || !runWarning_.isEmpty();
+  const QColor border = hasErrors     ? kError
+                        : selected    ? kSelect
+                        : hasWarnings ? kWarn
+                                      : QColor(0x15, 0x16, 0x18);
+  const QColor statusColor = style::statusColor(runStatusName(status_));
+
+  if (lod < kLodSimple) {
+    p->setRenderHint(QPainter::Antialiasing, false);
+    p->setPen(selected || hasErrors ? QPen(border, 0) : Qt::NoPen);
+    p->setBrush(kBody);
+    p->drawRect(body_);
+    p->fillRect(QRectF(0, 0, body_.width(), kHeader), headerColor_);
+    if (status_ != RunStatus::Idle) p->fillRect(QRectF(body_.width() - 40, 0, 40, kHeader), statusColor);
+    return;
+  }
+  const Fonts& f = fonts();
+  if (lod < kLodNoDetail) {
+    // Zoomed out: boxes and port dots. Text under ~6 px is unreadable, and antialiasing costs more than it
+    // shows here.
+    p->setRenderHint(QPainter::Antialiasing, false);
+    p->setPen(QPen(border, 0));
+    p->setBrush(kBody);
+    p->drawRect(body_);
+    p->fillRect(QRectF(0, 0, body_.width(), kHeader),
+                ports_.missing ? QColor(0x55, 0x55, 0x55) : headerColor_);
+    if (status_ != RunStatus::Idle) p->fillRect(QRectF(body_.width() - 40, 4, 34, kHeader - 8), statusColor);
+    for (int out = 0; out < 2; ++out) {
+      const QList<core::PortSpec>& ports = out ? ports_.outputs : ports_.inputs;
+      for (int i = 0; i < ports.size(); ++i) {
+        QColor col = style::portColor(ports[i].type);
+        if (scene_->portDimmed(this, out, i)) col.setAlpha(45);
+        p->fillRect(QRectF(portPos(out, i) - QPointF(kRadius, kRadius), QSizeF(2 * kRadius, 2 * kRadius)),
+                    col);
+      }
+    }
+    if (hasErrors)
+      p->fillRect(QRectF(0, body_.height() - kErrorStrip, body_.width(), kErrorStrip),
+                  QColor(0x6b, 0x1f, 0x22));
+    return;
+  }
+  p->setRenderHint(QPainter::Antialiasing, true);
+  p->setPen(QPen(border, selected || hasErrors ? 2 : 1));
+  p->setBrush(kBody);
+  p->drawPath(bodyPath_);
+  p->setPen(Qt::NoPen);
+  p->setBrush(ports_.missing ? QColor(0x55, 0x55, 0x55) : headerColor_);
+  p->drawPath(headerPath_);
+
+  p->setFont(f.title);
+  p->setPen(kText);
+  p->drawStaticText(QPointF(8, (kHeader - f.titleM.height()) / 2), title_);
+  p->setFont(f.small);
+  p->setPen(QColor(255, 255, 255, 150));
+  p->drawStaticText(QPointF(14 + title_.size().width(), (kHeader - f.smallM.height()) / 2 + 1), idText_);
+
+  const QString badge = badgeText();
+  if (!badge.isEmpty()) {
+    const qreal bw = f.smallM.horizontalAdvance(badge) + 12;
+    const QRectF r(body_.width() - bw - 6, 5, bw, kHeader - 10);
+    p->setPen(Qt::NoPen);
+    p->setBrush(statusColor);
+    p->drawRoundedRect(r, 7, 7);
+    p->setPen(QColor(0x10, 0x10, 0x10));
+    p->drawText(r, Qt::AlignCenter, badge);
+  }
+
+  for (int out = 0; out < 2; ++out) {
+    const QList<core::PortSpec>& ports = out ? ports_.outputs : ports_.inputs;
+    const QList<QStaticText>& labels = out ? outLabels_ : inLabels_;
+    for (int i = 0; i < ports.size(); ++i) {
+      const QPointF c = portPos(out, i);
+      QColor col = style::portColor(ports[i].type);
+      const bool dimmed = scene_->portDimmed(this, out, i);
+      const bool hovered = scene_->wireDrag().hoverNode == this && scene_->wireDrag().hoverPort == i &&
+                           bool(out) != scene_->wireDrag().fromOutput;
+      if (dimmed) col.setAlpha(45);
+      p->setPen(QPen(col.darker(160), 1));
+      // Optional inputs are rings, so a required one left open stands out.
+      p->setBrush(!out && !ports[i].required ? QColor(kBody) : col);
+      if (!out && !ports[i].required) p->setPen(QPen(col, 2));
+      const qreal r = hovered && !dimmed ? kRadius + 2 : kRadius;
+      p->drawEllipse(c, r, r);
+      p->setFont(f.body);
+      p->setPen(dimmed ? QColor(255, 255, 255, 60) : kText);
+      const qreal ty = c.y() - f.bodyM.height() / 2;
+      p->drawStaticText(QPointF(out ? body_.width() - 11 - labels[i].size().width() : 11, ty), labels[i]);
+    }
+  }
+
+  {
+    p->setFont(f.small);
+    p->setPen(kDimText);
+    const int rows = int(qMax(ports_.inputs.size(), ports_.outputs.size()));
+    qreal y = portsTop_ + rows * kPortRow + 2;
+    for (const QStaticText& s : summary_) {
+      p->drawStaticText(QPointF(8, y), s);
+      y += kSummaryRow;
+    }
+  }
+
+  const qreal bottom = body_.height() - (hasErrors ? kErrorStrip : 0);
+  if (status_ == RunStatus::Running || status_ == RunStatus::Queued) {
+    const QRectF bar(8, bottom - 7, body_.width() - 16, 4);
+    p->setPen(Qt::NoPen);
+    p->setBrush(QColor(0x44, 0x48, 0x4f));
+    p->drawRoundedRect(bar, 2, 2);
+    p->setBrush(statusColor);
+    p->drawRoundedRect(QRectF(bar.topLeft(), QSizeF(bar.width() * qBound(0.0, progress_, 1.0), 4)), 2, 2);
+  }
+  if (hasErrors) {
+    const QRectF strip(1, body_.height() - kErrorStrip, body_.width() - 2, kErrorStrip - 1);
+    p->setPen(Qt::NoPen);
+    p->setBrush(QColor(0x6b, 0x1f, 0x22));
+    p->drawRect(strip);
+    p->setFont(f.small);
+    p->setPen(QColor(0xff, 0xc9, 0xc9));
+    p->drawStaticText(QPointF(6, strip.top() + (kErrorStrip - f.smallM.height()) / 2), errorLine_);
+  }
+}
+
+QStringList NodeItem::errors() const {
+  QStringList e = issueErrors_;
+  if (!runError_.isEmpty()) e.prepend(runError_);
+  return e;
+}
+
+QStringList NodeItem::warnings() const {
+  QStringList w = issueWarnings_;
+  if (!runWarning_.isEmpty()) w.prepend(runWarning_);
+  return w;
+}
+
+void NodeItem::setRunState(RunStatus s, double timeMs, const QString& error) {
+  const bool relayout = error != runError_;
+  status_ = s;
+  timeMs_ = timeMs;
+  if (s != RunStatus::Running) progress_ = s == RunStatus::Done ? 1 : 0;
+  runError_ = error;
+  if (s == RunStatus::Idle) runWarning_.clear();
+  if (relayout)
+    layout();
+  else
+    update();
+}
+
+void NodeItem::setProgress(double p) {
+  if (p == progress_) return;
+  progress_ = p;
+  update();
+}
+
+void NodeItem::setRunWarning(const QString& w) {
+  runWarning_ = w;
+  update();
+}
+
+void NodeItem::setIssues(const QStringList& errors, const QStringList& warnings) {
+  if (errors == issueErrors_ && warnings == issueWarnings_) return;
+  issueErrors_ = errors;
+  issueWarnings_ = warnings;
+  layout();
+}
+
+QVariant NodeItem::itemChange(GraphicsItemChange change, const QVariant& value) {
+  if (change == ItemPositionHasChanged) {
+    for (WireItem* w : wires_) w->updatePath();
+  } else if (change == ItemSelectedHasChanged) {
+    setZValue(value.toBool() ? 1 : 0);
+  }
+  return QGraphicsItem::itemChange(change, value);
+}
+
+void NodeItem::hoverMoveEvent(QGraphicsSceneHoverEvent* e) {
+  QString tip;
+  if (auto hit = portAt(e->pos())) {
+    const core::PortSpec& ps = hit->output ? ports_.outputs[hit->index] : ports_.inputs[hit->index];
+    tip = QString("<b>%1</b> · %2 %3")
+              .arg(ps.name, core::portTypeName(ps.type), hit->output ? "output" : "input");
+    if (!hit->output) tip += ps.required ? " (required)" : " (optional)";
+    if (!ps.doc.isEmpty()) tip += "<br>" + ps.doc.toHtmlEscaped();
+  } else {
+    const QStringList errs = errors(), warns = warnings();
+    const core::NodeTypeSpec* spec = scene_->editor()->specOf(id_);
+    tip = QString("<b>%1</b> (%2)").arg(id_, typeName_);
+    if (spec && !spec->description.isEmpty()) tip += "<br>" + spec->description.toHtmlEscaped();
+    if (status_ != RunStatus::Idle) tip += "<br>status: " + runStatusName(status_);
+    if (status_ == RunStatus::Done) tip += ", " + style::formatMs(timeMs_);
+    for (const QString& m : errs) tip += "<br><font color='#ff7b7b'>" + m.toHtmlEscaped() + "</font>";
+    for (const QString& m : warns) tip += "<br><font color='#e6b43c'>" + m.toHtmlEscaped() + "</font>";
+    for (const QString& m : errs)
+      if (GraphEditor::isDeviceMismatch(m)) {
+        tip += "<br><i>Right-click: Insert Copy node</i>";
+        break;
+      }
+  }
+  if (toolTip() != tip) setToolTip(tip);
+  QGraphicsItem::hoverMoveEvent(e);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// WireItem
+
+WireItem::WireItem(NodeItem* from, int fromPort, NodeItem* to, int toPort, const GraphConnection& c)
+    : from_(from), to_(to), fromPort_(fromPort), toPort_(toPort), conn_(c) {
+  setFlags(ItemIsSelectable);
+  setZValue(-1);
+  from_->wires() << this;
+  to_->wires() << this;
+  setPorts(fromPort, toPort);
+}
+
+void WireItem::setPorts(int fromPort, int toPort) {
+  fromPort_ = fromPort;
+  toPort_ = toPort;
+  color_ = fromPort >= 0 && fromPort < from_->outputs().size()
+               ? style::portColor(from_->outputs()[fromPort].type)
+               : QColor(Qt::gray);
+  updatePath();
+}
+
+QPainterPath WireItem::bezier(QPointF a, QPointF b) {
+  const qreal dx = qMax<qreal>(40, std::abs(b.x() - a.x()) * 0.5);
+  QPainterPath path(a);
+  path.cubicTo(a + QPointF(dx, 0), b - QPointF(dx, 0), b);
+  return path;
+}
+
+void WireItem::updatePath() {
+  prepareGeometryChange();
+  path_ = bezier(from_->portScenePos(true, qMax(0, fromPort_)), to_->portScenePos(false, qMax(0, toPort_)));
+  bounds_ = path_.boundingRect().adjusted(-4, -4, 4, 4);
+  shape_ = QPainterPath();
+}
+
+QPainterPath WireItem::shape() const {
+  // Built only when hit-testing needs it (clicks, rubber band), not on every move.
+  if (shape_.isEmpty()) {
+    QPainterPathStroker s;
+    s.setWidth(10);
+    shape_ = s.createStroke(path_);
+  }
+  return shape_;
+}
+
+void WireItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) {
+  const qreal lod = option->levelOfDetailFromTransform(p->worldTransform());
+  p->setBrush(Qt::NoBrush);
+  if (isSelected()) {
+    p->setRenderHint(QPainter::Antialiasing, true);
+    p->setPen(QPen(kSelect, 4.5));
+    p->drawPath(path_);
+  }
+  // Wires are drawn with cosmetic (one device pixel) pens: the raster engine strokes those on a fast path,
+  // while a wide antialiased pen costs most of a frame once hundreds of long wires cross the view. Two
+  // strokes a pixel apart read as a 2 px wire, the same width at every zoom.
+  const bool detail = lod >= kLodSimple;
+  p->setRenderHint(QPainter::Antialiasing, detail);
+  p->setPen(QPen(color_, 0));
+  p->drawPath(path_);
+  if (detail) {
+    p->translate(0, 1 / lod);
+    p->drawPath(path_);
+    p->translate(0, -1 / lod);
+  }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// CommentItem
+
+namespace {
+constexpr qreal kCommentHeader = 28, kHandle = 14;
+}
+
+CommentItem::CommentItem(GraphScene* scene, const CommentFrame& frame)
+    : scene_(scene), frame_(frame), size_(frame.rect.size()) {
+  setFlags(ItemIsMovable | ItemIsSelectable | ItemSendsGeometryChanges);
+  setAcceptHoverEvents(true);
+  setZValue(-2);
+  setPos(frame.rect.topLeft());
+  lastPos_ = pos();
+  setToolTip(
+      QString("%1\nDrag to move the frame and its nodes; drag the corner to resize; double-click to rename")
+          .arg(frame.text));
+}
+
+CommentFrame CommentItem::frame() const {
+  CommentFrame f = frame_;
+  f.rect = QRectF(pos(), size_);
+  return f;
+}
+
+void CommentItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget*) {
+  const qreal lod = option->levelOfDetailFromTransform(p->worldTransform());
+  const QRectF r(QPointF(), size_);
+  QColor fill = frame_.color, border = frame_.color, head = frame_.color;
+  fill.setAlpha(34);
+  border.setAlpha(isSelected() ? 255 : 140);
+  head.setAlpha(80);
+  p->setRenderHint(QPainter::Antialiasing, lod >= kLodSimple);
+  p->setPen(QPen(isSelected() ? kSelect : border, 0));
+  p->setBrush(fill);
+  p->drawRoundedRect(r, 8, 8);
+  p->setPen(Qt::NoPen);
+  p->setBrush(head);
+  p->drawRoundedRect(QRectF(0, 0, r.width(), kCommentHeader), 8, 8);
+  if (lod >= 0.25) {
+    QFont f = fonts().title;
+    f.setPointSizeF(11);
+    p->setFont(f);
+    p->setPen(kText);
+    p->drawText(QRectF(10, 0, r.width() - 20, kCommentHeader), Qt::AlignVCenter | Qt::AlignLeft, frame_.text);
+  }
+  // The resize grip.
+  p->setPen(QPen(border, 0));
+  for (int i = 1; i <= 3; ++i)
+    p->drawLine(QPointF(r.right() - 4 * i, r.bottom() - 2), QPointF(r.right() - 2, r.bottom() - 4 * i));
+}
+
+bool CommentItem::onHandle(QPointF p) const {
+  return p.x() > size_.width() - kHandle && p.y() > size_.height() - kHandle;
+}
+
+void CommentItem::capture() {
+  captured_.clear();
+  const QRectF area = sceneBoundingRect();
+  for (QGraphicsItem* i : scene_->items(area, Qt::ContainsItemBoundingRect))
+    if (i->type() == NodeItem::Type && !i->isSelected()) captured_ << static_cast<NodeItem*>(i);
+  lastPos_ = pos();
+}
+
+QVariant CommentItem::itemChange(GraphicsItemChange change, const QVariant& value) {
+  if (change == ItemPositionHasChanged) {
+    const QPointF delta = pos() - lastPos_;
+    lastPos_ = pos();
+    for (NodeItem* n : captured_) n->moveBy(delta.x(), delta.y());
+  }
+  return QGraphicsItem::itemChange(change, value);
+}
+
+void CommentItem::mousePressEvent(QGraphicsSceneMouseEvent* e) {
+  if (e->button() == Qt::LeftButton && onHandle(e->pos())) {
+    resizing_ = true;
+    e->accept();
+    return;
+  }
+  QGraphicsItem::mousePressEvent(e);
+}
+
+void CommentItem::mouseMoveEvent(QGraphicsSceneMouseEvent* e) {
+  if (resizing_) {
+    prepareGeometryChange();
+    size_ = QSizeF(qMax<qreal>(120, e->pos().x()), qMax<qreal>(70, e->pos().y()));
+    update();
+    return;
+  }
+  QGraphicsItem::mouseMoveEvent(e);
+}
+
+void CommentItem::mouseReleaseEvent(QGraphicsSceneMouseEvent* e) {
+  if (resizing_) {
+    resizing_ = false;
+    scene_->commitComments("Resize comment frame");
+    return;
+  }
+  QGraphicsItem::mouseReleaseEvent(e);
+}
+
+void CommentItem::mouseDoubleClickEvent(QGraphicsSceneMouseEvent* e) {
+  if (e->pos().y() > kCommentHeader) {
+    QGraphicsItem::mouseDoubleClickEvent(e);
+    return;
+  }
+  bool ok = false;
+  const QString text =
+      QInputDialog::getText(nullptr, "Comment frame", "Text:", QLineEdit::Normal, frame_.text, &ok);
+  if (!ok) return;
+  frame_.text = text;
+  scene_->commitComments("Rename comment frame");
+}
+
+void CommentItem::hoverMoveEvent(QGraphicsSceneHoverEvent* e) {
+  setCursor(onHandle(e->pos()) ? Qt::SizeFDiagCursor : Qt::ArrowCursor);
+  QGraphicsItem::hoverMoveEvent(e);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// GraphScene
+
+GraphScene::GraphScene(GraphEditor* editor, QObject* parent) : QGraphicsScene(parent), editor_(editor) {
+  setSceneRect(-100000, -100000, 200000, 200000);
+  setItemIndexMethod(BspTreeIndex);
+  core::GraphDocument* doc = editor_->document();
+  connect(doc, &core::GraphDocument::nodeAdded, this, &GraphScene::addNodeItem);
+  connect(doc, &core::GraphDocument::nodeRemoved, this, &GraphScene::onNodeRemoved);
+  connect(doc, &core::GraphDocument::nodeMoved, this, &GraphScene::onNodeMoved);
+  connect(doc, &core::GraphDocument::paramsChanged, this, &GraphScene::onParamsChanged);
+  connect(doc, &core::GraphDocument::connectionAdded, this, &GraphScene::onConnectionAdded);
+  connect(doc, &core::GraphDocument::connectionRemoved, this, &GraphScene::onConnectionRemoved);
+  connect(doc, &core::GraphDocument::reset, this, &GraphScene::rebuildAll);
+  connect(editor_, &GraphEditor::commentsChanged, this, &GraphScene::rebuildComments);
+  rebuildAll();
+}
+
+void GraphScene::rebuildComments() {
+  for (CommentItem* c : std::as_const(comments_)) {
+    removeItem(c);
+    delete c;
+  }
+  comments_.clear();
+  for (const CommentFrame& f : editor_->comments()) {
+    auto* item = new CommentItem(this, f);
+    comments_.insert(f.id, item);
+    addItem(item);
+  }
+}
+
+QStringList GraphScene::selectedCommentIds() const {
+  QStringList ids;
+  for (CommentItem* c : comments_)
+    if (c->isSelected()) ids << c->id();
+  ids.sort();
+  return ids;
+}
+
+void GraphScene::commitComments(const QString& text) {
+  QList<CommentFrame> frames;
+  for (const CommentFrame& f : editor_->comments())
+    frames << (comments_.contains(f.id) ? comments_.value(f.id)->frame() : f);
+  // Deferred: the frames are rebuilt from the document, and the item that asked may still be in its handler.
+  QMetaObject::invokeMethod(
+      this, [this, frames, text] { editor_->setComments(frames, text); }, Qt::QueuedConnection);
+}
+
+GraphScene::~GraphScene() {
+  // Items go before the maps that index them; no selection signals from a scene being torn down.
+  blockSignals(true);
+  for (CommentItem* c : std::as_const(comments_)) delete c;
+  comments_.clear();
+  for (WireItem* w : std::as_const(wires_)) delete w;
+  wires_.clear();
+  for (NodeItem* n : std::as_const(nodes_)) delete n;
+  nodes_.clear();
+}
+
+void GraphScene::rebuildAll() {
+  drag_ = {};
+  for (WireItem* w : std::as_const(wires_)) {
+    removeItem(w);
+    delete w;
+  }
+  wires_.clear();
+  for (NodeItem* n : std::as_const(nodes_)) {
+    removeItem(n);
+    delete n;
+  }
+  nodes_.clear();
+  const core::GraphDocument* doc = document();
+  nodes_.reserve(doc->nodes().size());
+  for (const core::GraphNode& n : doc->nodes()) addNodeItem(n.id);
+  for (const GraphConnection& c : doc->connections()) onConnectionAdded(c);
+  rebuildComments();
+}
+
+void GraphScene::addNodeItem(const QString& id) {
+  if (nodes_.contains(id)) return;
+  auto* item = new NodeItem(this, id);
+  nodes_.insert(id, item);
+  addItem(item);
+}
+
+void GraphScene::removeWire(WireItem* w) {
+  wires_.remove(key(w->connection()));
+  w->fromNode()->wires().removeOne(w);
+  w->toNode()->wires().removeOne(w);
+  removeItem(w);
+  delete w;
+}
+
+void GraphScene::onNodeRemoved(const QString& id) {
+  NodeItem* n = nodes_.take(id);
+  if (!n) return;
+  const QList<WireItem*> wires = n->wires();
+  for (WireItem* w : wires) removeWire(w);
+  if (drag_.hoverNode == n) drag_.hoverNode = nullptr;
+  removeItem(n);
+  delete n;
+}
+
+void GraphScene::onNodeMoved(const QString& id) {
+  NodeItem* n = nodes_.value(id);
+  const core::GraphNode* gn = document()->node(id);
+  if (n && gn && n->pos() != gn->position) n->setPos(gn->position);
+}
+
+void GraphScene::onParamsChanged(const QString& id) {
+  if (NodeItem* n = nodes_.value(id)) n->rebuild();
+}
+
+void GraphScene::onConnectionAdded(const GraphConnection& c) {
+  NodeItem* from = nodes_.value(c.from.node);
+  NodeItem* to = nodes_.value(c.to.node);
+  if (!from || !to || wires_.contains(key(c))) return;
+  if (from->portIndex(true, c.from.port) < 0) from->rebuild();
+  if (to->portIndex(false, c.to.port) < 0) to->rebuild();
+  const int fi = from->portIndex(true, c.from.port), ti = to->portIndex(false, c.to.port);
+  if (fi < 0 || ti < 0) return;  // a port the type does not have: validation reports it
+  auto* w = new WireItem(from, fi, to, ti, c);
+  wires_.insert(key(c), w);
+  addItem(w);
+}
+
+void GraphScene::onConnectionRemoved(const GraphConnection& c) {
+  if (WireItem* w = wires_.value(key(c))) {
+    NodeItem *from = w->fromNode(), *to = w->toNode();
+    removeWire(w);
+    if (editor_->portsOf(from->id()).missing) from->rebuild();
+    if (editor_->portsOf(to->id()).missing) to->rebuild();
+  }
+}
+
+QStringList GraphScene::selectedNodeIds() const {
+  QStringList ids;
+  // Document order, so copies and deletes are deterministic.
+  for (const core::GraphNode& n : document()->nodes())
+    if (NodeItem* item = nodes_.value(n.id); item && item->isSelected()) ids << n.id;
+  return ids;
+}
+
+QList<GraphConnection> GraphScene::selectedConnections() const {
+  QList<GraphConnection> out;
+  for (QGraphicsItem* i : selectedItems())
+    if (i->type() == WireItem::Type) out << static_cast<WireItem*>(i)->connection();
+  return out;
+}
+
+void GraphScene::selectNodes(const QStringList& ids) {
+  clearSelection();
+  for (const QString& id : ids)
+    if (NodeItem* n = nodes_.value(id)) n->setSelected(true);
+}
+
+QRectF GraphScene::nodesRect(bool selectedOnly) const {
+  QRectF r;
+  for (NodeItem* n : nodes_)
+    if (!selectedOnly || n->isSelected()) r = r.united(n->sceneBoundingRect());
+  return r;
+}
+
+void GraphScene::resetRunState() {
+  for (NodeItem* n : std::as_const(nodes_))
+    if (n->runStatus() != RunStatus::Idle || !n->runError().isEmpty() || !n->warnings().isEmpty())
+      n->setRunState(RunStatus::Idle);
+}
+
+void GraphScene::setRunStatus(const QString& node, RunStatus s, double timeMs, const QString& error) {
+  if (NodeItem* n = nodes_.value(node)) n->setRunState(s, timeMs, error);
+}
+
+void GraphScene::setProgress(const QString& node, double p) {
+  if (NodeItem* n = nodes_.value(node)) n->setProgress(p);
+}
+
+void GraphScene::setRunWarning(const QString& node, const QString& message) {
+  if (NodeItem* n = nodes_.value(node)) n->setRunWarning(message);
+}
+
+void GraphScene::setValidation(const core::ValidationReport& report) {
+  QHash<QString, QStringList> errs, warns;
+  for (const core::Issue& i : report.issues()) {
+    if (i.node.isEmpty()) continue;
+    const QString text = i.field.isEmpty() ? i.message : i.field + ": " + i.message;
+    (i.severity == core::Issue::Severity::Error ? errs : warns)[i.node] << text;
+  }
+  for (NodeItem* n : std::as_const(nodes_)) n->setIssues(errs.value(n->id()), warns.value(n->id()));
+}
+
+void GraphScene::setWireDrag(const WireDrag& d) {
+  drag_ = d;
+  for (NodeItem* n : std::as_const(nodes_)) n->update();
+}
+
+void GraphScene::setWireHover(NodeItem* node, int port) {
+  if (drag_.hoverNode == node && drag_.hoverPort == port) return;
+  NodeItem* old = drag_.hoverNode;
+  drag_.hoverNode = node;
+  drag_.hoverPort = port;
+  if (old) old->update();
+  if (node) node->update();
+}
+
+bool GraphScene::portDimmed(const NodeItem* node, bool output, int index) const {
+  if (!drag_.active) return false;
+  if (node->id() == drag_.node || output == drag_.fromOutput) return true;
+  if (editor_->portsOf(node->id()).missing) return true;
+  if (drag_.fromOutput) return !core::portAccepts(node->inputs()[index].type, drag_.type);
+  return !core::portAccepts(drag_.type, node->outputs()[index].type);
+}
+
+void GraphScene::mousePressEvent(QGraphicsSceneMouseEvent* e) {
+  QGraphicsScene::mousePressEvent(e);
+  dragStart_.clear();
+  commentStart_.clear();
+  if (e->button() != Qt::LeftButton) return;
+  for (QGraphicsItem* i : selectedItems()) {
+    if (i->type() == NodeItem::Type) dragStart_.insert(static_cast<NodeItem*>(i)->id(), i->pos());
+    if (i->type() == CommentItem::Type) {
+      auto* c = static_cast<CommentItem*>(i);
+      c->capture();
+      commentStart_.insert(c->id(), c->pos());
+      for (NodeItem* n : c->captured()) dragStart_.insert(n->id(), n->pos());
+    }
+  }
+}
+
+void GraphScene::mouseReleaseEvent(QGraphicsSceneMouseEvent* e) {
+  QGraphicsScene::mouseReleaseEvent(e);
+  bool framesMoved = false;
+  for (auto it = commentStart_.begin(); it != commentStart_.end(); ++it)
+    if (CommentItem* c = comments_.value(it.key()); c && c->pos() != it.value()) framesMoved = true;
+  commentStart_.clear();
+  if (dragStart_.isEmpty() && !framesMoved) return;
+  QHash<QString, QPair<QPointF, QPointF>> moves;
+  for (auto it = dragStart_.begin(); it != dragStart_.end(); ++it)
+    if (NodeItem* n = nodes_.value(it.key()); n && n->pos() != it.value())
+      moves.insert(it.key(), {it.value(), n->pos()});
+  dragStart_.clear();
+  if (!framesMoved) {
+    editor_->recordMove(moves);
+    return;
+  }
+  // Frames and the nodes they carried move back together on undo.
+  QList<CommentFrame> frames;
+  for (const CommentFrame& f : editor_->comments())
+    frames << (comments_.contains(f.id) ? comments_.value(f.id)->frame() : f);
+  editor_->undoStack()->beginMacro("Move comment frame");
+  editor_->recordMove(moves);
+  editor_->setComments(frames, "Move comment frame");
+  editor_->undoStack()->endMacro();
+}
+
+void GraphScene::mouseDoubleClickEvent(QGraphicsSceneMouseEvent* e) {
+  for (QGraphicsItem* i : items(e->scenePos()))
+    if (i->type() == NodeItem::Type) {
+      emit nodeDoubleClicked(static_cast<NodeItem*>(i)->id());
+      return;
+    }
+  QGraphicsScene::mouseDoubleClickEvent(e);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// GraphView
+
+GraphView::GraphView(GraphScene* scene, QWidget* parent) : QGraphicsView(scene, parent), scene_(scene) {
+  setObjectName("canvas");
+  setRenderHints(QPainter::Antialiasing | QPainter::TextAntialiasing);
+  setViewportUpdateMode(SmartViewportUpdate);
+  // Items set their own pen, brush, font and hints each paint, so the view need not save and restore them.
+  setOptimizationFlags(DontSavePainterState | DontAdjustForAntialiasing);
+  setDragMode(RubberBandDrag);
+  setRubberBandSelectionMode(Qt::IntersectsItemShape);
+  setTransformationAnchor(NoAnchor);
+  setResizeAnchor(AnchorViewCenter);
+  setHorizontalScrollBarPolicy(Qt::ScrollBarAlwaysOff);
+  setVerticalScrollBarPolicy(Qt::ScrollBarAlwaysOff);
+  setFrameShape(QFrame::NoFrame);
+  setAcceptDrops(true);
+  setFocusPolicy(Qt::StrongFocus);
+  setMouseTracking(true);
+
+  auto make = [this](const QString& text, const QList<QKeySequence>& keys, auto slot) {
+    auto* a = new QAction(text, this);
+    a->setShortcuts(keys);
+    // Only while the canvas has focus: Delete or F in a text field belongs to the field.
+    a->setShortcutContext(Qt::WidgetWithChildrenShortcut);
+    addAction(a);
+    connect(a, &QAction::triggered, this, slot);
+    return a;
+  };
+  delete_ =
+      make("Delete", {QKeySequence::Delete, QKeySequence(Qt::Key_Backspace)}, [this] { deleteSelection(); });
+  comment_ = make("Comment frame", {QKeySequence(Qt::Key_C)}, [this] { addCommentFrame(); });
+  duplicate_ = make("Duplicate", {QKeySequence(Qt::CTRL | Qt::Key_D)}, [this] {
+    const QStringList ids = scene_->editor()->duplicate(scene_->selectedNodeIds());
+    if (!ids.isEmpty()) scene_->selectNodes(ids);
+  });
+  copy_ = make("Copy", {QKeySequence::Copy}, [this] { copySelection(); });
+  cut_ = make("Cut", {QKeySequence::Cut}, [this] {
+    copySelection();
+    deleteSelection();
+  });
+  paste_ = make("Paste", {QKeySequence::Paste}, [this] { pasteClipboard(); });
+  frame_ = make("Frame all / selection", {QKeySequence(Qt::Key_F)}, [this] { frame(true); });
+  selectAll_ = make("Select all", {QKeySequence::SelectAll}, [this] {
+    for (QGraphicsItem* i : scene_->items())
+      if (i->type() == NodeItem::Type) i->setSelected(true);
+  });
+  minimap_ = new Minimap(this);
+  auto* search = new QAction("Add node…", this);
+  search->setShortcuts({QKeySequence(Qt::Key_Tab), QKeySequence(Qt::SHIFT | Qt::Key_A)});
+  search->setShortcutContext(Qt::WidgetWithChildrenShortcut);
+  addAction(search);
+  connect(search, &QAction::triggered, this, [this] {
+    QPoint p = viewport()->mapFromGlobal(QCursor::pos());
+    if (!viewport()->rect().contains(p)) p = viewport()->rect().center();
+    openNodeSearch(p);
+  });
+}
+
+void GraphView::deleteSelection() {
+  GraphEditor* ed = scene_->editor();
+  const QStringList nodes = scene_->selectedNodeIds(), frames = scene_->selectedCommentIds();
+  const QList<GraphConnection> wires = scene_->selectedConnections();
+  if (frames.isEmpty()) {
+    ed->remove(nodes, wires);
+    return;
+  }
+  ed->undoStack()->beginMacro("Delete");
+  ed->remove(nodes, wires);
+  ed->removeComments(frames);
+  ed->undoStack()->endMacro();
+}
+
+QString GraphView::addCommentFrame(std::optional<QPoint> at) {
+  QRectF r = scene_->nodesRect(true);
+  if (r.isNull()) {
+    QPoint vp = at.value_or(viewport()->mapFromGlobal(QCursor::pos()));
+    if (!viewport()->rect().contains(vp)) vp = viewport()->rect().center();
+    r = QRectF(mapToScene(vp), QSizeF(320, 200));
+  } else {
+    r.adjust(-30, -30 - 28, 30, 30);  // room for the frame's title above the nodes
+  }
+  return scene_->editor()->addComment(r, "Comment");
+}
+
+void GraphView::setZoom(double z) {
+  QTransform t;
+  t.scale(z, z);
+  setTransform(t);
+}
+
+void GraphView::zoomAt(double factor, QPoint vp) {
+  const double target = qBound(0.05, zoom() * factor, 4.0);
+  factor = target / zoom();
+  if (std::abs(factor - 1) < 1e-9) return;
+  // Keep the scene point under the cursor where it is.
+  const QPointF before = mapToScene(vp);
+  scale(factor, factor);
+  const QPointF delta = mapFromScene(before) - QPointF(vp);
+  horizontalScrollBar()->setValue(horizontalScrollBar()->value() + qRound(delta.x()));
+  verticalScrollBar()->setValue(verticalScrollBar()->value() + qRound(delta.y()));
+}
+
+void GraphView::frame(bool selectionOnly, double maxZoom) {
+  QRectF r = selectionOnly ? scene_->nodesRect(true) : QRectF();
+  if (r.isNull()) r = scene_->nodesRect(false);
+  if (r.isNull()) {
+    setZoom(1);
+    centerOn(0, 0);
+    return;
+  }
+  r.adjust(-40, -40, 40, 40);
+  fitInView(r, Qt::KeepAspectRatio);
+  if (zoom() > maxZoom) setZoom(maxZoom);
+  if (zoom() < 0.05) setZoom(0.05);
+  centerOn(r.center());
+}
+
+void GraphView::centerOnNode(const QString& id) {
+  if (NodeItem* n = scene_->nodeItem(id)) centerOn(n->sceneBoundingRect().center());
+}
+
+NodeItem* GraphView::nodeAt(QPoint vp) const {
+  for (QGraphicsItem* i : items(vp))
+    if (i->type() == NodeItem::Type) return static_cast<NodeItem*>(i);
+  return nullptr;
+}
+
+Endpoint GraphView::originEndpoint() const {
+  const auto& ports = wireFromOutput_ ? wireNode_->outputs() : wireNode_->inputs();
+  return Endpoint{wireNode_->id(), ports[wirePort_].name};
+}
+
+GraphView::Target GraphView::targetAt(QPointF sp) const {
+  Target t;
+  for (QGraphicsItem* i : scene_->items(sp))
+    if (i->type() == NodeItem::Type) {
+      t.node = static_cast<NodeItem*>(i);
+      break;
+    }
+  if (!t.node) return t;
+  GraphEditor* ed = scene_->editor();
+  const Endpoint origin = originEndpoint();
+  auto problemFor = [&](int port) {
+    if (wireFromOutput_)
+      return ed->connectionProblem(origin, {t.node->id(), t.node->inputs()[port].name},
+                                   picked_ ? &*picked_ : nullptr);
+    return ed->connectionProblem({t.node->id(), t.node->outputs()[port].name}, origin);
+  };
+  if (auto hit = t.node->portAt(t.node->mapFromScene(sp), 12)) {
+    t.port = hit->index;
+    if (hit->output == wireFromOutput_)
+      t.problem = hit->output ? "both ports are outputs: drag from an output to an input"
+                              : "both ports are inputs: drag from an output to an input";
+    else
+      t.problem = problemFor(hit->index);
+    return t;
+  }
+  // Over a node's body: snap to its first port that can take the wire.
+  const int n = int(wireFromOutput_ ? t.node->inputs().size() : t.node->outputs().size());
+  QString first;
+  for (int i = 0; i < n; ++i) {
+    const QString p = problemFor(i);
+    if (p.isEmpty()) {
+      t.port = i;
+      return t;
+    }
+    if (first.isEmpty()) first = p;
+  }
+  t.problem = t.node->id() == wireNode_->id() ? QString("a node cannot feed itself")
+              : first.isEmpty()
+                  ? QString("%1 has no %2").arg(t.node->id(), wireFromOutput_ ? "inputs" : "outputs")
+                  : first;
+  return t;
+}
+
+void GraphView::beginWire(NodeItem* node, bool output, int index, std::optional<GraphConnection> picked) {
+  wiring_ = true;
+  wireNode_ = node;
+  wirePort_ = index;
+  wireFromOutput_ = output;
+  picked_ = picked;
+  if (picked_)
+    if (WireItem* w = scene_->wireItem(*picked_)) w->setVisible(false);
+  const core::PortType type = output ? node->outputs()[index].type : node->inputs()[index].type;
+  pending_ = new QGraphicsPathItem;
+  pending_->setPen(QPen(style::portColor(type), 2.2, Qt::DashLine));
+  pending_->setZValue(5);
+  scene_->addItem(pending_);
+  GraphScene::WireDrag d;
+  d.active = true;
+  d.fromOutput = output;
+  d.type = type;
+  d.node = node->id();
+  scene_->setWireDrag(d);
+}
+
+void GraphView::endWireDrag() {
+  wiring_ = false;
+  if (pending_) {
+    scene_->removeItem(pending_);
+    delete pending_;
+    pending_ = nullptr;
+  }
+  if (picked_)
+    if (WireItem* w = scene_->wireItem(*picked_)) w->setVisible(true);
+  picked_.reset();
+  scene_->setWireDrag({});
+  QToolTip::hideText();
+}
+
+void GraphView::finishWire(QMouseEvent* e) {
+  const QPointF sp = mapToScene(e->position().toPoint());
+  const Target t = targetAt(sp);
+  const Endpoint origin = originEndpoint();
+  const bool fromOutput = wireFromOutput_;
+  const std::optional<GraphConnection> picked = picked_;
+  endWireDrag();
+  GraphEditor* ed = scene_->editor();
+  if (t.node) {
+    if (t.port < 0 || !t.problem.isEmpty()) {
+      // Dropping a lifted wire back on its own input changes nothing.
+      if (picked && t.node->id() == picked->to.node && t.port >= 0 &&
+          t.node->inputs()[t.port].name == picked->to.port)
+        return;
+      emit message("Not connected: " + t.problem, true);
+      return;
+    }
+    const Endpoint other{t.node->id(),
+                         fromOutput ? t.node->inputs()[t.port].name : t.node->outputs()[t.port].name};
+    const Endpoint from = fromOutput ? origin : other, to = fromOutput ? other : origin;
+    QString why;
+    const bool ok = picked ? ed->reconnect(*picked, from, to, &why) : ed->connect(from, to, &why);
+    if (!ok) emit message("Not connected: " + why, true);
+    return;
+  }
+  if (picked) {
+    ed->disconnect(*picked);
+    return;
+  }
+  openNodeSearch(e->position().toPoint(), origin, fromOutput);
+}
+
+void GraphView::mousePressEvent(QMouseEvent* e) {
+  if (e->button() == Qt::MiddleButton || (e->button() == Qt::LeftButton && spaceHeld_)) {
+    panning_ = true;
+    lastPan_ = e->position().toPoint();
+    viewport()->setCursor(Qt::ClosedHandCursor);
+    e->accept();
+    return;
+  }
+  if (e->button() == Qt::LeftButton && !wiring_) {
+    if (NodeItem* n = nodeAt(e->position().toPoint())) {
+      if (auto hit = n->portAt(n->mapFromScene(mapToScene(e->position().toPoint())))) {
+        std::optional<GraphConnection> picked;
+        if (!hit->output) {
+          // Dragging from a wired input lifts its wire off, as in Blender: drop it elsewhere or on nothing.
+          for (WireItem* w : n->wires())
+            if (w->toNode() == n && w->connection().to.port == n->inputs()[hit->index].name)
+              picked = w->connection();
+        }
+        if (picked) {
+          WireItem* w = scene_->wireItem(*picked);
+          beginWire(w->fromNode(), true, w->fromNode()->portIndex(true, picked->from.port), picked);
+        } else {
+          beginWire(n, hit->output, hit->index, std::nullopt);
+        }
+        e->accept();
+        return;
+      }
+    }
+  }
+  QGraphicsView::mousePressEvent(e);
+}
+
+void GraphView::mouseMoveEvent(QMouseEvent* e) {
+  if (panning_) {
+    const QPoint d = e->position().toPoint() - lastPan_;
+    lastPan_ = e->position().toPoint();
+    horizontalScrollBar()->setValue(horizontalScrollBar()->value() - d.x());
+    verticalScrollBar()->setValue(verticalScrollBar()->value() - d.y());
+    e->accept();
+    return;
+  }
+  if (wiring_) {
+    const QPointF sp = mapToScene(e->position().toPoint());
+    const Target t = targetAt(sp);
+    QPointF end = sp;
+    if (t.node && t.port >= 0 && t.problem.isEmpty()) end = t.node->portScenePos(!wireFromOutput_, t.port);
+    const QPointF start = wireNode_->portScenePos(wireFromOutput_, wirePort_);
+    pending_->setPath(wireFromOutput_ ? WireItem::bezier(start, end) : WireItem::bezier(end, start));
+    scene_->setWireHover(t.node, t.problem.isEmpty() ? t.port : -1);
+    if (t.node && !t.problem.isEmpty()) {
+      QToolTip::showText(e->globalPosition().toPoint(), t.problem, this);
+      emit message(t.problem, false);
+    } else {
+      QToolTip::hideText();
+    }
+    e->accept();
+    return;
+  }
+  QGraphicsView::mouseMoveEvent(e);
+}
+
+void GraphView::mouseReleaseEvent(QMouseEvent* e) {
+  if (panning_ && (e->button() == Qt::MiddleButton || e->button() == Qt::LeftButton)) {
+    panning_ = false;
+    if (spaceHeld_)
+      viewport()->setCursor(Qt::OpenHandCursor);
+    else
+      viewport()->unsetCursor();
+    e->accept();
+    return;
+  }
+  if (wiring_ && e->button() == Qt::LeftButton) {
+    finishWire(e);
+    e->accept();
+    return;
+  }
+  QGraphicsView::mouseReleaseEvent(e);
+}
+
+void GraphView::wheelEvent(QWheelEvent* e) {
+  const int dy = e->angleDelta().y() != 0 ? e->angleDelta().y() : e->angleDelta().x();
+  zoomAt(std::pow(1.0015, dy), e->position().toPoint());
+  e->accept();
+}
+
+void GraphView::keyPressEvent(QKeyEvent* e) {
+  if (e->key() == Qt::Key_Space && !e->isAutoRepeat()) {
+    spaceHeld_ = true;
+    viewport()->setCursor(Qt::OpenHandCursor);
+    e->accept();
+    return;
+  }
+  if (e->key() == Qt::Key_Escape && wiring_) {
+    endWireDrag();
+    e->accept();
+    return;
+  }
+  QGraphicsView::keyPressEvent(e);
+}
+
+void GraphView::keyReleaseEvent(QKeyEvent* e) {
+  if (e->key() == Qt::Key_Space && !e->isAutoRepeat()) {
+    spaceHeld_ = false;
+    if (!panning_) viewport()->unsetCursor();
+    e->accept();
+    return;
+  }
+  QGraphicsView::keyReleaseEvent(e);
+}
+
+void GraphView::focusOutEvent(QFocusEvent* e) {
+  spaceHeld_ = false;
+  QGraphicsView::focusOutEvent(e);
+}
+
+void GraphView::drawBackground(QPainter* p, const QRectF& rect) {
+  p->fillRect(rect, QColor(0x1b, 0x1d, 0x21));
+  p->setRenderHint(QPainter::Antialiasing, false);
+  const double z = zoom();
+  // Grid lines closer than 10 px on screen are noise (and cost): skip that level.
+  for (const auto& [step, color] :
+       {std::pair{20.0, QColor(0x23, 0x26, 0x2b)}, std::pair{100.0, QColor(0x2d, 0x31, 0x37)}}) {
+    if (step * z < 10) continue;
+    QVarLengthArray<QLineF, 512> lines;
+    const double left = std::floor(rect.left() / step) * step, top = std::floor(rect.top() / step) * step;
+    for (double x = left; x < rect.right(); x += step) lines.append(QLineF(x, rect.top(), x, rect.bottom()));
+    for (double y = top; y < rect.bottom(); y += step) lines.append(QLineF(rect.left(), y, rect.right(), y));
+    p->setPen(QPen(color, 0));
+    p->drawLines(lines.data(), int(lines.size()));
+  }
+}
+
+void GraphView::dragEnterEvent(QDragEnterEvent* e) {
+  if (e->mimeData()->hasFormat(kNodeTypeMime))
+    e->acceptProposedAction();
+  else
+    QGraphicsView::dragEnterEvent(e);
+}
+
+void GraphView::dragMoveEvent(QDragMoveEvent* e) {
+  if (e->mimeData()->hasFormat(kNodeTypeMime))
+    e->acceptProposedAction();
+  else
+    QGraphicsView::dragMoveEvent(e);
+}
+
+void GraphView::dropEvent(QDropEvent* e) {
+  if (!e->mimeData()->hasFormat(kNodeTypeMime)) {
+    QGraphicsView::dropEvent(e);
+    return;
+  }
+  const QString type = QString::fromUtf8(e->mimeData()->data(kNodeTypeMime));
+  const QPointF sp = mapToScene(e->position().toPoint());
+  const QString id = scene_->editor()->addNode(type, sp - QPointF(20, 13));
+  scene_->selectNodes({id});
+  e->acceptProposedAction();
+  setFocus();
+}
+
+QWidget* GraphView::openNodeSearch(QPoint vp, std::optional<Endpoint> dragged, bool draggedIsOutput) {
+  GraphEditor* ed = scene_->editor();
+  QList<NodeSearchPopup::Entry> entries;
+  std::optional<core::PortType> draggedType;
+  if (dragged) {
+    const NodePorts ports = ed->portsOf(dragged->node);
+    for (const core::PortSpec& p : draggedIsOutput ? ports.outputs : ports.inputs)
+      if (p.name == dragged->port) draggedType = p.type;
+  }
+  if (ed->registry())
+    for (const core::NodeTypePtr& t : ed->registry()->types()) {
+      const core::NodeTypeSpec& s = t->spec();
+      if (dragged) {
+        bool ok = false;
+        if (draggedType)
+          for (const core::PortSpec& p : draggedIsOutput ? s.inputs : s.outputs)
+            ok = ok || (draggedIsOutput ? core::portAccepts(p.type, *draggedType)
+                                        : core::portAccepts(*draggedType, p.type));
+        if (!ok) continue;
+      }
+      entries << NodeSearchPopup::Entry{s.name, s.category, s.description};
+    }
+  const QString heading = dragged && draggedType
+                              ? QString("Nodes that %1 a %2")
+                                    .arg(draggedIsOutput ? "take" : "give", core::portTypeName(*draggedType))
+                              : QString();
+  auto* popup = new NodeSearchPopup(entries, heading, this);
+  const QPointF sp = mapToScene(vp);
+  connect(popup, &NodeSearchPopup::chosen, this, [this, sp, dragged, draggedIsOutput](const QString& type) {
+    GraphEditor* ed = scene_->editor();
+    QString id;
+    if (dragged)
+      id = ed->addNodeWired(type, draggedIsOutput ? sp - QPointF(0, 20) : sp - QPointF(190, 20), *dragged,
+                            draggedIsOutput);
+    else
+      id = ed->addNode(type, sp - QPointF(20, 13));
+    if (!id.isEmpty()) scene_->selectNodes({id});
+    setFocus();
+  });
+  popup->popup(viewport()->mapToGlobal(vp));
+  return popup;
+}
+
+void GraphView::copySelection() {
+  const QStringList ids = scene_->selectedNodeIds();
+  if (ids.isEmpty()) return;
+  const QByteArray bytes = scene_->editor()->copy(ids);
+  auto* mime = new QMimeData;
+  mime->setData(kClipboardMime, bytes);
+  mime->setText(QString::fromUtf8(bytes));  // the same JSON as a file, for pasting into a text editor
+  QApplication::clipboard()->setMimeData(mime);
+  emit message(QString("Copied %1 node(s)").arg(ids.size()), false);
+}
+
+void GraphView::pasteClipboard() {
+  const QMimeData* mime = QApplication::clipboard()->mimeData();
+  if (!mime) return;
+  const QByteArray bytes =
+      mime->hasFormat(kClipboardMime) ? mime->data(kClipboardMime) : mime->text().toUtf8();
+  if (bytes.trimmed().isEmpty()) return;
+  QPoint vp = viewport()->mapFromGlobal(QCursor::pos());
+  if (!viewport()->rect().contains(vp)) vp = viewport()->rect().center();
+  QString error;
+  const QStringList ids = scene_->editor()->paste(bytes, mapToScene(vp), &error);
+  if (ids.isEmpty())
+    emit message("Paste failed: " + error, true);
+  else
+    scene_->selectNodes(ids);
+}
+
+void GraphView::contextMenuEvent(QContextMenuEvent* e) {
+  QMenu menu(this);
+  GraphEditor* ed = scene_->editor();
+  if (NodeItem* n = nodeAt(e->pos())) {
+    if (!n->isSelected()) scene_->selectNodes({n->id()});
+    for (const QString& err : n->errors())
+      if (GraphEditor::isDeviceMismatch(err)) {
+        const QString id = n->id();
+        menu.addAction("Insert Copy node", this, [this, ed, id, err] {
+          QString why;
+          if (!ed->insertCopyNode(id, err, &why)) emit message("Insert Copy node: " + why, true);
+        });
+        menu.addSeparator();
+        break;
+      }
+    menu.addAction(duplicate_);
+    menu.addAction(copy_);
+    menu.addAction(cut_);
+    menu.addAction(delete_);
+    menu.addAction(comment_);
+    menu.addSeparator();
+    menu.addAction(frame_);
+  } else {
+    WireItem* wire = nullptr;
+    for (QGraphicsItem* i : items(e->pos()))
+      if (i->type() == WireItem::Type) {
+        wire = static_cast<WireItem*>(i);
+        break;
+      }
+    if (wire) {
+      const GraphConnection c = wire->connection();
+      menu.addAction(QString("Disconnect %1 → %2").arg(c.from.str(), c.to.str()), this,
+                     [ed, c] { ed->disconnect(c); });
+    } else {
+      const QPoint vp = e->pos();
+      menu.addAction("Add node…", this, [this, vp] { openNodeSearch(vp); });
+      menu.addAction("Add comment frame", this, [this, vp] { addCommentFrame(vp); });
+      menu.addAction(paste_);
+      menu.addAction(selectAll_);
+      menu.addAction(frame_);
+    }
+  }
+  menu.exec(e->globalPos());
+}
+
+}  // namespace gn::editor

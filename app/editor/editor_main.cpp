@@ -1,0 +1,99 @@
+#include "editor_main.h"
+
+#include <QApplication>
+#include <QFile>
+#include <QPainter>
+#include <QPainterPath>
+#include <QPalette>
+#include <QStyleFactory>
+#include <QTimer>
+
+#include "gpunodes/core/registry.h"
+#include "main_window.h"
+#include "run_controller.h"
+
+namespace {
+
+QIcon appIcon() {
+  // Drawn rather than loaded: Qt's SVG plugin is not a dependency.
+  QPixmap pm(64, 64);
+  pm.fill(Qt::transparent);
+  QPainter p(&pm);
+  p.setRenderHint(QPainter::Antialiasing);
+  p.setPen(Qt::NoPen);
+  p.setBrush(QColor(0x23, 0x26, 0x2b));
+  p.drawRoundedRect(2, 2, 60, 60, 10, 10);
+  QPainterPath wire(QPointF(20, 22));
+  wire.cubicTo(34, 22, 30, 42, 44, 42);
+  p.setPen(QPen(QColor(0x5f, 0xd3, 0x6a), 3));
+  p.setBrush(Qt::NoBrush);
+  p.drawPath(wire);
+  p.setPen(Qt::NoPen);
+  p.setBrush(QColor(0x4f, 0xa3, 0xff));
+  p.drawRoundedRect(8, 14, 16, 16, 3, 3);
+  p.setBrush(QColor(0xff, 0x8c, 0x42));
+  p.drawRoundedRect(40, 34, 16, 16, 3, 3);
+  return QIcon(pm);
+}
+
+void applyTheme(QApplication& app) {
+  app.setStyle(QStyleFactory::create("Fusion"));
+  QPalette pal;
+  pal.setColor(QPalette::Window, QColor(0x2a, 0x2d, 0x32));
+  pal.setColor(QPalette::WindowText, QColor(0xdf, 0xe2, 0xe7));
+  pal.setColor(QPalette::Base, QColor(0x1e, 0x20, 0x24));
+  pal.setColor(QPalette::AlternateBase, QColor(0x26, 0x29, 0x2e));
+  pal.setColor(QPalette::Text, QColor(0xdf, 0xe2, 0xe7));
+  pal.setColor(QPalette::Button, QColor(0x33, 0x37, 0x3d));
+  pal.setColor(QPalette::ButtonText, QColor(0xdf, 0xe2, 0xe7));
+  pal.setColor(QPalette::Highlight, QColor(0x3d, 0x5a, 0x80));
+  pal.setColor(QPalette::HighlightedText, Qt::white);
+  pal.setColor(QPalette::ToolTipBase, QColor(0x22, 0x25, 0x2a));
+  pal.setColor(QPalette::ToolTipText, QColor(0xdf, 0xe2, 0xe7));
+  pal.setColor(QPalette::PlaceholderText, QColor(0x80, 0x86, 0x8e));
+  pal.setColor(QPalette::Disabled, QPalette::Text, QColor(0x70, 0x74, 0x7a));
+  pal.setColor(QPalette::Disabled, QPalette::ButtonText, QColor(0x70, 0x74, 0x7a));
+  app.setPalette(pal);
+  QFile qss(":/gpunodes/editor.qss");
+  if (qss.open(QIODevice::ReadOnly)) app.setStyleSheet(QString::fromUtf8(qss.readAll()));
+}
+
+}  // namespace
+
+int runEditor(int argc, char** argv, const QString& file) {
+  QApplication app(argc, argv);
+  QApplication::setApplicationName("gpunodes");
+  QApplication::setOrganizationName("gpunodes");
+  QApplication::setApplicationDisplayName("gpunodes");
+  QApplication::setWindowIcon(appIcon());
+  applyTheme(app);
+
+  gn::core::NodeTypeRegistry registry;
+  registry.loadPlugins();
+  gn::editor::MainWindow window(&registry);
+  window.show();
+
+  const QString shot = qEnvironmentVariable("GPUNODES_EDITOR_SCREENSHOT");
+  // A screenshot run must not stop at a question no one will answer.
+  const bool restored = shot.isEmpty() && window.offerRecovery();
+  if (!file.isEmpty() && !restored) window.loadFile(file);
+
+  if (!shot.isEmpty()) {
+    auto grab = [&window, &app, shot] {
+      QTimer::singleShot(600, &app, [&window, &app, shot] {
+        window.grab().save(shot);
+        window.setPromptHandler([](auto...) { return QMessageBox::Discard; });
+        app.quit();
+      });
+    };
+    if (qEnvironmentVariableIntValue("GPUNODES_EDITOR_RUN") == 1) {
+      QObject::connect(window.runner(), &gn::editor::RunController::finished, &app, grab);
+      QTimer::singleShot(400, &app, [&window, grab] {
+        if (!window.runGraph()) grab();
+      });
+    } else {
+      grab();
+    }
+  }
+  return app.exec();
+}

@@ -1,0 +1,11 @@
+// Entry point of the desktop editor, called by `gpunodes [FILE]`. Creates the QApplication, loads the node
+// plugins, shows the main window (opening FILE when given, or offering to restore unsaved work after a crash)
+// and runs the event loop. Returns the exit code.
+//
+// For screenshots and smoke checks without a person at the screen:
+//   GPUNODES_EDITOR_SCREENSHOT=out.png  grab the window to out.png once the graph is shown (and run), then
+//   quit GPUNODES_EDITOR_RUN=1               run the graph first and grab after it finishes
+#pragma once
+#include <QString>
+
+int runEditor(int argc, char** argv, const QString& file);

@@ -1,0 +1,114 @@
+// Every edit the editor makes goes through GraphEditor, which records it on the undo stack. The canvas and
+// the inspector are views of the GraphDocument: they call these methods and repaint from the document's
+// signals, so undo, redo and scripted edits (tests) look the same to them.
+#pragma once
+#include <QColor>
+#include <QHash>
+#include <QJsonValue>
+#include <QObject>
+#include <QPointF>
+#include <QRectF>
+#include <QStringList>
+#include <QUndoStack>
+
+#include "gpunodes/core/graph_document.h"
+#include "gpunodes/core/node_type.h"
+
+namespace gn::core {
+class NodeTypeRegistry;
+}
+
+namespace gn::editor {
+
+// A node's ports as the canvas shows them: the spec's ports, or for a type no plugin provides ("missing"),
+// the ports its connections name, so the wires still have somewhere to go.
+struct NodePorts {
+  QList<core::PortSpec> inputs, outputs;
+  bool missing = false;
+};
+
+// One structural edit, applied forwards by redo and backwards by undo. Removing a node lists its connections
+// too, so undo brings them back.
+struct GraphDelta {
+  QList<core::GraphNode> removeNodes, addNodes;
+  QList<core::GraphConnection> removeConnections, addConnections;
+  bool empty() const {
+    return removeNodes.isEmpty() && addNodes.isEmpty() && removeConnections.isEmpty() &&
+           addConnections.isEmpty();
+  }
+};
+
+// A comment frame: a labelled box behind a group of nodes. Frames live in the file's top-level "comments"
+// array, which the serializer keeps as an unknown field, so the core and the CLI need not know them.
+struct CommentFrame {
+  QString id;
+  QRectF rect;
+  QString text;
+  QColor color;
+};
+
+class GraphEditor : public QObject {
+  Q_OBJECT
+ public:
+  GraphEditor(core::GraphDocument* doc, const core::NodeTypeRegistry* registry, QObject* parent = nullptr);
+
+  core::GraphDocument* document() const { return doc_; }
+  const core::NodeTypeRegistry* registry() const { return registry_; }
+  QUndoStack* undoStack() { return &undo_; }
+
+  NodePorts portsOf(const QString& nodeId) const;
+  const core::NodeTypeSpec* specOf(const QString& nodeId) const;
+  // Why `from` (an output) cannot feed `to` (an input); empty when it can. An input that already has a wire
+  // can: connecting replaces the old wire.
+  // `ignore` is a wire being moved: it does not count as already there.
+  QString connectionProblem(const core::Endpoint& from, const core::Endpoint& to,
+                            const core::GraphConnection* ignore = nullptr) const;
+
+  QString addNode(const QString& type, QPointF pos);
+  // From a wire dropped on empty space: adds `type` at pos and wires its first compatible port to `dragged`
+  // (an output when draggedIsOutput, else an input). One undo step.
+  QString addNodeWired(const QString& type, QPointF pos, const core::Endpoint& dragged, bool draggedIsOutput);
+  bool connect(const core::Endpoint& from, const core::Endpoint& to, QString* why = nullptr);
+  // Moves the wire `old` so it ends at `to` instead (one undo step); an empty `to` disconnects it.
+  bool reconnect(const core::GraphConnection& old, const core::Endpoint& newFrom, const core::Endpoint& to,
+                 QString* why = nullptr);
+  void disconnect(const core::GraphConnection& c);
+  void remove(const QStringList& nodeIds, const QList<core::GraphConnection>& connections = {});
+  // Positions already moved by the view (a drag) are recorded as one step; consecutive drags of the same
+  // nodes merge.
+  void recordMove(const QHash<QString, QPair<QPointF, QPointF>>& oldAndNew);
+  void moveNodes(const QHash<QString, QPointF>& positions);
+  void setParam(const QString& nodeId, const QString& param, const QJsonValue& value);
+  void setSetting(const QString& key, const QJsonValue& value);
+
+  QByteArray copy(const QStringList& nodeIds) const;
+  // Pastes clipboard JSON so that the pasted nodes' top-left lands at `at`. One undo step. Returns new ids.
+  QStringList paste(const QByteArray& clipboard, QPointF at, QString* error = nullptr);
+  QStringList duplicate(const QStringList& nodeIds);
+
+  // For the device-mismatch error on `nodeId`: puts a Copy node on the Tensor input whose data lives on the
+  // other device, set to the device of the node's first Tensor input. One undo step.
+  bool insertCopyNode(const QString& nodeId, const QString& errorMessage, QString* why = nullptr);
+  static bool isDeviceMismatch(const QString& message);
+
+  // Applies a structural change as one undo step (used by everything above and by tests).
+  void applyDelta(const GraphDelta& delta, const QString& text);
+
+  QList<CommentFrame> comments() const;
+  // Replaces the frames as one undo step.
+  void setComments(const QList<CommentFrame>& frames, const QString& text);
+  QString addComment(const QRectF& rect, const QString& text);
+  void removeComments(const QStringList& ids);
+
+ signals:
+  void commentsChanged();
+
+ private:
+  bool wouldCycle(const QString& fromNode, const QString& toNode, const core::GraphConnection* ignore) const;
+  std::optional<core::Endpoint> deviceSourceUpstream(const QString& nodeId, const QString& port) const;
+  core::GraphDocument* doc_;
+  const core::NodeTypeRegistry* registry_;
+  QUndoStack undo_;
+};
+
+}  // namespace gn::editor

@@ -1,0 +1,355 @@
+#include "inspector.h"
+
+#include <QCheckBox>
+#include <QComboBox>
+#include <QDoubleSpinBox>
+#include <QFormLayout>
+#include <QHBoxLayout>
+#include <QJsonArray>
+#include <QLabel>
+#include <QLineEdit>
+#include <QRegularExpression>
+#include <QSignalBlocker>
+#include <QSpinBox>
+#include <QToolButton>
+#include <QVBoxLayout>
+#include <climits>
+#include <cmath>
+
+#include "gpunodes/core/registry.h"
+#include "graph_editor.h"
+#include "style.h"
+
+namespace gn::editor {
+
+using core::ParamSpec;
+using core::ParamType;
+
+namespace {
+
+// "4000, 4000", "4000x4000" and "[4000, 4000]" all mean the same shape.
+std::optional<QJsonArray> parseShape(const QString& text, QString* error) {
+  QString t = text.trimmed();
+  if (t.startsWith('[') && t.endsWith(']')) t = t.mid(1, t.size() - 2);
+  const QStringList parts = t.split(QRegularExpression("[,x×\\s]+"), Qt::SkipEmptyParts);
+  QJsonArray dims;
+  for (const QString& p : parts) {
+    bool ok = false;
+    const qlonglong v = p.toLongLong(&ok);
+    if (!ok) {
+      *error = QString("'%1' is not a whole number; write dimensions as 4000, 4000").arg(p);
+      return std::nullopt;
+    }
+    dims.append(double(v));
+  }
+  return dims;
+}
+
+QString shapeText(const QJsonValue& v) {
+  QStringList parts;
+  for (const QJsonValue& d : v.toArray()) parts << QString::number(qint64(d.toDouble()));
+  return parts.join(", ");
+}
+
+QString shapeInfo(const QJsonValue& v) {
+  double n = 1;
+  for (const QJsonValue& d : v.toArray()) n *= d.toDouble();
+  if (v.toArray().isEmpty()) return "scalar";
+  return QString("%1 elements · %2 as float32").arg(QLocale().toString(n, 'f', 0), style::formatBytes(n * 4));
+}
+
+}  // namespace
+
+InspectorPanel::InspectorPanel(GraphEditor* editor, QWidget* parent) : QScrollArea(parent), editor_(editor) {
+  setObjectName("inspector");
+  setWidgetResizable(true);
+  core::GraphDocument* doc = editor_->document();
+  connect(doc, &core::GraphDocument::paramsChanged, this, [this](const QString& id) {
+    if (id == node_) syncValues();
+  });
+  connect(doc, &core::GraphDocument::nodeRemoved, this, [this](const QString& id) {
+    if (selection_.contains(id)) {
+      selection_.removeAll(id);
+      showNodes(selection_);
+    }
+  });
+  connect(doc, &core::GraphDocument::reset, this, [this] { showNodes({}); });
+  connect(doc, &core::GraphDocument::metadataChanged, this, [this] {
+    if (selection_.isEmpty()) rebuild();
+  });
+  rebuild();
+}
+
+void InspectorPanel::showNodes(const QStringList& ids) {
+  selection_ = ids;
+  node_ = ids.size() == 1 ? ids.first() : QString();
+  rebuild();
+}
+
+QWidget* InspectorPanel::editorFor(const QString& param) const {
+  return rows_.value(param).editor;
+}
+
+QString InspectorPanel::errorFor(const QString& param) const {
+  const Row r = rows_.value(param);
+  return r.error && !r.error->isHidden() ? r.error->text() : QString();
+}
+
+void InspectorPanel::setValidation(const core::ValidationReport& report) {
+  report_ = report;
+  syncValues();
+}
+
+void InspectorPanel::commit(const QString& param, const QJsonValue& value) {
+  if (!node_.isEmpty()) editor_->setParam(node_, param, value);
+}
+
+QWidget* InspectorPanel::makeEditor(const ParamSpec& ps) {
+  const QString name = ps.name;
+  QWidget* w = nullptr;
+  switch (ps.type) {
+    case ParamType::Int: {
+      const double lo = ps.min.value_or(INT_MIN), hi = ps.max.value_or(INT_MAX);
+      if (lo >= INT_MIN && hi <= INT_MAX) {
+        auto* s = new QSpinBox;
+        s->setRange(int(lo), int(hi));
+        s->setKeyboardTracking(false);
+        connect(s, &QSpinBox::valueChanged, this, [this, name](int v) { commit(name, v); });
+        w = s;
+      } else {
+        // Past int's range (byte counts, 64-bit seeds): a double spin box with no decimals holds 2^53
+        // exactly.
+        auto* s = new QDoubleSpinBox;
+        s->setDecimals(0);
+        s->setRange(lo, hi);
+        s->setKeyboardTracking(false);
+        connect(s, &QDoubleSpinBox::valueChanged, this, [this, name](double v) { commit(name, v); });
+        w = s;
+      }
+      break;
+    }
+    case ParamType::Float: {
+      auto* s = new QDoubleSpinBox;
+      s->setDecimals(6);
+      s->setRange(ps.min.value_or(-1e15), ps.max.value_or(1e15));
+      s->setSingleStep(ps.max && ps.min && *ps.max - *ps.min <= 1 ? 0.01 : 0.1);
+      s->setKeyboardTracking(false);
+      connect(s, &QDoubleSpinBox::valueChanged, this, [this, name](double v) { commit(name, v); });
+      w = s;
+      break;
+    }
+    case ParamType::Bool: {
+      auto* c = new QCheckBox;
+      connect(c, &QCheckBox::toggled, this, [this, name](bool v) { commit(name, v); });
+      w = c;
+      break;
+    }
+    case ParamType::Enum: {
+      auto* c = new QComboBox;
+      c->addItems(ps.enumValues);
+      connect(c, &QComboBox::activated, this, [this, name, c](int) { commit(name, c->currentText()); });
+      w = c;
+      break;
+    }
+    case ParamType::String: {
+      auto* e = new QLineEdit;
+      connect(e, &QLineEdit::editingFinished, this, [this, name, e] { commit(name, e->text()); });
+      w = e;
+      break;
+    }
+    case ParamType::Shape: {
+      auto* e = new QLineEdit;
+      e->setPlaceholderText("e.g. 4000, 4000");
+      connect(e, &QLineEdit::editingFinished, this, [this, name, e] {
+        QString error;
+        const auto dims = parseShape(e->text(), &error);
+        Row& r = rows_[name];
+        if (!dims) {
+          // The document keeps its last good value; the bad text stays in the field, marked.
+          r.error->setText(error);
+          r.error->show();
+          return;
+        }
+        commit(name, *dims);
+      });
+      w = e;
+      break;
+    }
+  }
+  w->setObjectName("param_" + name);
+  w->setToolTip(ps.doc);
+  return w;
+}
+
+void InspectorPanel::rebuild() {
+  rows_.clear();
+  nodeErrors_ = nullptr;
+  content_ = new QWidget;
+  auto* v = new QVBoxLayout(content_);
+  v->setContentsMargins(8, 8, 8, 8);
+  auto* title = new QLabel;
+  title->setObjectName("inspectorTitle");
+  title->setWordWrap(true);
+  auto* doc = new QLabel;
+  doc->setObjectName("inspectorDoc");
+  doc->setWordWrap(true);
+  doc->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  v->addWidget(title);
+  v->addWidget(doc);
+
+  const core::GraphDocument* gd = editor_->document();
+  const core::GraphNode* n = node_.isEmpty() ? nullptr : gd->node(node_);
+  if (!n) {
+    if (selection_.size() > 1) {
+      title->setText(QString("%1 nodes selected").arg(selection_.size()));
+      doc->setText("Select one node to edit its params.");
+    } else {
+      title->setText(gd->name().isEmpty() ? QString("Untitled graph") : gd->name());
+      QString text = gd->description().toHtmlEscaped();
+      const QJsonObject s = gd->settings();
+      text += QString("<br><br>%1 nodes, %2 wires · schedule <b>%3</b> · CPU devices <b>%4</b>")
+                  .arg(gd->nodes().size())
+                  .arg(gd->connections().size())
+                  .arg(s.value("schedule").toString("parallel"))
+                  .arg(s.value("cpu_devices").toInt(1));
+      text +=
+          "<br><br><i>Select a node to edit it. Drag from a port to wire; drop a wire on empty space to "
+          "add a node there.</i>";
+      doc->setText(text);
+    }
+    v->addStretch();
+    setWidget(content_);
+    return;
+  }
+  const core::NodeTypeSpec* spec = editor_->specOf(node_);
+  title->setText(QString("%1 <span style='color:#a0a6ae;font-weight:normal'>%2</span>").arg(node_, n->type));
+  doc->setText(spec ? spec->description
+                    : QString("No loaded plugin provides the type '%1'. The node is kept "
+                              "as it is in the file; the run reports it.")
+                          .arg(n->type));
+  nodeErrors_ = new QLabel;
+  nodeErrors_->setObjectName("nodeErrors");
+  nodeErrors_->setWordWrap(true);
+  nodeErrors_->hide();
+  v->addWidget(nodeErrors_);
+  if (spec) {
+    auto* form = new QFormLayout;
+    form->setLabelAlignment(Qt::AlignRight);
+    form->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+    for (const ParamSpec& ps : spec->params) {
+      Row row;
+      row.editor = makeEditor(ps);
+      row.reset = new QToolButton;
+      row.reset->setText("↺");
+      row.reset->setToolTip(QString("Reset to the default (%1)").arg(style::formatValue(ps.defaultValue)));
+      row.reset->setAutoRaise(true);
+      const QString name = ps.name;
+      connect(row.reset, &QToolButton::clicked, this,
+              [this, name] { commit(name, QJsonValue(QJsonValue::Undefined)); });
+      row.error = new QLabel;
+      row.error->setObjectName("paramError");
+      row.error->setWordWrap(true);
+      row.error->hide();
+      auto* field = new QWidget;
+      auto* fl = new QVBoxLayout(field);
+      fl->setContentsMargins(0, 0, 0, 0);
+      fl->setSpacing(1);
+      auto* line = new QHBoxLayout;
+      line->setSpacing(2);
+      line->addWidget(row.editor, 1);
+      line->addWidget(row.reset);
+      fl->addLayout(line);
+      if (ps.type == ParamType::Shape) {
+        row.info = new QLabel;
+        row.info->setObjectName("inspectorDoc");
+        fl->addWidget(row.info);
+      }
+      fl->addWidget(row.error);
+      auto* label = new QLabel(ps.name);
+      label->setToolTip(ps.doc);
+      form->addRow(label, field);
+      rows_.insert(ps.name, row);
+    }
+    v->addLayout(form);
+    // Ports, for reference: what the node takes and gives.
+    QStringList ports;
+    for (const core::PortSpec& p : spec->inputs)
+      ports << QString("in <b>%1</b>: %2%3")
+                   .arg(p.name, core::portTypeName(p.type), p.required ? "" : " (optional)");
+    for (const core::PortSpec& p : spec->outputs)
+      ports << QString("out <b>%1</b>: %2").arg(p.name, core::portTypeName(p.type));
+    auto* portLabel = new QLabel(ports.join("<br>"));
+    portLabel->setObjectName("inspectorDoc");
+    v->addSpacing(6);
+    v->addWidget(portLabel);
+  }
+  v->addStretch();
+  setWidget(content_);
+  syncValues();
+}
+
+void InspectorPanel::syncValues() {
+  const core::GraphNode* n = node_.isEmpty() ? nullptr : editor_->document()->node(node_);
+  const core::NodeTypeSpec* spec = n ? editor_->specOf(node_) : nullptr;
+  if (!n || !spec) return;
+  QHash<QString, QStringList> byField;
+  QStringList nodeLevel;
+  for (const core::Issue& i : report_.forNode(node_)) {
+    const QString prefix = i.severity == core::Issue::Severity::Warning ? "⚠ " : "";
+    if (i.field.startsWith("params."))
+      byField[i.field.mid(7)] << prefix + i.message;
+    else
+      nodeLevel << prefix + (i.field.isEmpty() ? i.message : i.field + ": " + i.message);
+  }
+  if (nodeErrors_) {
+    nodeErrors_->setText(nodeLevel.join("\n"));
+    nodeErrors_->setVisible(!nodeLevel.isEmpty());
+  }
+  for (const ParamSpec& ps : spec->params) {
+    auto it = rows_.find(ps.name);
+    if (it == rows_.end()) continue;
+    Row& r = *it;
+    const bool set = n->params.contains(ps.name);
+    const QJsonValue v = set ? n->params.value(ps.name) : ps.defaultValue;
+    QSignalBlocker block(r.editor);
+    switch (ps.type) {
+      case ParamType::Int:
+        if (auto* s = qobject_cast<QSpinBox*>(r.editor)) s->setValue(int(v.toDouble()));
+        if (auto* s = qobject_cast<QDoubleSpinBox*>(r.editor)) s->setValue(v.toDouble());
+        break;
+      case ParamType::Float:
+        static_cast<QDoubleSpinBox*>(r.editor)->setValue(v.toDouble());
+        break;
+      case ParamType::Bool:
+        static_cast<QCheckBox*>(r.editor)->setChecked(v.toBool());
+        break;
+      case ParamType::Enum: {
+        auto* c = static_cast<QComboBox*>(r.editor);
+        const int idx = c->findText(v.toString());
+        if (idx >= 0) c->setCurrentIndex(idx);
+        break;
+      }
+      case ParamType::String:
+        static_cast<QLineEdit*>(r.editor)->setText(v.toString());
+        break;
+      case ParamType::Shape:
+        static_cast<QLineEdit*>(r.editor)->setText(shapeText(v));
+        if (r.info) r.info->setText(shapeInfo(v));
+        break;
+    }
+    // The editor may not be able to show a bad value (a spin box clamps): say what the document holds.
+    QStringList problems;
+    const QString own = core::checkParam(ps, v);
+    if (!own.isEmpty()) problems << QString("%1 %2").arg(style::formatValue(v), own);
+    for (const QString& m : byField.value(ps.name))
+      if (!m.contains(own) || own.isEmpty()) problems << m;
+    problems.removeDuplicates();
+    r.error->setText(problems.join("\n"));
+    r.error->setVisible(!problems.isEmpty());
+    r.editor->setProperty("bad", !problems.isEmpty());
+    r.editor->setStyleSheet(problems.isEmpty() ? QString() : QString("border: 1px solid #e54848;"));
+    r.reset->setVisible(set);
+  }
+}
+
+}  // namespace gn::editor

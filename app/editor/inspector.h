@@ -1,0 +1,52 @@
+// The inspector: editors generated from the selected node's ParamSpecs (spin boxes with the spec's range,
+// combos for enums, a shape editor, check boxes), the param's doc string as tooltip, and a bad value shown
+// inline under its editor. Every change goes through GraphEditor, so it is undoable.
+#pragma once
+#include <QHash>
+#include <QScrollArea>
+
+#include "gpunodes/core/node_type.h"
+#include "gpunodes/core/validation.h"
+
+class QFormLayout;
+class QLabel;
+class QToolButton;
+class QVBoxLayout;
+
+namespace gn::editor {
+
+class GraphEditor;
+
+class InspectorPanel : public QScrollArea {
+  Q_OBJECT
+ public:
+  explicit InspectorPanel(GraphEditor* editor, QWidget* parent = nullptr);
+  void showNodes(const QStringList& ids);
+  QString currentNode() const { return node_; }
+  void setValidation(const core::ValidationReport& report);
+  QWidget* editorFor(const QString& param) const;
+  QString errorFor(const QString& param) const;
+
+ private:
+  struct Row {
+    QWidget* editor = nullptr;
+    QLabel* error = nullptr;
+    QLabel* info = nullptr;
+    QToolButton* reset = nullptr;
+  };
+  void rebuild();
+  void syncValues();
+  void commit(const QString& param, const QJsonValue& value);
+  QWidget* makeEditor(const core::ParamSpec& ps);
+
+  GraphEditor* editor_;
+  QWidget* content_ = nullptr;
+  QString node_;
+  QStringList selection_;
+  QHash<QString, Row> rows_;
+  QHash<QString, QStringList> issues_;  // field -> messages, for the current node
+  QLabel* nodeErrors_ = nullptr;
+  core::ValidationReport report_;
+};
+
+}  // namespace gn::editor

@@ -1,0 +1,903 @@
+#include "main_window.h"
+
+#include <QAction>
+#include <QApplication>
+#include <QCloseEvent>
+#include <QComboBox>
+#include <QCoreApplication>
+#include <QDateTime>
+#include <QDir>
+#include <QDockWidget>
+#include <QFile>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QFontDatabase>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QLabel>
+#include <QListWidget>
+#include <QMenu>
+#include <QMenuBar>
+#include <QPlainTextEdit>
+#include <QProgressBar>
+#include <QSaveFile>
+#include <QSettings>
+#include <QSpinBox>
+#include <QStandardPaths>
+#include <QStatusBar>
+#include <QTabWidget>
+#include <QToolBar>
+#include <QUndoStack>
+
+#include "canvas.h"
+#include "gpunodes/core/executor.h"
+#include "gpunodes/core/plugin.h"
+#include "gpunodes/core/registry.h"
+#include "gpunodes/core/serializer.h"
+#include "graph_editor.h"
+#include "inspector.h"
+#include "minimap.h"
+#include "palette.h"
+#include "plots.h"
+#include "run_controller.h"
+#include "style.h"
+#include "timeline.h"
+
+namespace gn::editor {
+
+namespace {
+constexpr int kMaxRecent = 10;
+constexpr int kNodeRole = Qt::UserRole;
+constexpr int kMessageRole = Qt::UserRole + 1;
+
+QString metaPath() {
+  return MainWindow::recoveryDir() + "/recovery.meta.json";
+}
+
+bool writeBytes(const QString& path, const QByteArray& bytes, QString* error) {
+  QSaveFile f(path);
+  if (!f.open(QIODevice::WriteOnly) || f.write(bytes) != bytes.size() || !f.commit()) {
+    if (error) *error = QString("%1: %2").arg(path, f.errorString());
+    return false;
+  }
+  return true;
+}
+}  // namespace
+
+MainWindow::MainWindow(const core::NodeTypeRegistry* registry, QWidget* parent)
+    : QMainWindow(parent), registry_(registry) {
+  setObjectName("mainWindow");
+  editor_ = new GraphEditor(&doc_, registry_, this);
+  scene_ = new GraphScene(editor_, this);
+  view_ = new GraphView(scene_, this);
+  setCentralWidget(view_);
+  run_ = new RunController(registry_, this);
+
+  buildDocks();
+  buildActions();
+  buildStatusBar();
+  restoreLayout();
+
+  connect(editor_->undoStack(), &QUndoStack::cleanChanged, this, &MainWindow::updateTitle);
+  connect(&doc_, &core::GraphDocument::changed, this, [this] { validateTimer_.start(); });
+  connect(&doc_, &core::GraphDocument::metadataChanged, this, [this] {
+    syncToolbar();
+    devicesTimer_.start();
+    updateTitle();
+  });
+  connect(&doc_, &core::GraphDocument::reset, this, [this] {
+    syncToolbar();
+    validateTimer_.start();
+    devicesTimer_.start();
+  });
+  connect(scene_, &QGraphicsScene::selectionChanged, this, &MainWindow::onSelectionChanged);
+  connect(view_, &GraphView::message, this, [this](const QString& text, bool error) {
+    statusBar()->showMessage(text, 4000);
+    if (error) logMessage(LogLevel::Warning, text);
+  });
+  connect(palette_, &PalettePanel::addRequested, this, [this](const QString& type) {
+    const QPointF at = view_->mapToScene(view_->viewport()->rect().center()) + QPointF(-80, -40);
+    const QString id = editor_->addNode(type, at);
+    scene_->selectNodes({id});
+  });
+  connect(run_, &RunController::batch, this, &MainWindow::onBatch);
+  connect(run_, &RunController::finished, this, &MainWindow::onRunFinished);
+
+  // Validation repaints node errors after edits; debounced so a drag or typing costs one pass.
+  validateTimer_.setSingleShot(true);
+  validateTimer_.setInterval(150);
+  connect(&validateTimer_, &QTimer::timeout, this, [this] { validateNow(); });
+  devicesTimer_.setSingleShot(true);
+  devicesTimer_.setInterval(300);
+  connect(&devicesTimer_, &QTimer::timeout, this, &MainWindow::refreshDevices);
+  autosaveTimer_.setInterval(30000);
+  connect(&autosaveTimer_, &QTimer::timeout, this, &MainWindow::writeRecovery);
+  autosaveTimer_.start();
+
+  if (registry_)
+    for (const core::NodeTypeRegistry::LoadError& e : registry_->loadErrors())
+      logMessage(LogLevel::Warning, QString("Plugin %1 did not load: %2").arg(e.path, e.reason));
+  if (!registry_ || registry_->types().isEmpty())
+    logMessage(LogLevel::Warning,
+               "No node plugins were found: the palette is empty. Set GPUNODES_PLUGIN_PATH.");
+  newGraph();
+  refreshDevices();
+}
+
+MainWindow::~MainWindow() {
+  // The scene observes doc_, which dies after the scene's parent (this) deletes it: disconnect first.
+  doc_.disconnect(scene_);
+  doc_.disconnect(inspector_);
+  scene_->disconnect(this);
+}
+
+// ---------------------------------------------------------------------------------------------- layout
+
+void MainWindow::buildDocks() {
+  setDockOptions(AnimatedDocks | AllowTabbedDocks | AllowNestedDocks);
+  auto dock = [this](const QString& title, const QString& name, QWidget* w, Qt::DockWidgetArea area) {
+    auto* d = new QDockWidget(title, this);
+    d->setObjectName(name);
+    d->setWidget(w);
+    addDockWidget(area, d);
+    docks_ << d;
+    return d;
+  };
+  palette_ = new PalettePanel(registry_, this);
+  inspector_ = new InspectorPanel(editor_, this);
+  plots_ = new PlotsPanel(this);
+  timeline_ = new TimelineView(this);
+  log_ = new QListWidget(this);
+  log_->setObjectName("log");
+  log_->setWordWrap(true);
+  log_->setContextMenuPolicy(Qt::CustomContextMenu);
+  devices_ = new QPlainTextEdit(this);
+  devices_->setObjectName("devices");
+  devices_->setReadOnly(true);
+  devices_->setLineWrapMode(QPlainTextEdit::NoWrap);
+  devices_->setFont(QFontDatabase::systemFont(QFontDatabase::FixedFont));
+
+  QDockWidget* pal = dock("Palette", "paletteDock", palette_, Qt::LeftDockWidgetArea);
+  QDockWidget* dev = dock("Devices", "devicesDock", devices_, Qt::BottomDockWidgetArea);
+  QDockWidget* insp = dock("Inspector", "inspectorDock", inspector_, Qt::RightDockWidgetArea);
+  palette_->setMinimumWidth(190);
+  inspector_->setMinimumWidth(270);
+  QDockWidget* tl = dock("Timeline", "timelineDock", timeline_, Qt::BottomDockWidgetArea);
+  QDockWidget* pl = dock("Plots", "plotsDock", plots_, Qt::BottomDockWidgetArea);
+  QDockWidget* lg = dock("Log", "logDock", log_, Qt::BottomDockWidgetArea);
+  splitDockWidget(tl, pl, Qt::Horizontal);
+  tabifyDockWidget(tl, lg);
+  tabifyDockWidget(tl, dev);
+  tl->raise();
+  resizeDocks({pal, insp}, {230, 320}, Qt::Horizontal);
+  resizeDocks({tl}, {280}, Qt::Vertical);
+  resizeDocks({tl, pl}, {700, 600}, Qt::Horizontal);
+
+  connect(log_, &QListWidget::itemClicked, this, [this](QListWidgetItem* item) {
+    const QString node = item->data(kNodeRole).toString();
+    if (node.isEmpty() || !scene_->nodeItem(node)) return;
+    scene_->selectNodes({node});
+    view_->centerOnNode(node);
+  });
+  connect(log_, &QListWidget::customContextMenuRequested, this, [this](QPoint pos) {
+    QListWidgetItem* item = log_->itemAt(pos);
+    if (!item) return;
+    const QString node = item->data(kNodeRole).toString(), msg = item->data(kMessageRole).toString();
+    QMenu menu(this);
+    if (!node.isEmpty() && GraphEditor::isDeviceMismatch(msg))
+      menu.addAction("Insert Copy node", this, [this, node, msg] {
+        QString why;
+        if (!editor_->insertCopyNode(node, msg, &why))
+          logMessage(LogLevel::Warning, "Insert Copy node: " + why, node);
+      });
+    menu.addAction("Clear log", log_, &QListWidget::clear);
+    menu.exec(log_->viewport()->mapToGlobal(pos));
+  });
+  connect(timeline_, &TimelineView::spanClicked, this, [this](const QString& node) {
+    if (!scene_->nodeItem(node)) return;
+    scene_->selectNodes({node});
+    view_->centerOnNode(node);
+  });
+}
+
+void MainWindow::buildActions() {
+  QMenu* file = menuBar()->addMenu("&File");
+  file->addAction("&New", QKeySequence::New, this, [this] {
+    if (maybeSave()) newGraph();
+  });
+  file->addAction("&Open…", QKeySequence::Open, this, [this] {
+    if (!maybeSave()) return;
+    const QString path = QFileDialog::getOpenFileName(this, "Open graph", QFileInfo(file_).absolutePath(),
+                                                      "gpunodes graphs (*.json);;All files (*)");
+    if (!path.isEmpty()) loadFile(path);
+  });
+  recentMenu_ = file->addMenu("Open &Recent");
+  connect(recentMenu_, &QMenu::aboutToShow, this, &MainWindow::rebuildRecentMenu);
+  examplesMenu_ = file->addMenu("&Examples");
+  rebuildExamplesMenu();
+  file->addSeparator();
+  file->addAction("&Save", QKeySequence::Save, this, [this] { save(); });
+  file->addAction("Save &As…", QKeySequence::SaveAs, this, [this] { saveAs(); });
+  QMenu* exp = file->addMenu("E&xport");
+  exp->addAction("Trace (Chrome JSON)…", this, [this] {
+    const QString p = exportPath("Export trace", "trace.json", "Chrome trace (*.json)");
+    if (!p.isEmpty()) exportTrace(p);
+  });
+  exp->addAction("Metrics CSV…", this, [this] {
+    const QString p = exportPath("Export metrics", "metrics.csv", "CSV (*.csv)");
+    if (!p.isEmpty()) exportMetricsCsv(p);
+  });
+  exp->addAction("Report JSON…", this, [this] {
+    const QString p = exportPath("Export report", "report.json", "JSON (*.json)");
+    if (!p.isEmpty()) exportReport(p);
+  });
+  exp->addAction("Visible plot as PNG…", this, [this] {
+    const QString p = exportPath("Export plot", "plot.png", "PNG (*.png)");
+    if (!p.isEmpty()) exportPlot(p);
+  });
+  exp->addAction("Timeline as PNG…", this, [this] {
+    const QString p = exportPath("Export timeline", "timeline.png", "PNG (*.png)");
+    if (!p.isEmpty() && !timeline_->grab().save(p)) showError("Export", "Could not write " + p);
+  });
+  file->addSeparator();
+  file->addAction("&Quit", QKeySequence::Quit, this, &QWidget::close);
+
+  QMenu* edit = menuBar()->addMenu("&Edit");
+  QAction* undo = editor_->undoStack()->createUndoAction(this, "&Undo");
+  undo->setShortcuts(QKeySequence::Undo);
+  QAction* redo = editor_->undoStack()->createRedoAction(this, "&Redo");
+  redo->setShortcuts({QKeySequence::Redo, QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_Z)});
+  edit->addAction(undo);
+  edit->addAction(redo);
+  edit->addSeparator();
+  for (QAction* a : {view_->cutAction(), view_->copyAction(), view_->pasteAction(), view_->duplicateAction(),
+                     view_->deleteAction(), view_->selectAllAction(), view_->commentAction()})
+    edit->addAction(a);
+
+  viewMenu_ = menuBar()->addMenu("&View");
+  fitAction_ = new QAction("Fit view", this);
+  fitAction_->setToolTip("Frame the whole graph (F frames the selection)");
+  connect(fitAction_, &QAction::triggered, this, [this] { view_->frame(false); });
+  viewMenu_->addAction(view_->frameAction());
+  viewMenu_->addAction(fitAction_);
+  viewMenu_->addAction("Zoom 100%", this, [this] { view_->setZoom(1); });
+  QAction* minimap = viewMenu_->addAction("Minimap");
+  minimap->setCheckable(true);
+  minimap->setChecked(QSettings().value("view/minimap", true).toBool());
+  view_->minimap()->setVisible(minimap->isChecked());
+  connect(minimap, &QAction::toggled, this, [this](bool on) {
+    view_->minimap()->setVisible(on);
+    QSettings().setValue("view/minimap", on);
+  });
+  viewMenu_->addSeparator();
+  for (QDockWidget* d : docks_) viewMenu_->addAction(d->toggleViewAction());
+
+  QMenu* runMenu = menuBar()->addMenu("&Run");
+  runAction_ = new QAction("▶ Run", this);
+  runAction_->setShortcut(Qt::Key_F5);
+  runAction_->setToolTip("Run the graph (F5)");
+  connect(runAction_, &QAction::triggered, this, [this] { runGraph(); });
+  cancelAction_ = new QAction("■ Cancel", this);
+  cancelAction_->setShortcut(QKeySequence(Qt::SHIFT | Qt::Key_F5));
+  cancelAction_->setToolTip("Cancel the run (Shift+F5); it stops within a second");
+  connect(cancelAction_, &QAction::triggered, this, &MainWindow::cancelRun);
+  runMenu->addAction(runAction_);
+  runMenu->addAction(cancelAction_);
+  runMenu->addAction("Validate", QKeySequence(Qt::Key_F7), this, [this] {
+    const core::ValidationReport r = validateNow();
+    for (const core::Issue& i : r.issues())
+      logMessage(i.severity == core::Issue::Severity::Error ? LogLevel::Error : LogLevel::Warning, i.text(),
+                 i.node);
+    if (r.issues().isEmpty()) logMessage(LogLevel::Info, "The graph is valid.");
+  });
+  runMenu->addAction("Clear timing history", this, [this] { plots_->clearHistory(); });
+
+  QToolBar* tb = addToolBar("Main");
+  tb->setObjectName("mainToolbar");
+  tb->addAction(runAction_);
+  tb->addAction(cancelAction_);
+  tb->addSeparator();
+  tb->addWidget(new QLabel(" Schedule "));
+  schedule_ = new QComboBox(this);
+  schedule_->setObjectName("scheduleCombo");
+  schedule_->addItems({"parallel", "sequential"});
+  schedule_->setToolTip(
+      "parallel: independent nodes overlap; sequential: wait after every node (the "
+      "\"waitall between\" baseline)");
+  connect(schedule_, &QComboBox::activated, this,
+          [this](int) { editor_->setSetting("schedule", schedule_->currentText()); });
+  tb->addWidget(schedule_);
+  tb->addWidget(new QLabel("  CPU devices "));
+  cpuDevices_ = new QSpinBox(this);
+  cpuDevices_->setObjectName("cpuDevicesSpin");
+  cpuDevices_->setRange(1, 64);
+  cpuDevices_->setKeyboardTracking(false);
+  cpuDevices_->setToolTip(
+      "Split the CPU into N devices, each with its own worker threads and 1/N of the cores");
+  connect(cpuDevices_, &QSpinBox::valueChanged, this,
+          [this](int v) { editor_->setSetting("cpu_devices", v); });
+  tb->addWidget(cpuDevices_);
+  tb->addSeparator();
+  tb->addAction(fitAction_);
+  viewMenu_->addAction(tb->toggleViewAction());
+  updateRunActions();
+}
+
+void MainWindow::buildStatusBar() {
+  stateLabel_ = new QLabel("Idle", this);
+  stateLabel_->setObjectName("runState");
+  wallLabel_ = new QLabel(this);
+  wallLabel_->setObjectName("wallTime");
+  devicesLabel_ = new QLabel(this);
+  devicesLabel_->setObjectName("devicesInUse");
+  progress_ = new QProgressBar(this);
+  progress_->setRange(0, 1000);
+  progress_->setMaximumWidth(160);
+  progress_->setMaximumHeight(14);
+  progress_->setTextVisible(false);
+  progress_->hide();
+  statusBar()->addPermanentWidget(progress_);
+  statusBar()->addPermanentWidget(stateLabel_);
+  statusBar()->addPermanentWidget(wallLabel_);
+  statusBar()->addPermanentWidget(devicesLabel_);
+}
+
+void MainWindow::restoreLayout() {
+  QSettings s;
+  resize(1500, 920);
+  if (s.contains("window/geometry")) restoreGeometry(s.value("window/geometry").toByteArray());
+  if (s.contains("window/state")) restoreState(s.value("window/state").toByteArray());
+}
+
+// ---------------------------------------------------------------------------------------------- prompts, log
+
+QMessageBox::StandardButton MainWindow::ask(QMessageBox::Icon icon, const QString& title, const QString& text,
+                                            QMessageBox::StandardButtons buttons) {
+  lastMessage_ = text;
+  if (prompt_) return prompt_(icon, title, text, buttons);
+  QMessageBox box(icon, title, text, buttons, this);
+  return QMessageBox::StandardButton(box.exec());
+}
+
+void MainWindow::showError(const QString& title, const QString& text) {
+  logMessage(LogLevel::Error, text);
+  ask(QMessageBox::Warning, title, text, QMessageBox::Ok);
+}
+
+void MainWindow::logMessage(LogLevel level, const QString& text, const QString& node) {
+  const QString stamp = QTime::currentTime().toString("HH:mm:ss");
+  const char* tag = level == LogLevel::Error ? "error" : level == LogLevel::Warning ? "warning" : "info";
+  auto* item =
+      new QListWidgetItem(QString("%1  %2%3").arg(stamp, node.isEmpty() ? QString() : node + ": ", text));
+  item->setData(kNodeRole, node);
+  item->setData(kMessageRole, text);
+  item->setData(Qt::UserRole + 2, QString(tag));
+  item->setForeground(level == LogLevel::Error     ? QColor(0xff, 0x7b, 0x7b)
+                      : level == LogLevel::Warning ? QColor(0xe6, 0xc4, 0x6c)
+                                                   : QColor(0xc8, 0xcc, 0xd2));
+  if (!node.isEmpty()) item->setToolTip("Click to select " + node);
+  log_->addItem(item);
+  // The log is a window on recent events, not an archive: keep it bounded for very chatty runs.
+  while (log_->count() > 5000) delete log_->takeItem(0);
+  log_->scrollToBottom();
+}
+
+// ---------------------------------------------------------------------------------------------- files
+
+bool MainWindow::isDirty() const {
+  return forcedDirty_ || !editor_->undoStack()->isClean();
+}
+
+void MainWindow::updateTitle() {
+  const QString name = !file_.isEmpty()         ? QFileInfo(file_).fileName()
+                       : !doc_.name().isEmpty() ? doc_.name()
+                                                : QString("Untitled");
+  setWindowTitle(QString("%1[*] — gpunodes").arg(name));
+  setWindowModified(isDirty());
+}
+
+void MainWindow::setDocumentFrom(core::GraphDocument& loaded, const QString& file) {
+  if (run_->isRunning()) run_->cancel();
+  scene_->clearSelection();
+  doc_.replaceAll(loaded);
+  editor_->undoStack()->clear();
+  editor_->undoStack()->setClean();
+  forcedDirty_ = false;
+  file_ = file;
+  scene_->resetRunState();
+  // Frame the graph rather than trust the file's view: node sizes differ between versions and screens.
+  view_->frame(false, 1.0);
+  inspector_->showNodes({});
+  updateTitle();
+  validateNow();
+}
+
+void MainWindow::newGraph() {
+  core::GraphDocument empty;
+  empty.setSettings(QJsonObject{{"schedule", "parallel"}, {"cpu_devices", 2}});
+  setDocumentFrom(empty, {});
+  view_->setZoom(1);
+  view_->centerOn(300, 150);
+}
+
+bool MainWindow::maybeSave() {
+  if (!isDirty()) return true;
+  const auto answer = ask(QMessageBox::Question, "Unsaved changes",
+                          QString("Save the changes to %1?")
+                              .arg(file_.isEmpty() ? "the untitled graph" : QFileInfo(file_).fileName()),
+                          QMessageBox::Save | QMessageBox::Discard | QMessageBox::Cancel);
+  if (answer == QMessageBox::Save) return save();
+  return answer == QMessageBox::Discard;
+}
+
+bool MainWindow::openFile(const QString& path) {
+  if (!maybeSave()) return false;
+  return loadFile(path);
+}
+
+bool MainWindow::loadFile(const QString& path) {
+  core::GraphDocument loaded;
+  QString error;
+  if (!core::serializer::loadFile(path, loaded, &error)) {
+    showError("Cannot open graph", error.isEmpty() ? QString("%1: unreadable").arg(path) : error);
+    return false;
+  }
+  // Examples are templates: saving one asks for a new place instead of writing into the install.
+  const bool example = QFileInfo(path).absolutePath() == QFileInfo(examplesDir()).absoluteFilePath();
+  setDocumentFrom(loaded, example ? QString() : QFileInfo(path).absoluteFilePath());
+  if (!example) addRecent(QFileInfo(path).absoluteFilePath());
+  logMessage(LogLevel::Info, QString("Opened %1 (%2 nodes, %3 wires)")
+                                 .arg(path)
+                                 .arg(doc_.nodes().size())
+                                 .arg(doc_.connections().size()));
+  for (const core::GraphNode& n : doc_.nodes())
+    if (!editor_->specOf(n.id))
+      logMessage(
+          LogLevel::Warning,
+          QString("type '%1' is not provided by any loaded plugin; kept as a missing node").arg(n.type),
+          n.id);
+  return true;
+}
+
+bool MainWindow::saveFile(const QString& path) {
+  // Remember where the user was looking.
+  const QPointF c = view_->mapToScene(view_->viewport()->rect().center());
+  doc_.setView(QJsonObject{{"zoom", view_->zoom()}, {"center", QJsonArray{qRound(c.x()), qRound(c.y())}}});
+  QString error;
+  if (!core::serializer::saveFile(path, doc_, &error)) {
+    showError("Cannot save graph", error);
+    return false;
+  }
+  file_ = QFileInfo(path).absoluteFilePath();
+  editor_->undoStack()->setClean();
+  forcedDirty_ = false;
+  addRecent(file_);
+  updateTitle();
+  statusBar()->showMessage("Saved " + file_, 3000);
+  QFile::remove(recoveryPath());
+  QFile::remove(metaPath());
+  return true;
+}
+
+bool MainWindow::save() {
+  return file_.isEmpty() ? saveAs() : saveFile(file_);
+}
+
+bool MainWindow::saveAs() {
+  QString suggested = file_;
+  if (suggested.isEmpty())
+    suggested = QDir::home().filePath(
+        (doc_.name().isEmpty() ? QString("graph") : doc_.name()).toLower().replace(' ', '-') + ".json");
+  const QString path =
+      QFileDialog::getSaveFileName(this, "Save graph", suggested, "gpunodes graphs (*.json)");
+  if (path.isEmpty()) return false;
+  return saveFile(path.endsWith(".json") ? path : path + ".json");
+}
+
+void MainWindow::addRecent(const QString& path) {
+  QSettings s;
+  QStringList recent = s.value("recentFiles").toStringList();
+  recent.removeAll(path);
+  recent.prepend(path);
+  while (recent.size() > kMaxRecent) recent.removeLast();
+  s.setValue("recentFiles", recent);
+}
+
+void MainWindow::rebuildRecentMenu() {
+  recentMenu_->clear();
+  const QStringList recent = QSettings().value("recentFiles").toStringList();
+  for (const QString& path : recent)
+    recentMenu_->addAction(QFileInfo(path).fileName() + "   " + QFileInfo(path).absolutePath(), this,
+                           [this, path] { openFile(path); });
+  if (recent.isEmpty()) recentMenu_->addAction("No recent files")->setEnabled(false);
+}
+
+QString MainWindow::examplesDir() {
+  const QString env = qEnvironmentVariable("GPUNODES_EXAMPLES");
+  if (!env.isEmpty() && QDir(env).exists()) return QDir(env).absolutePath();
+  const QString bin = QCoreApplication::applicationDirPath();
+  for (const char* rel :
+       {"/../resources/examples", "/../share/gpunodes/examples", "/../../resources/examples"})
+    if (QDir(bin + rel).exists()) return QDir(bin + QString(rel)).absolutePath();
+  return QDir(GPUNODES_SOURCE_EXAMPLES_DIR).absolutePath();
+}
+
+void MainWindow::rebuildExamplesMenu() {
+  examplesMenu_->clear();
+  const QDir dir(examplesDir());
+  const QStringList files = dir.entryList({"*.json"}, QDir::Files, QDir::Name);
+  for (const QString& f : files) {
+    const QString path = dir.filePath(f);
+    QString title = QFileInfo(f).completeBaseName(), tip;
+    QFile file(path);
+    if (file.size() < (1 << 20) && file.open(QIODevice::ReadOnly)) {
+      const QJsonObject o = QJsonDocument::fromJson(file.readAll()).object();
+      if (!o.value("name").toString().isEmpty()) title = o.value("name").toString() + "   (" + f + ")";
+      tip = o.value("description").toString();
+    }
+    QAction* a = examplesMenu_->addAction(title, this, [this, path] { openFile(path); });
+    a->setToolTip(tip);
+  }
+  examplesMenu_->setToolTipsVisible(true);
+  if (files.isEmpty()) examplesMenu_->addAction("No examples in " + dir.path())->setEnabled(false);
+}
+
+// ---------------------------------------------------------------------------------------------- recovery
+
+QString MainWindow::recoveryDir() {
+  QString dir = qEnvironmentVariable("GPUNODES_RECOVERY_DIR");
+  if (dir.isEmpty()) dir = QStandardPaths::writableLocation(QStandardPaths::AppDataLocation);
+  QDir().mkpath(dir);
+  return dir;
+}
+
+QString MainWindow::recoveryPath() {
+  return recoveryDir() + "/recovery.json";
+}
+
+void MainWindow::setAutosaveIntervalMs(int ms) {
+  autosaveTimer_.start(ms);
+}
+
+bool MainWindow::writeRecovery() {
+  if (!isDirty()) {
+    QFile::remove(recoveryPath());
+    QFile::remove(metaPath());
+    return false;
+  }
+  QString error;
+  if (!core::serializer::saveFile(recoveryPath(), doc_, &error)) {
+    logMessage(LogLevel::Warning, "Autosave failed: " + error);
+    return false;
+  }
+  const QJsonObject meta{{"file", file_}, {"saved", QDateTime::currentDateTime().toString(Qt::ISODate)}};
+  writeBytes(metaPath(), QJsonDocument(meta).toJson(), nullptr);
+  return true;
+}
+
+bool MainWindow::offerRecovery() {
+  if (!QFile::exists(recoveryPath())) return false;
+  QJsonObject meta;
+  QFile mf(metaPath());
+  if (mf.open(QIODevice::ReadOnly)) meta = QJsonDocument::fromJson(mf.readAll()).object();
+  const QString original = meta.value("file").toString();
+  const QString when =
+      QDateTime::fromString(meta.value("saved").toString(), Qt::ISODate).toString("yyyy-MM-dd HH:mm");
+  const auto answer =
+      ask(QMessageBox::Question, "Restore unsaved work?",
+          QString("gpunodes did not close cleanly last time. Restore the unsaved graph%1%2?")
+              .arg(original.isEmpty() ? QString() : " (" + QFileInfo(original).fileName() + ")",
+                   when.isEmpty() ? QString() : " from " + when),
+          QMessageBox::Yes | QMessageBox::No);
+  if (answer != QMessageBox::Yes) {
+    QFile::remove(recoveryPath());
+    QFile::remove(metaPath());
+    return false;
+  }
+  core::GraphDocument loaded;
+  QString error;
+  if (!core::serializer::loadFile(recoveryPath(), loaded, &error)) {
+    showError("Cannot restore", error);
+    return false;
+  }
+  setDocumentFrom(loaded, original);
+  forcedDirty_ = true;  // restored work is not saved anywhere yet
+  updateTitle();
+  logMessage(LogLevel::Info, "Restored unsaved work from the recovery file.");
+  return true;
+}
+
+void MainWindow::closeEvent(QCloseEvent* e) {
+  if (!maybeSave()) {
+    e->ignore();
+    return;
+  }
+  if (run_->isRunning()) run_->cancel();
+  QSettings s;
+  s.setValue("window/geometry", saveGeometry());
+  s.setValue("window/state", saveState());
+  // A clean exit leaves nothing to recover.
+  QFile::remove(recoveryPath());
+  QFile::remove(metaPath());
+  e->accept();
+}
+
+// ---------------------------------------------------------------------------------------------- toolbar,
+// devices
+
+void MainWindow::syncToolbar() {
+  const QJsonObject s = doc_.settings();
+  QSignalBlocker b1(schedule_), b2(cpuDevices_);
+  schedule_->setCurrentText(s.value("schedule").toString("parallel"));
+  cpuDevices_->setValue(s.value("cpu_devices").toInt(1));
+}
+
+void MainWindow::refreshDevices() {
+  QString text;
+  const core::RunSettings settings = core::RunSettings::fromGraph(doc_.settings());
+  if (registry_)
+    for (core::NodeSetPlugin* p : registry_->plugins()) {
+      const QJsonObject env = p->environment(settings);
+      if (env.isEmpty()) continue;
+      text += QString("== %1 (cpu_devices=%2) ==\n").arg(p->setName()).arg(settings.cpuDevices);
+      const QString table = env.value("table").toString();
+      text +=
+          table.isEmpty() ? QString::fromUtf8(QJsonDocument(env.value("devices").toArray()).toJson()) : table;
+      if (!text.endsWith('\n')) text += '\n';
+    }
+  if (registry_)
+    for (const core::NodeTypeRegistry::LoadError& e : registry_->loadErrors())
+      text += QString("\nplugin not loaded: %1\n  %2\n").arg(e.path, e.reason);
+  if (text.isEmpty()) text = "No loaded plugin reports devices.";
+  devices_->setPlainText(text);
+}
+
+// ---------------------------------------------------------------------------------------------- running
+
+core::ValidationReport MainWindow::validateNow() {
+  validateTimer_.stop();
+  core::ValidationReport r;
+  if (registry_) r = core::validate(doc_, *registry_);
+  scene_->setValidation(r);
+  inspector_->setValidation(r);
+  return r;
+}
+
+QString MainWindow::runStateText() const {
+  return stateLabel_->text();
+}
+
+void MainWindow::updateRunActions() {
+  // Run stays enabled while running so a second press explains why it is refused.
+  cancelAction_->setEnabled(run_->isRunning() && !run_->isCancelling());
+}
+
+bool MainWindow::runGraph() {
+  if (run_->isRunning()) {
+    const QString why = "A run is already going: cancel it or wait for it to finish before starting another.";
+    statusBar()->showMessage(why, 5000);
+    logMessage(LogLevel::Warning, why);
+    lastMessage_ = why;
+    return false;
+  }
+  scene_->resetRunState();
+  core::ValidationReport report;
+  QString why;
+  if (!run_->start(doc_, &report, &why)) {
+    scene_->setValidation(report);
+    inspector_->setValidation(report);
+    for (const core::Issue& i : report.issues())
+      logMessage(i.severity == core::Issue::Severity::Error ? LogLevel::Error : LogLevel::Warning, i.message,
+                 i.node);
+    logMessage(LogLevel::Error, why);
+    stateLabel_->setText("Not started");
+    statusBar()->showMessage(why, 6000);
+    lastMessage_ = why;
+    return false;
+  }
+  scene_->setValidation(report);
+  QStringList order;
+  for (const core::GraphNode& n : doc_.nodes()) order << n.id;
+  const QJsonObject s = doc_.settings();
+  const QString label = QString("#%1 %2, %3 cpu")
+                            .arg(run_->runCount())
+                            .arg(s.value("schedule").toString("parallel"))
+                            .arg(s.value("cpu_devices").toInt(1));
+  plots_->beginRun(label, order);
+  timeline_->clear();
+  timeline_->setNodeOrder(order);
+  devicesInUse_.clear();
+  devicesLabel_->clear();
+  stateLabel_->setText("Running…");
+  progress_->setValue(0);
+  progress_->show();
+  logMessage(LogLevel::Info, QString("Run %1 started").arg(label));
+  updateRunActions();
+  return true;
+}
+
+void MainWindow::cancelRun() {
+  if (!run_->isRunning()) return;
+  run_->cancel();
+  stateLabel_->setText("Cancelling…");
+  updateRunActions();
+}
+
+void MainWindow::onBatch(const QList<core::RunEvent>& events) {
+  using K = core::RunEvent::Kind;
+  QList<core::TraceSpan> spans;
+  QList<core::MemorySampleEvent> memory;
+  for (const core::RunEvent& e : events) {
+    switch (e.kind) {
+      case K::RunStarted:
+        break;
+      case K::RunFinished:
+        break;
+      case K::NodeQueued:
+        scene_->setRunStatus(e.node, RunStatus::Queued);
+        break;
+      case K::NodeStarted:
+        scene_->setRunStatus(e.node, RunStatus::Running);
+        break;
+      case K::NodeFinished:
+        scene_->setRunStatus(e.node, RunStatus::Done, e.value);
+        plots_->setNodeTime(e.node, e.value);
+        break;
+      case K::NodeFailed:
+        // Skipped and cancelled nodes come as failures too; they are grey, not red.
+        if (e.message.startsWith("skipped", Qt::CaseInsensitive) ||
+            e.message.contains("cancel", Qt::CaseInsensitive)) {
+          scene_->setRunStatus(e.node, RunStatus::Cancelled);
+          scene_->setRunWarning(e.node, e.message);
+          logMessage(LogLevel::Warning, e.message, e.node);
+        } else {
+          scene_->setRunStatus(e.node, RunStatus::Failed, 0, e.message);
+          logMessage(LogLevel::Error, e.message, e.node);
+        }
+        break;
+      case K::NodeWarning:
+        scene_->setRunWarning(e.node, e.message);
+        logMessage(LogLevel::Warning, e.message, e.node);
+        break;
+      case K::Progress:
+        if (e.node.isEmpty())
+          progress_->setValue(int(qBound(0.0, e.value, 1.0) * 1000));
+        else
+          scene_->setProgress(e.node, e.value);
+        break;
+      case K::Metric:
+        plots_->addMetric(e.series, e.t, e.value);
+        break;
+      case K::Span:
+        spans << e.span;
+        if (!e.span.device.isEmpty() && !devicesInUse_.contains(e.span.device))
+          devicesInUse_ << e.span.device;
+        break;
+      case K::Memory:
+        memory << e.memory;
+        break;
+    }
+  }
+  timeline_->addSpans(spans);
+  plots_->addMemory(memory);
+  view_->minimap()->scheduleUpdate();
+  plots_->refresh();
+  wallLabel_->setText(style::formatMs(run_->elapsedMs()));
+  devicesInUse_.sort();
+  devicesLabel_->setText(devicesInUse_.isEmpty() ? QString() : "devices: " + devicesInUse_.join(", "));
+}
+
+void MainWindow::onRunFinished(bool ok, bool cancelled, const QString& message) {
+  const QJsonObject report = run_->report();
+  const double wall = report.value("wall_ms").toDouble(run_->elapsedMs());
+  plots_->setRunWall(wall);
+  const QJsonObject nodes = report.value("nodes").toObject();
+  for (auto it = nodes.begin(); it != nodes.end(); ++it) {
+    const QJsonObject n = it.value().toObject();
+    const QString status = n.value("status").toString();
+    if (status == "ok") {
+      scene_->setRunStatus(it.key(), RunStatus::Done, n.value("wall_ms").toDouble());
+      plots_->setNodeTime(it.key(), n.value("wall_ms").toDouble());
+    } else if (status == "pending" || status == "running") {
+      scene_->setRunStatus(it.key(), RunStatus::Cancelled);
+    }
+  }
+  plots_->refresh();
+  wallLabel_->setText("wall " + style::formatMs(wall));
+  QStringList devs;
+  for (const QJsonValue& d : report.value("devices").toArray())
+    devs << (d.isObject() ? d.toObject().value("device").toString(d.toObject().value("name").toString())
+                          : d.toString());
+  devs.removeAll(QString());
+  if (!devicesInUse_.isEmpty()) devs = devicesInUse_;
+  devicesLabel_->setText(devs.isEmpty() ? QString() : "devices: " + devs.join(", "));
+  progress_->hide();
+  const QString state = cancelled ? QString("Cancelled") : ok ? QString("Done") : QString("Failed");
+  stateLabel_->setText(state);
+  if (cancelled)
+    logMessage(LogLevel::Warning, QString("Run cancelled after %1").arg(style::formatMs(wall)));
+  else if (ok)
+    logMessage(LogLevel::Info, QString("Run finished in %1").arg(style::formatMs(wall)));
+  else
+    logMessage(LogLevel::Error,
+               QString("Run failed after %1%2")
+                   .arg(style::formatMs(wall), message.isEmpty() ? QString() : ": " + message));
+  updateRunActions();
+}
+
+void MainWindow::onSelectionChanged() {
+  inspector_->showNodes(scene_->selectedNodeIds());
+}
+
+// ---------------------------------------------------------------------------------------------- exports
+
+QString MainWindow::exportPath(const QString& title, const QString& suffix, const QString& filter) {
+  const QString base = file_.isEmpty()
+                           ? QDir::home().filePath("gpunodes")
+                           : QFileInfo(file_).absolutePath() + "/" + QFileInfo(file_).completeBaseName();
+  return QFileDialog::getSaveFileName(this, title, base + "-" + suffix, filter);
+}
+
+bool MainWindow::exportTrace(const QString& path) {
+  QString error;
+  if (!writeBytes(path, core::chromeTrace(run_->spans(), run_->memory()), &error)) {
+    showError("Export trace", error);
+    return false;
+  }
+  logMessage(LogLevel::Info,
+             QString("Wrote the trace (%1 spans) to %2; open it in Perfetto or chrome://tracing")
+                 .arg(run_->spans().size())
+                 .arg(path));
+  return true;
+}
+
+bool MainWindow::exportMetricsCsv(const QString& path) {
+  QByteArray csv = "series,t,value\n";
+  const QJsonObject metrics = run_->report().value("metrics").toObject();
+  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
+    QString name = it.key();
+    if (name.contains(',') || name.contains('"')) name = '"' + name.replace("\"", "\"\"") + '"';
+    for (const QJsonValue& p : it.value().toArray()) {
+      const QJsonArray tv = p.toArray();
+      csv += QString("%1,%2,%3\n")
+                 .arg(name)
+                 .arg(tv.at(0).toDouble(), 0, 'g', 17)
+                 .arg(tv.at(1).toDouble(), 0, 'g', 17)
+                 .toUtf8();
+    }
+  }
+  QString error;
+  if (!writeBytes(path, csv, &error)) {
+    showError("Export metrics", error);
+    return false;
+  }
+  logMessage(LogLevel::Info, "Wrote metrics to " + path);
+  return true;
+}
+
+bool MainWindow::exportReport(const QString& path) {
+  const QJsonObject report = run_->report();
+  if (report.isEmpty()) {
+    showError("Export report", "There is no run to report yet: run the graph first.");
+    return false;
+  }
+  QString error;
+  if (!writeBytes(path, QJsonDocument(report).toJson(QJsonDocument::Indented), &error)) {
+    showError("Export report", error);
+    return false;
+  }
+  logMessage(LogLevel::Info, "Wrote the report to " + path);
+  return true;
+}
+
+bool MainWindow::exportPlot(const QString& path) {
+  QString error;
+  if (!plots_->exportPng(path, &error)) {
+    showError("Export plot", error);
+    return false;
+  }
+  logMessage(LogLevel::Info, "Wrote the plot to " + path);
+  return true;
+}
+
+}  // namespace gn::editor

@@ -1,0 +1,234 @@
+#include "plots.h"
+
+#include <qcustomplot.h>
+
+#include "style.h"
+
+namespace gn::editor {
+
+namespace {
+
+constexpr int kHistory = 6;  // runs shown side by side
+
+void darkTheme(QCustomPlot* p) {
+  const QColor fg(0xc8, 0xcc, 0xd2), grid(0x3a, 0x3f, 0x46);
+  p->setBackground(QColor(0x1e, 0x20, 0x24));
+  for (QCPAxis* a : {p->xAxis, p->yAxis, p->xAxis2, p->yAxis2}) {
+    a->setBasePen(QPen(fg));
+    a->setTickPen(QPen(fg));
+    a->setSubTickPen(QPen(fg));
+    a->setTickLabelColor(fg);
+    a->setLabelColor(fg);
+    a->grid()->setPen(QPen(grid, 0, Qt::DotLine));
+  }
+  p->legend->setBrush(QColor(0x2a, 0x2d, 0x32, 220));
+  p->legend->setBorderPen(QPen(grid));
+  p->legend->setTextColor(fg);
+  p->legend->setVisible(true);
+  QFont f = p->font();
+  f.setPointSizeF(8);
+  p->legend->setFont(f);
+  p->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
+}
+
+}  // namespace
+
+PlotsPanel::PlotsPanel(QWidget* parent) : QTabWidget(parent) {
+  setObjectName("plots");
+  timing_ = makePlot("timingPlot");
+  memory_ = makePlot("memoryPlot");
+  metrics_ = makePlot("metricsPlot");
+  addTab(timing_, "Timing");
+  addTab(memory_, "Memory");
+  addTab(metrics_, "Training");
+
+  timing_->yAxis->setLabel("wall time per node (ms)");
+  timing_->xAxis->setTickLabelRotation(30);
+  timing_->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
+  group_ = new QCPBarsGroup(timing_);
+  group_->setSpacingType(QCPBarsGroup::stAbsolute);
+  group_->setSpacing(1);
+
+  memory_->xAxis->setLabel("time (ms)");
+  memory_->yAxis->setLabel("MiB");
+  memory_->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignLeft);
+
+  metrics_->xAxis->setLabel("step / epoch");
+  metrics_->yAxis->setLabel("value");
+  metrics_->yAxis2->setLabel("accuracy");
+  metrics_->yAxis2->setRange(0, 1);
+  metrics_->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
+}
+
+QCustomPlot* PlotsPanel::makePlot(const QString& name) {
+  auto* p = new QCustomPlot(this);
+  p->setObjectName(name);
+  p->setMinimumHeight(160);
+  darkTheme(p);
+  return p;
+}
+
+void PlotsPanel::beginRun(const QString& label, const QStringList& nodeOrder) {
+  nodeOrder_ = nodeOrder;
+  runs_.append(RunTiming{label, {}, 0, runSeq_++});
+  while (runs_.size() > kHistory) runs_.removeFirst();
+  memory_->clearGraphs();
+  devices_.clear();
+  metrics_->clearGraphs();
+  series_.clear();
+  timingDirty_ = memoryDirty_ = metricsDirty_ = true;
+}
+
+void PlotsPanel::clearHistory() {
+  runs_.clear();
+  timingDirty_ = true;
+  refresh();
+}
+
+void PlotsPanel::setNodeTime(const QString& node, double ms) {
+  if (runs_.isEmpty()) return;
+  runs_.last().ms[node] = ms;
+  timingDirty_ = true;
+}
+
+void PlotsPanel::setRunWall(double ms) {
+  if (runs_.isEmpty()) return;
+  runs_.last().wallMs = ms;
+  timingDirty_ = true;
+}
+
+int PlotsPanel::timingBars() const {
+  return runs_.isEmpty() ? 0 : int(runs_.last().ms.size());
+}
+
+void PlotsPanel::rebuildTiming() {
+  timing_->clearPlottables();
+  group_->clear();
+  // Categories: the run's wall time first, then the nodes any shown run timed, in graph order.
+  QStringList cats{"(wall)"};
+  for (const QString& n : nodeOrder_)
+    for (const RunTiming& r : runs_)
+      if (r.ms.contains(n)) {
+        cats << n;
+        break;
+      }
+  for (const RunTiming& r : runs_)
+    for (auto it = r.ms.begin(); it != r.ms.end(); ++it)
+      if (!cats.contains(it.key())) cats << it.key();
+  QSharedPointer<QCPAxisTickerText> ticker(new QCPAxisTickerText);
+  for (int i = 0; i < cats.size(); ++i) ticker->addTick(i + 1, cats[i]);
+  timing_->xAxis->setTicker(ticker);
+  timing_->xAxis->setRange(0.4, cats.size() + 0.6);
+  const double width = 0.8 / qMax(1, int(runs_.size()));
+  double maxV = 0;
+  for (int ri = 0; ri < runs_.size(); ++ri) {
+    const RunTiming& r = runs_[ri];
+    auto* bars = new QCPBars(timing_->xAxis, timing_->yAxis);
+    bars->setName(r.label);
+    bars->setWidth(width);
+    const QColor c = style::seriesColor(r.seq);
+    bars->setPen(QPen(c.darker(130)));
+    bars->setBrush(c);
+    bars->setBarsGroup(group_);
+    QVector<double> keys, values;
+    keys << 1;
+    values << r.wallMs;
+    maxV = qMax(maxV, r.wallMs);
+    for (int i = 1; i < cats.size(); ++i)
+      if (r.ms.contains(cats[i])) {
+        keys << i + 1;
+        values << r.ms.value(cats[i]);
+        maxV = qMax(maxV, r.ms.value(cats[i]));
+      }
+    bars->setData(keys, values, true);
+  }
+  // Headroom above the tallest bar keeps the legend (top right) off the bars.
+  timing_->yAxis->setRange(0, maxV > 0 ? maxV * 1.4 : 1);
+}
+
+void PlotsPanel::addMemory(const QList<core::MemorySampleEvent>& samples) {
+  for (const core::MemorySampleEvent& s : samples) {
+    auto it = devices_.find(s.device);
+    if (it == devices_.end()) {
+      const QColor c = style::seriesColor(int(devices_.size()));
+      DeviceGraphs g;
+      g.allocated = memory_->addGraph();
+      g.allocated->setName(s.device + " allocated");
+      g.allocated->setPen(QPen(c, 2));
+      g.allocated->setLineStyle(QCPGraph::lsStepLeft);
+      g.reserved = memory_->addGraph();
+      g.reserved->setName(s.device + " reserved");
+      g.reserved->setPen(QPen(c.lighter(140), 1.5, Qt::DashLine));
+      g.reserved->setLineStyle(QCPGraph::lsStepLeft);
+      g.peak = memory_->addGraph();
+      g.peak->setName(s.device + " peak");
+      g.peak->setPen(QPen(c.darker(110), 1, Qt::DotLine));
+      g.peak->setLineStyle(QCPGraph::lsStepLeft);
+      it = devices_.insert(s.device, g);
+    }
+    const double t = s.tUs / 1000.0, mib = 1024.0 * 1024.0;
+    it->peakBytes = qMax(it->peakBytes, double(s.allocated));
+    it->allocated->addData(t, s.allocated / mib);
+    it->reserved->addData(t, s.reserved / mib);
+    it->peak->addData(t, it->peakBytes / mib);
+  }
+  if (!samples.isEmpty()) memoryDirty_ = true;
+}
+
+int PlotsPanel::memoryPoints() const {
+  int n = 0;
+  for (const DeviceGraphs& g : devices_) n += g.allocated->dataCount();
+  return n;
+}
+
+void PlotsPanel::addMetric(const QString& series, double t, double value) {
+  QCPGraph*& g = series_[series];
+  if (!g) {
+    // Accuracies live in [0, 1]: on the right axis, so a loss in the tens does not flatten them.
+    const bool acc = series.contains("acc", Qt::CaseInsensitive);
+    g = metrics_->addGraph(metrics_->xAxis, acc ? metrics_->yAxis2 : metrics_->yAxis);
+    g->setName(series);
+    g->setPen(QPen(style::seriesColor(int(series_.size()) - 1), 2));
+    g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssCircle, 4));
+    if (acc) metrics_->yAxis2->setVisible(true);
+  }
+  g->addData(t, value);
+  metricsDirty_ = true;
+}
+
+int PlotsPanel::metricPoints() const {
+  int n = 0;
+  for (QCPGraph* g : series_) n += g->dataCount();
+  return n;
+}
+
+void PlotsPanel::refresh() {
+  if (timingDirty_) {
+    rebuildTiming();
+    timing_->replot(QCustomPlot::rpQueuedReplot);
+  }
+  if (memoryDirty_) {
+    memory_->rescaleAxes();
+    memory_->yAxis->setRangeLower(0);
+    memory_->yAxis->setRangeUpper(memory_->yAxis->range().upper * 1.1 + 1e-6);
+    memory_->replot(QCustomPlot::rpQueuedReplot);
+  }
+  if (metricsDirty_) {
+    metrics_->xAxis->rescale();
+    metrics_->yAxis->rescale();
+    metrics_->yAxis->scaleRange(1.1);
+    metrics_->replot(QCustomPlot::rpQueuedReplot);
+  }
+  timingDirty_ = memoryDirty_ = metricsDirty_ = false;
+}
+
+bool PlotsPanel::exportPng(const QString& path, QString* error) const {
+  auto* plot = qobject_cast<QCustomPlot*>(currentWidget());
+  if (!plot) plot = timing_;
+  plot->replot();
+  if (plot->savePng(path, qMax(plot->width(), 800), qMax(plot->height(), 500))) return true;
+  if (error) *error = QString("could not write %1").arg(path);
+  return false;
+}
+
+}  // namespace gn::editor

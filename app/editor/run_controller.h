@@ -1,0 +1,58 @@
+// Runs the document through gn::core::Executor without blocking the UI thread: the executor works on its own
+// thread and a 20 Hz timer drains its EventChannel, handing the UI one batch per tick. A second start while
+// a run is going is refused (not queued): the caller shows why.
+#pragma once
+#include <QElapsedTimer>
+#include <QJsonObject>
+#include <QObject>
+#include <QTimer>
+#include <memory>
+
+#include "gpunodes/core/executor.h"
+
+namespace gn::core {
+class GraphDocument;
+class NodeTypeRegistry;
+}  // namespace gn::core
+
+namespace gn::editor {
+
+class RunController : public QObject {
+  Q_OBJECT
+ public:
+  explicit RunController(const core::NodeTypeRegistry* registry, QObject* parent = nullptr);
+  ~RunController() override;
+
+  // False when a run is going (why says so) or validation fails (the issues are in *validation).
+  bool start(const core::GraphDocument& doc, core::ValidationReport* validation, QString* why);
+  void cancel();
+  bool isRunning() const { return active_; }
+  bool isCancelling() const { return cancelling_; }
+  double elapsedMs() const { return active_ ? double(clock_.nsecsElapsed()) / 1e6 : lastWallMs_; }
+  void setIntervalMs(int ms) { timer_.setInterval(ms); }
+
+  // From the last run (partial while running).
+  QJsonObject report() const;
+  const QList<core::TraceSpan>& spans() const { return spans_; }
+  const QList<core::MemorySampleEvent>& memory() const { return memory_; }
+  int runCount() const { return runs_; }
+
+ signals:
+  void started();
+  void batch(const QList<gn::core::RunEvent>& events);
+  void finished(bool ok, bool cancelled, const QString& message);
+
+ private:
+  void poll();
+  const core::NodeTypeRegistry* registry_;
+  std::unique_ptr<core::Executor> exec_;
+  QTimer timer_;
+  QElapsedTimer clock_;
+  bool active_ = false, cancelling_ = false;
+  double lastWallMs_ = 0;
+  int runs_ = 0;
+  QList<core::TraceSpan> spans_;
+  QList<core::MemorySampleEvent> memory_;
+};
+
+}  // namespace gn::editor

@@ -1,0 +1,103 @@
+#include "style.h"
+
+#include <QJsonArray>
+#include <QStringList>
+#include <cmath>
+
+namespace gn::editor::style {
+
+QColor portColor(core::PortType t) {
+  switch (t) {
+    case core::PortType::Device:
+      return QColor(0x4f, 0xa3, 0xff);
+    case core::PortType::Devices:
+      return QColor(0x9a, 0x8c, 0xff);
+    case core::PortType::Tensor:
+      return QColor(0x5f, 0xd3, 0x6a);
+    case core::PortType::Model:
+      return QColor(0xff, 0x8c, 0x42);
+    case core::PortType::Dataset:
+      return QColor(0xe6, 0xc8, 0x4f);
+    case core::PortType::Scalar:
+      return QColor(0xb8, 0xbc, 0xc4);
+  }
+  return Qt::gray;
+}
+
+QColor categoryColor(const QString& category) {
+  const QString c = category.toLower();
+  // Known categories get hand-picked colours; any other (a third-party plugin's) a stable hashed one.
+  if (c.contains("device")) return QColor(0x2f, 0x6d, 0xb5);
+  if (c.contains("tensor") || c.contains("data")) return QColor(0x2f, 0x8f, 0x4e);
+  if (c.contains("copy") || c.contains("transfer") || c.contains("memory")) return QColor(0x1f, 0x8a, 0x8a);
+  if (c.contains("compute") || c.contains("math") || c.contains("op")) return QColor(0xb0, 0x62, 0x1e);
+  if (c.contains("sync") || c.contains("util") || c.contains("debug") || c.contains("inspect"))
+    return QColor(0x7a, 0x4f, 0xa8);
+  if (c.contains("train") || c.contains("model")) return QColor(0xa8, 0x36, 0x4a);
+  if (c == "missing") return QColor(0x55, 0x55, 0x55);
+  const uint h = qHash(category) % 360;
+  return QColor::fromHsv(int(h), 140, 170);
+}
+
+QColor nodeColor(const QString& nodeId) {
+  // Golden-ratio hue steps from a hash keep neighbouring ids apart.
+  const double h = std::fmod(double(qHash(nodeId) % 1000) * 0.618033988749895, 1.0);
+  return QColor::fromHsvF(float(h), 0.55f, 0.92f);
+}
+
+QColor seriesColor(int index) {
+  static const QColor colors[] = {
+      QColor(0x4f, 0xa3, 0xff), QColor(0xff, 0x8c, 0x42), QColor(0x5f, 0xd3, 0x6a), QColor(0xe0, 0x5f, 0x8a),
+      QColor(0xe6, 0xc8, 0x4f), QColor(0x9a, 0x8c, 0xff), QColor(0x4f, 0xd6, 0xd0), QColor(0xc8, 0x9b, 0x6d)};
+  return colors[index % 8];
+}
+
+QColor statusColor(const QString& status) {
+  if (status == "running") return QColor(0xff, 0xa5, 0x2e);
+  if (status == "queued") return QColor(0x6c, 0x86, 0xa8);
+  if (status == "done" || status == "ok") return QColor(0x3f, 0xb9, 0x50);
+  if (status == "error" || status == "failed") return QColor(0xe5, 0x48, 0x48);
+  if (status == "cancelled") return QColor(0x9a, 0x9a, 0x9a);
+  return QColor(0x70, 0x74, 0x7a);
+}
+
+QString formatMs(double ms) {
+  if (ms < 1) return QString::number(ms * 1000.0, 'f', 0) + " µs";
+  if (ms < 1000) return QString::number(ms, 'f', ms < 10 ? 2 : 1) + " ms";
+  return QString::number(ms / 1000.0, 'f', 2) + " s";
+}
+
+QString formatBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::abs(bytes) >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return QString::number(bytes, 'f', u == 0 ? 0 : 1) + " " + units[u];
+}
+
+QString formatValue(const QJsonValue& v) {
+  switch (v.type()) {
+    case QJsonValue::Bool:
+      return v.toBool() ? "on" : "off";
+    case QJsonValue::Double: {
+      const double d = v.toDouble();
+      if (d == std::floor(d) && std::abs(d) < 1e15) return QString::number(qint64(d));
+      return QString::number(d, 'g', 4);
+    }
+    case QJsonValue::String:
+      return v.toString();
+    case QJsonValue::Array: {
+      QStringList parts;
+      for (const QJsonValue& e : v.toArray()) parts << formatValue(e);
+      return parts.join(QChar(0x00D7));
+    }
+    case QJsonValue::Object:
+      return "{…}";
+    default:
+      return "–";
+  }
+}
+
+}  // namespace gn::editor::style

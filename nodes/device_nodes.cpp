@@ -1,0 +1,85 @@
+// Device and AllDevices: the seed's try_gpu(i) and try_all_gpus() as nodes.
+#include <QJsonArray>
+
+#include "gpunodes/errors.h"
+#include "node_util.h"
+
+namespace gn::nodes {
+namespace {
+
+using core::PortType;
+
+class DeviceNode final : public GpuNode {
+ public:
+  DeviceNode()
+      : GpuNode({
+            .name = "Device",
+            .category = "Devices",
+            .description =
+                "One device, as d2l's try_gpu(i) picks it: cuda:i when that GPU exists; otherwise, with "
+                "fallback on, the CPU device i mod cpu_devices (a warning on the node).",
+            .inputs = {},
+            .outputs = {outPort("device", PortType::Device, "The device: cuda:N, cpu or cpu:N.")},
+            .params =
+                {
+                    enumParam(
+                        "kind", {"gpu", "cpu"}, "gpu",
+                        "gpu: the CUDA device `index` (try_gpu). cpu: the CPU device `index`; the CPU is "
+                        "split into settings.cpu_devices devices."),
+                    intParam("index", 0, 0, 1023, "Which device of that kind, from 0."),
+                    boolParam("fallback", true,
+                              "When the GPU does not exist: true uses try_gpu's CPU fallback with a warning; "
+                              "false makes it an error."),
+                },
+        }) {}
+
+  void execute(core::NodeContext& ctx) const override {
+    Runtime& rt = sessionOf(ctx).runtime();
+    const QJsonObject& p = ctx.params();
+    DeviceChoice c = resolveDevice(p["kind"].toString(), p["index"].toInteger(), p["fallback"].toBool(),
+                                   rt.cuda_device_count(), rt.cpu_device_count());
+    if (!c.device) throw Error(c.message.toStdString());
+    // The fallback warning comes from the checks before the run (validateGraph), which the host puts on the
+    // node; saying it again here would only repeat it.
+    ctx.reportField("resolved", qs(c.device->str()));
+    ctx.reportField("fallback", c.fellBack);
+    ctx.setOutput("device", std::make_shared<DeviceValue>(std::vector<Device>{*c.device}));
+  }
+};
+
+class AllDevicesNode final : public GpuNode {
+ public:
+  AllDevicesNode()
+      : GpuNode({
+            .name = "AllDevices",
+            .category = "Devices",
+            .description = "Every GPU, or every CPU device when there is none (a warning on the node): d2l's "
+                           "try_all_gpus().",
+            .inputs = {},
+            .outputs = {outPort("devices", PortType::Devices, "The devices, GPUs first.")},
+            .params = {intParam("count", 0, 0, 1024,
+                                "Use only the first `count` devices; 0 takes them all.")},
+        }) {}
+
+  void execute(core::NodeContext& ctx) const override {
+    Runtime& rt = sessionOf(ctx).runtime();
+    std::vector<Device> devices = rt.try_all_gpus();
+    const qint64 count = ctx.params()["count"].toInteger();
+    if (count > 0 && static_cast<size_t>(count) < devices.size()) devices.resize(static_cast<size_t>(count));
+    QJsonArray names;
+    for (const Device& d : devices) names.append(qs(d.str()));
+    ctx.reportField("resolved", names);
+    ctx.setOutput("devices", std::make_shared<DeviceValue>(std::move(devices)));
+  }
+};
+
+}  // namespace
+
+core::NodeTypePtr makeDeviceNode() {
+  return std::make_shared<DeviceNode>();
+}
+core::NodeTypePtr makeAllDevicesNode() {
+  return std::make_shared<AllDevicesNode>();
+}
+
+}  // namespace gn::nodes

@@ -1,0 +1,190 @@
+#include "node_util.h"
+
+#include <QRegularExpression>
+#include <cmath>
+
+#include "gpunodes/errors.h"
+
+namespace gn::nodes {
+
+QString qs(const std::string& s) {
+  return QString::fromStdString(s);
+}
+
+// --- values --------------------------------------------------------------------------------------------
+
+QString TensorBatch::summary() const {
+  if (tensors_.empty()) return "no tensors";
+  const Tensor& first = tensors_.front();
+  const bool uniform = std::all_of(tensors_.begin(), tensors_.end(), [&](const Tensor& t) {
+    return t.shape() == first.shape() && t.device() == first.device();
+  });
+  if (uniform) return QString("%1 x %2").arg(tensors_.size()).arg(qs(first.str()));
+  QStringList parts;
+  for (size_t i = 0; i < tensors_.size() && i < 3; ++i) parts.append(qs(tensors_[i].str()));
+  if (tensors_.size() > 3) parts.append("...");
+  return QString("%1 tensors: %2").arg(tensors_.size()).arg(parts.join(", "));
+}
+
+QString DeviceValue::summary() const {
+  QStringList names;
+  for (const Device& d : devices_) names.append(qs(d.str()));
+  return devices_.size() == 1 ? names.front() : "[" + names.join(", ") + "]";
+}
+
+QString ScalarValue::summary() const {
+  if (values_.size() == 1) return QString::number(values_.front());
+  return QString("%1 values%2")
+      .arg(values_.size())
+      .arg(values_.empty() ? "" : ", last " + QString::number(values_.back()));
+}
+
+// --- specs ---------------------------------------------------------------------------------------------
+
+core::PortSpec inPort(const QString& name, core::PortType type, const QString& doc, bool required) {
+  core::PortSpec p;
+  p.name = name;
+  p.type = type;
+  p.required = required;
+  p.doc = doc;
+  return p;
+}
+
+core::PortSpec outPort(const QString& name, core::PortType type, const QString& doc) {
+  return inPort(name, type, doc, false);
+}
+
+namespace {
+core::ParamSpec param(const QString& name, core::ParamType type, const QJsonValue& def, const QString& doc) {
+  core::ParamSpec p;
+  p.name = name;
+  p.type = type;
+  p.defaultValue = def;
+  p.doc = doc;
+  return p;
+}
+}  // namespace
+
+core::ParamSpec intParam(const QString& name, qint64 def, double min, double max, const QString& doc) {
+  core::ParamSpec p = param(name, core::ParamType::Int, QJsonValue(def), doc);
+  p.min = min;
+  p.max = max;
+  return p;
+}
+
+core::ParamSpec floatParam(const QString& name, double def, const QString& doc) {
+  return param(name, core::ParamType::Float, def, doc);
+}
+
+core::ParamSpec boolParam(const QString& name, bool def, const QString& doc) {
+  return param(name, core::ParamType::Bool, def, doc);
+}
+
+core::ParamSpec enumParam(const QString& name, const QStringList& values, const QString& def,
+                          const QString& doc) {
+  core::ParamSpec p = param(name, core::ParamType::Enum, def, doc);
+  p.enumValues = values;
+  return p;
+}
+
+core::ParamSpec stringParam(const QString& name, const QString& def, const QString& doc) {
+  return param(name, core::ParamType::String, def, doc);
+}
+
+core::ParamSpec shapeParam(const QString& name, const QJsonArray& def, const QString& doc) {
+  core::ParamSpec p = param(name, core::ParamType::Shape, def, doc);
+  // Each dimension; cuBLAS and CBLAS take int dimensions.
+  p.min = 1;
+  p.max = 2147483647.0;
+  return p;
+}
+
+// --- params --------------------------------------------------------------------------------------------
+
+std::optional<Shape> shapeOf(const QJsonValue& v) {
+  if (!v.isArray()) return std::nullopt;
+  Shape shape;
+  for (const QJsonValue& d : v.toArray()) {
+    const double x = d.toDouble(std::nan(""));
+    // Whole numbers within int64; checked_numel refuses what overflows later.
+    if (!d.isDouble() || !std::isfinite(x) || x != std::floor(x) || std::fabs(x) > 9.0e18)
+      return std::nullopt;
+    shape.push_back(static_cast<int64_t>(x));
+  }
+  return shape;
+}
+
+std::optional<std::vector<float>> parseValues(const QString& text, QString* error) {
+  std::vector<float> out;
+  static const QRegularExpression separators("[,\\s]+");
+  const QStringList parts = text.split(separators, Qt::SkipEmptyParts);
+  for (const QString& part : parts) {
+    bool ok = false;
+    const double v = part.toDouble(&ok);
+    if (!ok || !std::isfinite(v)) {
+      if (error) *error = "\"" + part.left(20) + "\" is not a finite number";
+      return std::nullopt;
+    }
+    out.push_back(static_cast<float>(v));
+  }
+  return out;
+}
+
+// --- running -------------------------------------------------------------------------------------------
+
+NodesSession& sessionOf(const core::NodeContext& ctx) {
+  auto* s = dynamic_cast<NodesSession*>(ctx.session());
+  if (!s) throw Error("this node needs the GPU node set's run session, and the host gave it none");
+  return *s;
+}
+
+std::shared_ptr<const TensorBatch> tensorInput(const core::NodeContext& ctx, const QString& port) {
+  core::PortValuePtr v = ctx.input(port);
+  if (!v) throw Error(("input " + port + " is not connected").toStdString());
+  auto batch = std::dynamic_pointer_cast<const TensorBatch>(v);
+  if (!batch) throw Error(("input " + port + " carries " + v->summary() + ", not tensors").toStdString());
+  if (batch->size() == 0) throw Error(("input " + port + " is an empty batch").toStdString());
+  return batch;
+}
+
+std::vector<Device> deviceInput(const core::NodeContext& ctx, const QString& port) {
+  core::PortValuePtr v = ctx.input(port);
+  if (!v) return {};
+  auto devices = std::dynamic_pointer_cast<const DeviceValue>(v);
+  if (!devices) throw Error(("input " + port + " carries " + v->summary() + ", not a device").toStdString());
+  return devices->devices();
+}
+
+void setTensors(core::NodeContext& ctx, const QString& port, std::vector<Tensor> tensors) {
+  ctx.setOutput(port, std::make_shared<TensorBatch>(sessionOf(ctx).runtimePtr(), std::move(tensors)));
+}
+
+size_t pairedSize(const char* what, size_t a, size_t b) {
+  if (a == b || b == 1) return a;
+  if (a == 1) return b;
+  throw Error(std::string(what) + ": batches of " + std::to_string(a) + " and " + std::to_string(b) +
+              " tensors do not pair up (one side must hold a single tensor, or both the same number)");
+}
+
+void ensureFits(Runtime& rt, Device device, int64_t count, int64_t bytesEach, const QString& what) {
+  const double need = static_cast<double>(count) * static_cast<double>(bytesEach);
+  // With a memory_limit the allocator's own out-of-memory error says it best; without one a CPU allocation
+  // may "succeed" and get the process killed later, so compare with what the device had free at the start.
+  if (rt.allocator(device).limit() > 0) return;
+  // CPU devices share the host's memory.
+  int64_t used = 0;
+  for (const DeviceInfo& info : rt.devices())
+    if (info.device == device || (device.is_cpu() && info.device.is_cpu()))
+      used += rt.memory_stats(info.device).reserved_bytes.current;
+  const double free = static_cast<double>(rt.info(device).free_memory - used);
+  if (need <= free) return;
+  throw Error((what + QString(" needs %1 x %2 = %3 on %4, which has %5 free")
+                          .arg(count)
+                          .arg(qs(format_bytes(bytesEach)))
+                          .arg(qs(format_bytes(static_cast<int64_t>(std::min(need, 9.0e18)))))
+                          .arg(qs(device.str()))
+                          .arg(qs(format_bytes(static_cast<int64_t>(std::max(free, 0.0))))))
+                  .toStdString());
+}
+
+}  // namespace gn::nodes

@@ -1,0 +1,76 @@
+// What the GPU node types share: spec builders, the base class, and access to inputs, params and the session.
+#pragma once
+#include <QJsonArray>
+#include <QJsonObject>
+#include <QString>
+#include <QStringList>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "gpunodes/core/node_type.h"
+#include "gpunodes/shape.h"
+#include "session.h"
+#include "values.h"
+
+namespace gn::nodes {
+
+// --- specs ---------------------------------------------------------------------------------------------
+core::PortSpec inPort(const QString& name, core::PortType type, const QString& doc, bool required = true);
+core::PortSpec outPort(const QString& name, core::PortType type, const QString& doc);
+core::ParamSpec intParam(const QString& name, qint64 def, double min, double max, const QString& doc);
+core::ParamSpec floatParam(const QString& name, double def, const QString& doc);
+core::ParamSpec boolParam(const QString& name, bool def, const QString& doc);
+core::ParamSpec enumParam(const QString& name, const QStringList& values, const QString& def,
+                          const QString& doc);
+core::ParamSpec stringParam(const QString& name, const QString& def, const QString& doc);
+core::ParamSpec shapeParam(const QString& name, const QJsonArray& def, const QString& doc);
+
+class GpuNode : public core::NodeType {
+ public:
+  explicit GpuNode(core::NodeTypeSpec spec) : spec_(std::move(spec)) {}
+  const core::NodeTypeSpec& spec() const override { return spec_; }
+
+ private:
+  core::NodeTypeSpec spec_;
+};
+
+// --- params --------------------------------------------------------------------------------------------
+// A Shape param as a runtime shape; nullopt when it is not an array of whole numbers.
+std::optional<Shape> shapeOf(const QJsonValue& v);
+// init=values: numbers separated by commas, spaces or both; nullopt (with *error) for anything else.
+std::optional<std::vector<float>> parseValues(const QString& text, QString* error);
+
+// --- running -------------------------------------------------------------------------------------------
+NodesSession& sessionOf(const core::NodeContext& ctx);
+// The batch on a Tensor input; throws gn::Error when the input is open or carries something else.
+std::shared_ptr<const TensorBatch> tensorInput(const core::NodeContext& ctx, const QString& port);
+// The devices on a Device or Devices input; empty when it is open.
+std::vector<Device> deviceInput(const core::NodeContext& ctx, const QString& port);
+void setTensors(core::NodeContext& ctx, const QString& port, std::vector<Tensor> tensors);
+
+// Pairs the elements of two batches: equal sizes pair up, and a batch of one is used with every element of
+// the other. Throws gn::Error naming both sizes otherwise.
+size_t pairedSize(const char* what, size_t a, size_t b);
+inline size_t pick(size_t size, size_t i) {
+  return size == 1 ? 0 : i;
+}
+
+// Refuses, before anything is allocated, a batch of outputs that cannot fit in `device`'s free memory
+// (or under its memory_limit): absurd sizes fail with a message instead of an allocator crash or a kill.
+void ensureFits(Runtime& rt, Device device, int64_t count, int64_t bytesEach, const QString& what);
+
+QString qs(const std::string& s);
+
+// The node types, one factory per file.
+core::NodeTypePtr makeDeviceNode();
+core::NodeTypePtr makeAllDevicesNode();
+core::NodeTypePtr makeTensorNode();
+core::NodeTypePtr makeCopyNode();
+core::NodeTypePtr makeMatMulNode();
+core::NodeTypePtr makeElementwiseNode();
+core::NodeTypePtr makeNormNode();
+core::NodeTypePtr makeSynchronizeNode();
+core::NodeTypePtr makeInspectNode();
+
+}  // namespace gn::nodes

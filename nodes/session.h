@@ -1,0 +1,67 @@
+// One run of the GPU node set: the runtime (devices, allocators, engine, profiler) that the run's nodes
+// share.
+#pragma once
+#include <QJsonArray>
+#include <QJsonObject>
+#include <QList>
+#include <QPair>
+#include <QString>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "gpunodes/core/plugin.h"
+#include "gpunodes/engine.h"
+#include "gpunodes/runtime.h"
+
+namespace gn::nodes {
+
+// The runtime options a graph's settings ask for: schedule, cpu_devices, memory_limit {"cpu:1": bytes} and
+// use_cuda. Problems are (field, message) pairs; the options then hold the usable part.
+struct ParsedSettings {
+  RuntimeOptions options;
+  QList<QPair<QString, QString>> errors;
+};
+ParsedSettings parseSettings(const core::RunSettings& settings);
+
+// The device, as the report's "devices" and `gpunodes devices --json` show it.
+QJsonObject deviceJson(const DeviceInfo& info);
+// {"devices": [...], "table": nvidia-smi-like text, "try_gpu(0)", "try_gpu(10)", "try_all_gpus()"}.
+QJsonObject environmentOf(const Runtime& rt);
+
+// Where a Device node's params lead: the device, or why not. try_gpu's fallback (gpu i -> cpu:(i mod N)) is a
+// warning when allowed, an error when fallback is off.
+struct DeviceChoice {
+  std::optional<Device> device;
+  bool fellBack = false;
+  QString message;  // the error when there is no device, the warning when it fell back
+};
+DeviceChoice resolveDevice(const QString& kind, qint64 index, bool fallback, int cudaCount, int cpuCount);
+
+class NodesSession final : public core::RunSession {
+ public:
+  explicit NodesSession(const core::RunSettings& settings);  // throws gn::Error for unusable settings
+  ~NodesSession() override;
+
+  void beginNode(const QString& nodeId) override;
+  void endNode(const QString& nodeId, std::function<void(const QString& error)> onDone) override;
+  void cancel() override;
+  void finish() override;
+  QList<core::TraceSpan> takeSpans() override;
+  QList<core::MemorySampleEvent> takeMemory() override;
+  QJsonArray devices() const override;
+  QJsonObject memorySummary() const override;
+  double peakGflops(const QString& device) const override;
+
+  Runtime& runtime() { return *runtime_; }
+  const std::shared_ptr<Runtime>& runtimePtr() const { return runtime_; }
+
+ private:
+  std::shared_ptr<Runtime> runtime_;
+  // The executor thread's op tag while a node executes: every op the node pushes carries its id.
+  std::optional<ScopedOpTag> tag_;
+  std::mutex cursorMutex_;
+  size_t spanCursor_ = 0, memoryCursor_ = 0;
+};
+
+}  // namespace gn::nodes

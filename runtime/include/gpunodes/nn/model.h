@@ -1,0 +1,118 @@
+// Models: Linear(3,1), MLP, LeNet and the d2l ResNet-18, built from the layer ops. A model lives on one
+// device: every parameter is created there and stays there. Forward in Train mode keeps what backward needs;
+// backward fills every parameter's gradient. A model is not re-entrant: one forward/backward at a time.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpunodes/nn/layers.h"
+#include "gpunodes/runtime.h"
+#include "gpunodes/tensor.h"
+
+namespace gn::nn {
+
+enum class Arch {
+  Linear,    // the seed's nn.Sequential(nn.Linear(3, 1)): in_features -> out_features, input [N, in]
+  Mlp,       // d2l: Flatten, Linear(784, 256), ReLU, Linear(256, classes)
+  LeNet,     // d2l: conv 6@5x5 pad 2, sigmoid, avgpool 2, conv 16@5x5, sigmoid, avgpool 2, 120, 84, classes
+  ResNet18,  // seed 004: 3x3 stem (64, stride 1, BN, ReLU), 4 stages of 2 residual blocks, GAP, linear
+};
+const char* arch_name(Arch arch);                  // "linear", "mlp", "lenet", "resnet18"
+Arch parse_arch(const std::string& name);          // throws Error listing the names it knows
+
+enum class Init {
+  Normal,   // N(0, init_std) weights, the seed's nn.init.normal_(std=0.01)
+  Xavier,   // Glorot uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out))
+  Kaiming,  // He normal: N(0, sqrt(2 / fan_in))
+};
+const char* init_name(Init init);
+Init parse_init(const std::string& name);
+
+struct ModelOptions {
+  Arch arch = Arch::Mlp;
+  int64_t classes = 10;      // outputs (Linear: out_features)
+  int64_t in_channels = 1;   // image channels (Linear: in_features = in_channels)
+  int64_t image_size = 28;   // square input side; the MLP's input width is in_channels * image_size^2
+  Init init = Init::Normal;
+  float init_std = 0.01f;    // for Init::Normal
+  // Parameter k draws from Philox stream mix(seed, k): the same seed gives the same parameters on every device.
+  uint64_t seed = 0;
+};
+
+enum class Mode { Eval, Train };
+
+// A named tensor of the model's state. Weights and biases are trainable; BatchNorm running statistics are
+// buffers: saved, loaded and broadcast, never trained.
+struct Parameter {
+  std::string name;  // PyTorch's name in the equivalent nn.Sequential: "0.weight", "resnet_block2.0.conv3.bias"
+  Tensor value;
+  Tensor grad;       // set by backward(); undefined before
+  bool trainable = true;
+};
+
+struct ParameterInfo {
+  std::string name;
+  Shape shape;
+  Device device;
+  bool trainable = true;
+};
+
+class Module;
+
+class Model {
+ public:
+  // Builds and initialises the model on `device` (ops enqueued; returns at once).
+  static std::unique_ptr<Model> create(Runtime& rt, const ModelOptions& options, Device device);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelOptions& options() const { return options_; }
+  Arch arch() const { return options_.arch; }
+  // What must match for parameters to be exchanged: "resnet18 classes=10 in_channels=1", for example.
+  std::string signature() const;
+  Device device() const { return device_; }
+  Runtime& runtime() const { return rt_; }
+  // The input shape for a batch of n: [n, in] for Linear, [n, C, S, S] otherwise.
+  Shape input_shape(int64_t n) const;
+
+  // Trainable parameters and buffers, in one fixed order (the order of PyTorch's state_dict).
+  std::vector<Parameter*> state();
+  std::vector<const Parameter*> state() const;
+  std::vector<Parameter*> parameters();  // trainable only
+  // Names, shapes and devices: the seed's check of net[0].weight.data.device.
+  std::vector<ParameterInfo> describe() const;
+  int64_t parameter_count() const;  // trainable scalars
+  // Human-readable layer list, one line per layer with its output shape for a batch of 1.
+  std::string summary() const;
+
+  // x must be on the model's device. Train mode uses batch statistics, updates BatchNorm running statistics
+  // and keeps activations for backward(); Eval mode keeps nothing.
+  Tensor forward(const Tensor& x, Mode mode = Mode::Eval);
+  // dlogits: the loss gradient for the last Train-mode forward. Sets every trainable parameter's grad and
+  // releases the kept activations.
+  void backward(const Tensor& dlogits);
+  // Drops kept activations without a backward (after a failed or abandoned step).
+  void clear_cache();
+
+  // Copies every parameter and buffer of `other` (same signature, any device) into this model, in place.
+  void copy_state_from(const Model& other);
+  // A new model of the same architecture on `device` holding a copy of this model's state.
+  std::unique_ptr<Model> replicate(Device device) const;
+
+ private:
+  Model(Runtime& rt, ModelOptions options, Device device);
+  Runtime& rt_;
+  ModelOptions options_;
+  Device device_;
+  std::unique_ptr<Module> root_;
+  std::vector<Parameter*> state_;  // owned by the modules
+  bool has_cache_ = false;
+};
+
+// The model applied to x in Eval mode: the Forward node.
+Tensor forward(Model& model, const Tensor& x);
+
+}  // namespace gn::nn

@@ -1,0 +1,47 @@
+// Saving and loading a model's parameters and buffers: the seed's exercise "how do we read and write model
+// parameters on the GPU". The file is independent of the device: parameters saved from cuda:0 load onto
+// cpu, and back.
+//
+// Format "gpunodes params", version 1, little-endian:
+//   8 bytes   magic "GNPARAMS"
+//   u32       version (1)
+//   u32 n, n bytes   the model signature, e.g. "resnet18 classes=10 in_channels=1" (Model::signature())
+//   u32       entry count E
+//   E times:  u32 n, n bytes name ("0.weight"); u8 trainable (0 for BatchNorm running statistics);
+//             u32 rank; rank x i64 dimensions
+//   E times:  the entry's values, float32, row-major
+//   u32       CRC-32 (zlib's) of every byte before it
+// Loading checks all of it before touching the model: a file of another architecture, another size, a
+// truncated or corrupted file each fail with an Error that says which.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "gpunodes/nn/model.h"
+
+namespace gn::nn {
+
+struct ParamsFileEntry {
+  std::string name;
+  Shape shape;
+  bool trainable = true;
+};
+
+struct ParamsFileInfo {
+  uint32_t version = 0;
+  std::string signature;
+  std::vector<ParamsFileEntry> entries;
+};
+
+// Writes atomically (a temporary file renamed over `path`). Waits for the values (a blocking read).
+void save_params(const Model& model, const std::string& path);
+// Loads into `model`, on whatever device it lives; the copies are enqueued.
+void load_params(Model& model, const std::string& path);
+// A new model built from the file's signature, on `device`, holding the file's values.
+std::unique_ptr<Model> load_model(Runtime& rt, const std::string& path, Device device);
+// The header only (after checking the whole file).
+ParamsFileInfo read_params_info(const std::string& path);
+// Model options from a signature ("mlp classes=10 in_channels=1 image_size=28"); throws Error when malformed.
+ModelOptions options_from_signature(const std::string& signature);
+
+}  // namespace gn::nn

@@ -1,0 +1,142 @@
+// Data-parallel training, as the seed's nn.DataParallel loop: each minibatch is split across the devices,
+// every device runs forward and backward on its share at the same time (their ops are independent, so the
+// engine overlaps them), the gradients are summed over the devices (NCCL on CUDA GPUs, a host reduction
+// otherwise), and every replica takes the same SGD step, so the replicas stay identical.
+//
+// BatchNorm: each replica normalises with the statistics of its own share of the batch, as DataParallel does
+// (no synchronised BatchNorm), and the running statistics that count are device 0's: before evaluating and
+// when training ends they are copied to the other replicas and to the model.
+#pragma once
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpunodes/nn/data.h"
+#include "gpunodes/nn/layers.h"
+#include "gpunodes/nn/model.h"
+
+namespace gn::nn {
+
+class GradientReducer;
+
+struct TrainOptions {
+  int64_t epochs = 10;
+  int64_t batch_size = 256;  // the whole minibatch, split across the devices
+  SgdOptions sgd;            // lr 0.1, no momentum or weight decay: the seed's torch.optim.SGD(lr=0.1)
+  uint64_t shuffle_seed = 0;
+  int64_t resize = 0;           // images resized to resize x resize (the seed uses 96 for ResNet); 0: as stored
+  int64_t log_every = 50;       // loss and train accuracy every N batches; 0: per epoch only
+  int64_t eval_batch_size = 0;  // 0: batch_size
+  // Split each batch in proportion to each device's measured samples per second (re-measured every epoch)
+  // instead of evenly: for a GPU and a CPU together, the seed's exercise 2.
+  bool balance = false;
+  int64_t steps_in_flight = 2;  // how far the host may run ahead of the devices
+};
+
+// One point of a live series. Series: "loss", "train_acc", "images_per_second" (every log_every batches, over
+// the epoch so far); per epoch also "test_acc", "epoch_seconds", and per device "memory_mb/<device>" and
+// "peak_memory_mb/<device>" (allocated bytes), and "share/<device>" (its fraction of each batch).
+struct MetricSample {
+  std::string series;
+  double epoch = 0;     // x axis: epochs done, fractional inside an epoch
+  int64_t step = 0;     // batches done since fit() began
+  double seconds = 0;   // since fit() began
+  double value = 0;
+};
+using MetricCallback = std::function<void(const MetricSample&)>;
+
+struct EpochResult {
+  int64_t epoch = 0;
+  double train_loss = 0, train_acc = 0;
+  double test_acc = NAN;  // NaN without a test set
+  double seconds = 0;     // training time of the epoch, evaluation excluded (the seed's timer)
+  double images_per_second = 0;
+};
+
+struct TrainResult {
+  std::vector<EpochResult> epochs;
+};
+
+// Loss and accuracy totals since the last reset.
+struct StepTotals {
+  double loss_sum = 0, correct = 0;
+  int64_t samples = 0;
+  double loss() const { return samples ? loss_sum / static_cast<double>(samples) : NAN; }
+  double accuracy() const { return samples ? correct / static_cast<double>(samples) : NAN; }
+};
+
+class Trainer {
+ public:
+  // The model is the master copy: replica 0 lives on devices[0] (the model itself when it is there), the
+  // others are copies made now. Devices must be distinct and exist.
+  Trainer(Model& model, std::vector<Device> devices, TrainOptions options = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains for options.epochs on `train`, evaluating on `test` (may be null) after each epoch, and leaves the
+  // trained state in the model (gradients are released at the end, as zero_grad(set_to_none) does). Blocks; call it from a thread of its own to keep a UI live. Throws
+  // CancelledError after cancel() or the engine's cancel, once every op it enqueued has drained (its
+  // temporaries are freed then; the engine's cancel flag is the caller's to reset).
+  TrainResult fit(const DatasetPtr& train, const DatasetPtr& test, const MetricCallback& on_metric = {});
+
+  // One SGD step on a host batch: split, forward and backward on each device, all-reduce, update. Enqueued;
+  // waits only when more than steps_in_flight steps are outstanding.
+  void step(const HostBatchPtr& batch);
+  // Waits for every step enqueued so far; rethrows their errors.
+  void synchronize();
+  // Reads (a blocking read) the totals since the last reset, over all replicas.
+  StepTotals totals();
+  void reset_totals();
+
+  // Copies replica 0's parameters and buffers to the other replicas (and from the model first, when the
+  // model is not replica 0). fit() does this at its start.
+  void broadcast();
+  // Accuracy on a dataset, with each batch split across the replicas (device 0's BatchNorm statistics).
+  double evaluate(const DatasetPtr& data);
+
+  // Stops fit() at the next batch; thread-safe.
+  void cancel() { cancel_requested_ = true; }
+
+  const std::vector<Device>& devices() const { return devices_; }
+  Model& replica(size_t i) { return *replicas_[i]; }
+  size_t replica_count() const { return replicas_.size(); }
+  // How a batch of n is split: per-device sample counts that sum to n.
+  std::vector<int64_t> split(int64_t n) const;
+  const std::vector<double>& shares() const { return shares_; }
+  // Sets the per-device fractions (normalised); fit() does this itself with options.balance.
+  void set_shares(std::vector<double> shares);
+  // "nccl", "host" or "none" (one device).
+  std::string reducer_name() const { return reducer_name_; }
+
+ private:
+  void finish_to_model();
+  void release_step_state() noexcept;
+  void drain() noexcept;
+  void rebalance(size_t span_cursor, const std::vector<int64_t>& samples);
+
+  Runtime& rt_;
+  Model& model_;
+  std::vector<Device> devices_;
+  TrainOptions options_;
+  std::vector<Model*> replicas_;
+  std::vector<std::unique_ptr<Model>> owned_;
+  std::vector<std::vector<Tensor>> momentum_;  // [replica][parameter]
+  std::vector<Tensor> totals_;                 // per replica [2]: loss sum, correct
+  std::vector<int64_t> samples_;               // per replica, since reset
+  std::vector<double> shares_;
+  std::vector<std::vector<size_t>> buckets_;   // parameter indices reduced together, in backward order
+  std::unique_ptr<GradientReducer> reducer_;
+  std::string reducer_name_;
+  std::vector<std::vector<VarPtr>> in_flight_;  // per outstanding step: one marker per device
+  std::atomic<bool> cancel_requested_{false};
+};
+
+// Accuracy of `model` on `data`, on the model's device, in Eval mode: the Evaluate node.
+double evaluate(Model& model, const DatasetPtr& data, int64_t batch_size = 256, int64_t resize = 0);
+
+}  // namespace gn::nn

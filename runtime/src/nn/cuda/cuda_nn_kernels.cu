@@ -1,0 +1,637 @@
+// CUDA layer kernels: cuDNN for convolution, batch norm, pooling and activations; cuBLAS for linear layers;
+// small kernels only where no library call fits (bias broadcast and sums, global average pooling, the fused
+// softmax cross-entropy, SGD). Every call enqueues on the op's stream (the device worker's); the worker waits
+// for the stream when the op ends. Every library return code is checked.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "../../cuda/cuda_check.h"
+#include "../kernels.h"
+#include "gpunodes/errors.h"
+
+namespace gn::nn {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 65536;
+// cuDNN's Find measures candidate algorithms with at most this much workspace.
+constexpr size_t kMaxFindWorkspace = size_t(1) << 30;
+
+int blocks_for(int64_t n) { return static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kMaxBlocks)); }
+
+int to_int(int64_t v, const char* what) {
+  if (v > INT_MAX || v < INT_MIN) throw ShapeError(std::string(what) + " exceeds 2^31-1, which cuDNN and cuBLAS take");
+  return static_cast<int>(v);
+}
+
+// --- per-thread handles -------------------------------------------------------------------------------------------
+
+// cuDNN and cuBLAS handles must not be shared by threads that use them at once; each worker thread gets its own
+// per device, released when the thread exits.
+struct Handles {
+  cudnnHandle_t cudnn = nullptr;
+  cublasHandle_t cublas = nullptr;
+};
+
+class ThreadHandles {
+ public:
+  ~ThreadHandles() {
+    // Never throws: it may run while the process exits and the driver unloads.
+    for (auto& [device, h] : handles_) {
+      if (cudaSetDevice(device) != cudaSuccess) continue;
+      if (h.cudnn) (void)cudnnDestroy(h.cudnn);
+      if (h.cublas) (void)cublasDestroy(h.cublas);
+    }
+    (void)cudaGetLastError();
+  }
+  Handles& get(int device) {
+    auto it = handles_.find(device);
+    if (it != handles_.end()) return it->second;
+    Handles h;
+    try {
+      GN_CUDNN_CHECK(cudnnCreate(&h.cudnn));
+      GN_CUBLAS_CHECK(cublasCreate(&h.cublas));
+    } catch (...) {
+      if (h.cudnn) (void)cudnnDestroy(h.cudnn);
+      throw;
+    }
+    return handles_.emplace(device, h).first->second;
+  }
+
+ private:
+  std::map<int, Handles> handles_;
+};
+
+// The op's stream and device. Outside a CUDA worker (a program calling the kernels directly) it uses the
+// per-thread default stream and waits for it at the end.
+class Stream {
+ public:
+  explicit Stream(const KernelContext& kc) {
+    GN_CUDA_CHECK(cudaGetDevice(&previous_));
+    device_ = kc.op.device.index;
+    if (previous_ != device_) GN_CUDA_CHECK(cudaSetDevice(device_));
+    if (kc.op.native_stream && kc.op.device.is_cuda()) {
+      stream_ = static_cast<cudaStream_t>(kc.op.native_stream);
+    } else {
+      stream_ = cudaStreamPerThread;
+      owned_ = true;
+    }
+    thread_local ThreadHandles handles;
+    h_ = &handles.get(device_);
+    GN_CUDNN_CHECK(cudnnSetStream(h_->cudnn, stream_));
+    GN_CUBLAS_CHECK(cublasSetStream(h_->cublas, stream_));
+  }
+  ~Stream() {
+    if (owned_) (void)cudaStreamSynchronize(stream_);
+    if (previous_ != device_) (void)cudaSetDevice(previous_);
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return stream_; }
+  cudnnHandle_t cudnn() const { return h_->cudnn; }
+  cublasHandle_t cublas() const { return h_->cublas; }
+  int device() const { return device_; }
+  void sync() { GN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+ private:
+  int previous_ = 0, device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  bool owned_ = false;
+  Handles* h_ = nullptr;
+};
+
+// Workspace from the device's caching allocator, released after the stream has finished with it.
+class Workspace {
+ public:
+  Workspace(Allocator& a, Stream& s, size_t bytes) : a_(a), s_(s), bytes_(bytes) {
+    if (bytes_) ptr_ = a_.allocate(bytes_, StreamKind::Compute);
+  }
+  ~Workspace() {
+    if (!ptr_) return;
+    (void)cudaStreamSynchronize(s_.get());
+    a_.deallocate(ptr_);
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  void* get() const { return ptr_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  Allocator& a_;
+  Stream& s_;
+  size_t bytes_;
+  void* ptr_ = nullptr;
+};
+
+// --- cuDNN descriptors -------------------------------------------------------------------------------------------
+
+struct TensorDesc {
+  cudnnTensorDescriptor_t d = nullptr;
+  TensorDesc(int64_t n, int64_t c, int64_t h, int64_t w) {
+    GN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
+    const cudnnStatus_t st = cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, to_int(n, "batch"),
+                                                        to_int(c, "channels"), to_int(h, "height"), to_int(w, "width"));
+    if (st != CUDNN_STATUS_SUCCESS) {
+      (void)cudnnDestroyTensorDescriptor(d);
+      GN_CUDNN_CHECK(st);
+    }
+  }
+  ~TensorDesc() { (void)cudnnDestroyTensorDescriptor(d); }
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
+};
+
+// n elements as a 4-d tensor, for element-wise cuDNN calls (each dimension must fit an int).
+TensorDesc flat_desc(int64_t n) {
+  int64_t c = 1;
+  while (n / c > INT_MAX / 2 || (n % c) != 0) ++c;  // n = (n / c) * c with both parts small enough
+  return TensorDesc(n / c, c, 1, 1);
+}
+
+struct FilterDesc {
+  cudnnFilterDescriptor_t d = nullptr;
+  FilterDesc(int64_t k, int64_t c, int64_t r, int64_t s) {
+    GN_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d));
+    const cudnnStatus_t st = cudnnSetFilter4dDescriptor(d, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, to_int(k, "filters"),
+                                                        to_int(c, "channels"), to_int(r, "kernel"), to_int(s, "kernel"));
+    if (st != CUDNN_STATUS_SUCCESS) {
+      (void)cudnnDestroyFilterDescriptor(d);
+      GN_CUDNN_CHECK(st);
+    }
+  }
+  ~FilterDesc() { (void)cudnnDestroyFilterDescriptor(d); }
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+};
+
+struct ConvDesc {
+  cudnnConvolutionDescriptor_t d = nullptr;
+  ConvDesc(int64_t pad, int64_t stride, bool tf32) {
+    GN_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
+    cudnnStatus_t st = cudnnSetConvolution2dDescriptor(d, to_int(pad, "padding"), to_int(pad, "padding"),
+                                                       to_int(stride, "stride"), to_int(stride, "stride"), 1, 1,
+                                                       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT);
+    // Default math lets cuDNN use TF32 tensor cores for fp32 data; FMA math keeps full fp32.
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionMathType(d, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
+    if (st != CUDNN_STATUS_SUCCESS) {
+      (void)cudnnDestroyConvolutionDescriptor(d);
+      GN_CUDNN_CHECK(st);
+    }
+  }
+  ~ConvDesc() { (void)cudnnDestroyConvolutionDescriptor(d); }
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
+};
+
+struct PoolDesc {
+  cudnnPoolingDescriptor_t d = nullptr;
+  explicit PoolDesc(const PoolShape& s) {
+    GN_CUDNN_CHECK(cudnnCreatePoolingDescriptor(&d));
+    const cudnnPoolingMode_t mode =
+        s.kind == PoolKind::Max ? CUDNN_POOLING_MAX_DETERMINISTIC : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING;
+    const int k = to_int(s.kernel, "window"), p = to_int(s.pad, "padding"), st = to_int(s.stride, "stride");
+    const cudnnStatus_t rc = cudnnSetPooling2dDescriptor(d, mode, CUDNN_NOT_PROPAGATE_NAN, k, k, p, p, st, st);
+    if (rc != CUDNN_STATUS_SUCCESS) {
+      (void)cudnnDestroyPoolingDescriptor(d);
+      GN_CUDNN_CHECK(rc);
+    }
+  }
+  ~PoolDesc() { (void)cudnnDestroyPoolingDescriptor(d); }
+  PoolDesc(const PoolDesc&) = delete;
+  PoolDesc& operator=(const PoolDesc&) = delete;
+};
+
+struct ActDesc {
+  cudnnActivationDescriptor_t d = nullptr;
+  explicit ActDesc(Activation kind) {
+    GN_CUDNN_CHECK(cudnnCreateActivationDescriptor(&d));
+    const cudnnStatus_t rc = cudnnSetActivationDescriptor(
+        d, kind == Activation::Relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_SIGMOID, CUDNN_NOT_PROPAGATE_NAN, 0.0);
+    if (rc != CUDNN_STATUS_SUCCESS) {
+      (void)cudnnDestroyActivationDescriptor(d);
+      GN_CUDNN_CHECK(rc);
+    }
+  }
+  ~ActDesc() { (void)cudnnDestroyActivationDescriptor(d); }
+  ActDesc(const ActDesc&) = delete;
+  ActDesc& operator=(const ActDesc&) = delete;
+};
+
+// --- convolution algorithms: found once per shape -----------------------------------------------------------------
+
+enum class Pass { Forward, BackwardData, BackwardFilter };
+
+using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+
+struct Algo {
+  int algo = 0;
+  size_t workspace = 0;
+  // What Find measured it with. With TF32 allowed it goes on the descriptor before running, as cuDNN asks;
+  // without, the descriptor keeps FMA math so that nothing can switch to TF32.
+  cudnnMathType_t math = CUDNN_FMA_MATH;
+};
+
+std::mutex g_algo_mutex;
+std::map<AlgoKey, Algo> g_algos;
+
+AlgoKey algo_key(int device, Pass pass, const ConvShape& s, bool tf32) {
+  return {device, static_cast<int>(pass), s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad, tf32};
+}
+
+bool cached_algo(const AlgoKey& key, Algo& out) {
+  std::lock_guard lock(g_algo_mutex);
+  auto it = g_algos.find(key);
+  if (it == g_algos.end()) return false;
+  out = it->second;
+  return true;
+}
+
+void store_algo(const AlgoKey& key, Algo a) {
+  std::lock_guard lock(g_algo_mutex);
+  g_algos[key] = a;
+}
+
+// The largest workspace any candidate asks for, capped, that the allocator can give: Find then measures every
+// algorithm that fits. When the allocator refuses, Find runs with less and only considers what fits.
+template <class SizeOf>
+size_t find_workspace_bytes(int algo_count, SizeOf size_of) {
+  size_t most = 0;
+  for (int a = 0; a < algo_count; ++a) {
+    size_t bytes = 0;
+    if (size_of(a, &bytes) == CUDNN_STATUS_SUCCESS) most = std::max(most, bytes);
+  }
+  return std::min(most, kMaxFindWorkspace);
+}
+
+template <class Perf>
+Algo pick(const Perf* results, int count, size_t workspace_limit, const char* what) {
+  for (int i = 0; i < count; ++i)
+    if (results[i].status == CUDNN_STATUS_SUCCESS && results[i].memory <= workspace_limit)
+      return {static_cast<int>(results[i].algo), results[i].memory, results[i].mathType};
+  throw BackendError(std::string("cuDNN found no usable ") + what + " algorithm");
+}
+
+// Allocates a workspace for Find, halving on out-of-memory until it fits (or none at all).
+void* find_alloc(Allocator& alloc, size_t& bytes) {
+  while (bytes > 0) {
+    try {
+      return alloc.allocate(bytes, StreamKind::Compute);
+    } catch (const OutOfMemoryError&) {
+      bytes /= 2;
+    }
+  }
+  return nullptr;
+}
+
+// --- small kernels ----------------------------------------------------------------------------------------------------
+
+__global__ void bias_rows_kernel(float* __restrict__ y, const float* __restrict__ b, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols, stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) y[i] = b[i % cols];
+}
+
+// Column sums of a [rows, cols] matrix in double, one thread per column (coalesced across the threads).
+__global__ void column_sum_kernel(const float* __restrict__ x, float* __restrict__ out, int64_t rows, int64_t cols) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < cols; j += stride) {
+    double acc = 0;
+    for (int64_t i = 0; i < rows; ++i) acc += x[i * cols + j];
+    out[j] = static_cast<float>(acc);
+  }
+}
+
+// One block per plane, a shared-memory tree in double: deterministic.
+__global__ void plane_mean_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t planes, int64_t hw) {
+  __shared__ double shared[kThreads];
+  for (int64_t p = blockIdx.x; p < planes; p += gridDim.x) {
+    double acc = 0;
+    for (int64_t j = threadIdx.x; j < hw; j += blockDim.x) acc += x[p * hw + j];
+    shared[threadIdx.x] = acc;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) y[p] = static_cast<float>(shared[0] / static_cast<double>(hw));
+    __syncthreads();
+  }
+}
+
+__global__ void plane_broadcast_kernel(const float* __restrict__ dy, float* __restrict__ dx, int64_t planes, int64_t hw) {
+  const int64_t n = planes * hw, stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  const float inv = 1.0f / static_cast<float>(hw);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) dx[i] = dy[i / hw] * inv;
+}
+
+// (::exp and ::log: inside gn, plain exp would find gn::exp on tensors.)
+// The whole batch in one block: each thread takes rows, the block sums loss and hits in double in a fixed order,
+// so the result is the same on every run. `bad` gets the first invalid label's row, or stays -1.
+__global__ void softmax_ce_kernel(const float* __restrict__ z, const float* __restrict__ labels, int64_t n,
+                                  int64_t classes, float* __restrict__ loss, float* __restrict__ stats,
+                                  float* __restrict__ dz, float scale, long long* __restrict__ bad) {
+  __shared__ double s_loss[kThreads];
+  __shared__ double s_hit[kThreads];
+  double acc = 0, hits = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float lf = labels[i];
+    const int64_t label = static_cast<int64_t>(lf);
+    if (!(lf >= 0.0f && lf < static_cast<float>(classes)) || static_cast<float>(label) != lf) {
+      atomicMin(bad, static_cast<long long>(i));
+      continue;
+    }
+    const float* row = z + i * classes;
+    float mx = row[0];
+    int64_t arg = 0;
+    for (int64_t j = 1; j < classes; ++j)
+      if (row[j] > mx) mx = row[j], arg = j;
+    double se = 0;
+    for (int64_t j = 0; j < classes; ++j) se += ::exp(static_cast<double>(row[j] - mx));
+    const double lse = ::log(se) + mx;
+    acc += lse - row[label];
+    hits += arg == label ? 1.0 : 0.0;
+    if (dz)
+      for (int64_t j = 0; j < classes; ++j)
+        dz[i * classes + j] = static_cast<float>((::exp(row[j] - lse) - (j == label ? 1.0 : 0.0)) * scale);
+  }
+  s_loss[threadIdx.x] = acc;
+  s_hit[threadIdx.x] = hits;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      s_loss[threadIdx.x] += s_loss[threadIdx.x + s];
+      s_hit[threadIdx.x] += s_hit[threadIdx.x + s];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    *loss = static_cast<float>(s_loss[0] / static_cast<double>(n));
+    stats[0] = static_cast<float>(s_loss[0]);
+    stats[1] = static_cast<float>(s_hit[0]);
+  }
+}
+
+// PyTorch's SGD update with explicit round-to-nearest operations, so that no FMA contraction makes it differ
+// from the CPU's in the last bit.
+__global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ buf, int64_t n,
+                           float lr, float momentum, float wd) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float d = __fadd_rn(g[i], __fmul_rn(wd, p[i]));
+    if (buf) {
+      const float b = __fadd_rn(__fmul_rn(momentum, buf[i]), d);
+      buf[i] = b;
+      p[i] = __fsub_rn(p[i], __fmul_rn(lr, b));
+    } else {
+      p[i] = __fsub_rn(p[i], __fmul_rn(lr, d));
+    }
+  }
+}
+
+// --- the kernels ----------------------------------------------------------------------------------------------------
+
+class CudaNnKernels final : public NnKernels {
+ public:
+  void linear_forward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* b, float* y,
+                      KernelContext& kc) override {
+    Stream s(kc);
+    if (n == 0) return;
+    bias_rows_kernel<<<blocks_for(n * out), kThreads, 0, s.get()>>>(y, b, n, out);
+    GN_CUDA_CHECK_LAUNCH();
+    // Row-major y[n,out] is column-major y^T[out,n] = W x^T, with W read column-major as W^T (hence OP_T).
+    const float one = 1.0f;
+    GN_CUBLAS_CHECK(cublasSgemm(s.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, to_int(out, "features"), to_int(n, "batch"),
+                                to_int(in, "features"), &one, w, to_int(in, "features"), x, to_int(in, "features"),
+                                &one, y, to_int(out, "features")));
+  }
+
+  void linear_backward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* dy, float* dx,
+                       float* dw, float* db, KernelContext& kc) override {
+    Stream s(kc);
+    const float one = 1.0f, zero = 0.0f;
+    const int ni = to_int(n, "batch"), ii = to_int(in, "features"), oi = to_int(out, "features");
+    if (dx)  // dx^T[in,n] = W^T[in,out] dy^T[out,n]
+      GN_CUBLAS_CHECK(cublasSgemm(s.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, ii, ni, oi, &one, w, ii, dy, oi, &zero, dx, ii));
+    // dW^T[in,out] = x^T[in,n] dy[n,out]
+    GN_CUBLAS_CHECK(cublasSgemm(s.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, ii, oi, ni, &one, x, ii, dy, oi, &zero, dw, ii));
+    column_sum_kernel<<<blocks_for(out), kThreads, 0, s.get()>>>(dy, db, n, out);
+    GN_CUDA_CHECK_LAUNCH();
+  }
+
+  void conv2d_forward(const ConvShape& sh, const float* x, const float* w, const float* b, float* y,
+                      KernelContext& kc) override {
+    Stream s(kc);
+    const bool tf32 = cudnn_allow_tf32();
+    TensorDesc xd(sh.n, sh.c, sh.h, sh.w), yd(sh.n, sh.k, sh.oh, sh.ow), bd(1, sh.k, 1, 1);
+    FilterDesc wd(sh.k, sh.c, sh.r, sh.s);
+    ConvDesc cd(sh.pad, sh.stride, tf32);
+    const AlgoKey key = algo_key(s.device(), Pass::Forward, sh, tf32);
+    Algo algo;
+    if (!cached_algo(key, algo)) {
+      size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_FWD_ALGO_COUNT, [&](int a, size_t* out) {
+        return cudnnGetConvolutionForwardWorkspaceSize(s.cudnn(), xd.d, wd.d, cd.d, yd.d,
+                                                       static_cast<cudnnConvolutionFwdAlgo_t>(a), out);
+      });
+      void* ws = find_alloc(kc.allocator, bytes);
+      cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+      int count = 0;
+      const cudnnStatus_t st = cudnnFindConvolutionForwardAlgorithmEx(
+          s.cudnn(), xd.d, x, wd.d, w, cd.d, yd.d, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf, ws, bytes);
+      (void)cudaStreamSynchronize(s.get());
+      if (ws) kc.allocator.deallocate(ws);
+      GN_CUDNN_CHECK(st);
+      algo = pick(perf, count, bytes, "forward convolution");
+      store_algo(key, algo);
+    }
+    if (tf32) GN_CUDNN_CHECK(cudnnSetConvolutionMathType(cd.d, algo.math));
+    Workspace ws(kc.allocator, s, algo.workspace);
+    const float one = 1.0f, zero = 0.0f;
+    GN_CUDNN_CHECK(cudnnConvolutionForward(s.cudnn(), &one, xd.d, x, wd.d, w, cd.d,
+                                           static_cast<cudnnConvolutionFwdAlgo_t>(algo.algo), ws.get(), ws.size(),
+                                           &zero, yd.d, y));
+    GN_CUDNN_CHECK(cudnnAddTensor(s.cudnn(), &one, bd.d, b, &one, yd.d, y));
+  }
+
+  void conv2d_backward(const ConvShape& sh, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                       float* db, KernelContext& kc) override {
+    Stream s(kc);
+    const bool tf32 = cudnn_allow_tf32();
+    TensorDesc xd(sh.n, sh.c, sh.h, sh.w), yd(sh.n, sh.k, sh.oh, sh.ow), bd(1, sh.k, 1, 1);
+    FilterDesc wd(sh.k, sh.c, sh.r, sh.s);
+    ConvDesc cd(sh.pad, sh.stride, tf32);
+    const float one = 1.0f, zero = 0.0f;
+    GN_CUDNN_CHECK(cudnnConvolutionBackwardBias(s.cudnn(), &one, yd.d, dy, &zero, bd.d, db));
+
+    const AlgoKey fkey = algo_key(s.device(), Pass::BackwardFilter, sh, tf32);
+    Algo falgo;
+    if (!cached_algo(fkey, falgo)) {
+      size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, [&](int a, size_t* out) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(s.cudnn(), xd.d, yd.d, cd.d, wd.d,
+                                                              static_cast<cudnnConvolutionBwdFilterAlgo_t>(a), out);
+      });
+      void* ws = find_alloc(kc.allocator, bytes);
+      cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+      int count = 0;
+      const cudnnStatus_t st = cudnnFindConvolutionBackwardFilterAlgorithmEx(
+          s.cudnn(), xd.d, x, yd.d, dy, cd.d, wd.d, dw, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf, ws, bytes);
+      (void)cudaStreamSynchronize(s.get());
+      if (ws) kc.allocator.deallocate(ws);
+      GN_CUDNN_CHECK(st);
+      falgo = pick(perf, count, bytes, "backward-filter convolution");
+      store_algo(fkey, falgo);
+    }
+    {
+      if (tf32) GN_CUDNN_CHECK(cudnnSetConvolutionMathType(cd.d, falgo.math));
+      Workspace ws(kc.allocator, s, falgo.workspace);
+      GN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(s.cudnn(), &one, xd.d, x, yd.d, dy, cd.d,
+                                                    static_cast<cudnnConvolutionBwdFilterAlgo_t>(falgo.algo), ws.get(),
+                                                    ws.size(), &zero, wd.d, dw));
+    }
+    if (!dx) return;
+    const AlgoKey dkey = algo_key(s.device(), Pass::BackwardData, sh, tf32);
+    Algo dalgo;
+    if (!cached_algo(dkey, dalgo)) {
+      size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, [&](int a, size_t* out) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(s.cudnn(), wd.d, yd.d, cd.d, xd.d,
+                                                            static_cast<cudnnConvolutionBwdDataAlgo_t>(a), out);
+      });
+      void* ws = find_alloc(kc.allocator, bytes);
+      cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+      int count = 0;
+      const cudnnStatus_t st = cudnnFindConvolutionBackwardDataAlgorithmEx(
+          s.cudnn(), wd.d, w, yd.d, dy, cd.d, xd.d, dx, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf, ws, bytes);
+      (void)cudaStreamSynchronize(s.get());
+      if (ws) kc.allocator.deallocate(ws);
+      GN_CUDNN_CHECK(st);
+      dalgo = pick(perf, count, bytes, "backward-data convolution");
+      store_algo(dkey, dalgo);
+    }
+    if (tf32) GN_CUDNN_CHECK(cudnnSetConvolutionMathType(cd.d, dalgo.math));
+    Workspace ws(kc.allocator, s, dalgo.workspace);
+    GN_CUDNN_CHECK(cudnnConvolutionBackwardData(s.cudnn(), &one, wd.d, w, yd.d, dy, cd.d,
+                                                static_cast<cudnnConvolutionBwdDataAlgo_t>(dalgo.algo), ws.get(),
+                                                ws.size(), &zero, xd.d, dx));
+  }
+
+  void batchnorm_forward(const BnShape& sh, const float* x, const float* gamma, const float* beta, float* running_mean,
+                         float* running_var, float* y, float* save_mean, float* save_invstd, bool training,
+                         float momentum, float eps, KernelContext& kc) override {
+    Stream s(kc);
+    TensorDesc xd(sh.n, sh.c, sh.hw, 1), pd(1, sh.c, 1, 1);
+    const float one = 1.0f, zero = 0.0f;
+    const double e = std::max<double>(eps, CUDNN_BN_MIN_EPSILON);
+    // cuDNN updates the running variance with the unbiased batch variance, as PyTorch does.
+    if (training)
+      GN_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x,
+                                                            xd.d, y, pd.d, gamma, beta, momentum, running_mean,
+                                                            running_var, e, save_mean, save_invstd));
+    else
+      GN_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x,
+                                                             xd.d, y, pd.d, gamma, beta, running_mean, running_var, e));
+  }
+
+  void batchnorm_backward(const BnShape& sh, const float* x, const float* dy, const float* gamma,
+                          const float* save_mean, const float* save_invstd, float* dx, float* dgamma, float* dbeta,
+                          KernelContext& kc) override {
+    Stream s(kc);
+    TensorDesc xd(sh.n, sh.c, sh.hw, 1), pd(1, sh.c, 1, 1);
+    const float one = 1.0f, zero = 0.0f;
+    // The saved mean and inverse deviation carry the forward's epsilon; cuDNN uses them as they are.
+    GN_CUDNN_CHECK(cudnnBatchNormalizationBackward(s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d,
+                                                   x, xd.d, dy, xd.d, dx, pd.d, gamma, dgamma, dbeta,
+                                                   std::max<double>(1e-5, CUDNN_BN_MIN_EPSILON), save_mean, save_invstd));
+  }
+
+  void activation_forward(Activation kind, const float* x, float* y, int64_t n, KernelContext& kc) override {
+    Stream s(kc);
+    if (n == 0) return;
+    TensorDesc d = flat_desc(n);
+    ActDesc a(kind);
+    const float one = 1.0f, zero = 0.0f;
+    GN_CUDNN_CHECK(cudnnActivationForward(s.cudnn(), a.d, &one, d.d, x, &zero, d.d, y));
+  }
+
+  void activation_backward(Activation kind, const float* y, const float* dy, float* dx, int64_t n,
+                           KernelContext& kc) override {
+    Stream s(kc);
+    if (n == 0) return;
+    TensorDesc d = flat_desc(n);
+    ActDesc a(kind);
+    const float one = 1.0f, zero = 0.0f;
+    // Both derivatives follow from y (relu: y > 0 exactly when x > 0), so y also stands in for x.
+    GN_CUDNN_CHECK(cudnnActivationBackward(s.cudnn(), a.d, &one, d.d, y, d.d, dy, d.d, y, &zero, d.d, dx));
+  }
+
+  void pool_forward(const PoolShape& sh, const float* x, float* y, KernelContext& kc) override {
+    Stream s(kc);
+    TensorDesc xd(sh.n, sh.c, sh.h, sh.w), yd(sh.n, sh.c, sh.oh, sh.ow);
+    PoolDesc p(sh);
+    const float one = 1.0f, zero = 0.0f;
+    GN_CUDNN_CHECK(cudnnPoolingForward(s.cudnn(), p.d, &one, xd.d, x, &zero, yd.d, y));
+  }
+
+  void pool_backward(const PoolShape& sh, const float* x, const float* y, const float* dy, float* dx,
+                     KernelContext& kc) override {
+    Stream s(kc);
+    TensorDesc xd(sh.n, sh.c, sh.h, sh.w), yd(sh.n, sh.c, sh.oh, sh.ow);
+    PoolDesc p(sh);
+    const float one = 1.0f, zero = 0.0f;
+    GN_CUDNN_CHECK(cudnnPoolingBackward(s.cudnn(), p.d, &one, yd.d, y, yd.d, dy, xd.d, x, &zero, xd.d, dx));
+  }
+
+  void global_avg_pool_forward(int64_t planes, int64_t hw, const float* x, float* y, KernelContext& kc) override {
+    Stream s(kc);
+    if (planes == 0) return;
+    plane_mean_kernel<<<static_cast<int>(std::min<int64_t>(planes, kMaxBlocks)), kThreads, 0, s.get()>>>(x, y, planes, hw);
+    GN_CUDA_CHECK_LAUNCH();
+  }
+
+  void global_avg_pool_backward(int64_t planes, int64_t hw, const float* dy, float* dx, KernelContext& kc) override {
+    Stream s(kc);
+    if (planes == 0) return;
+    plane_broadcast_kernel<<<blocks_for(planes * hw), kThreads, 0, s.get()>>>(dy, dx, planes, hw);
+    GN_CUDA_CHECK_LAUNCH();
+  }
+
+  void softmax_cross_entropy(int64_t n, int64_t classes, const float* logits, const float* labels, float* loss,
+                             float* stats, float* dlogits, float grad_scale, KernelContext& kc) override {
+    Stream s(kc);
+    Workspace flag(kc.allocator, s, sizeof(long long));
+    auto* bad = static_cast<long long*>(flag.get());
+    const long long none = LLONG_MAX;
+    GN_CUDA_CHECK(cudaMemcpyAsync(bad, &none, sizeof none, cudaMemcpyHostToDevice, s.get()));
+    softmax_ce_kernel<<<1, kThreads, 0, s.get()>>>(logits, labels, n, classes, loss, stats, dlogits, grad_scale, bad);
+    GN_CUDA_CHECK_LAUNCH();
+    // A bad label is the op's error: read the flag back (into pageable memory, so the copy completes first).
+    long long first_bad = LLONG_MAX;
+    GN_CUDA_CHECK(cudaMemcpyAsync(&first_bad, bad, sizeof first_bad, cudaMemcpyDeviceToHost, s.get()));
+    s.sync();
+    if (first_bad != LLONG_MAX)
+      throw Error("softmax_cross_entropy: the label at row " + std::to_string(first_bad) +
+                  " is not a class index in [0, " + std::to_string(classes) + ")");
+  }
+
+  void sgd_step(int64_t n, float* param, const float* grad, float* momentum_buf, float lr, float momentum,
+                float weight_decay, KernelContext& kc) override {
+    Stream s(kc);
+    if (n == 0) return;
+    sgd_kernel<<<blocks_for(n), kThreads, 0, s.get()>>>(param, grad, momentum_buf, n, lr, momentum, weight_decay);
+    GN_CUDA_CHECK_LAUNCH();
+  }
+};
+
+}  // namespace
+
+NnKernels* cuda_nn_kernels() {
+  static CudaNnKernels kernels;
+  return &kernels;
+}
+
+}  // namespace gn::nn

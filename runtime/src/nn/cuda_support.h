@@ -1,0 +1,29 @@
+// What the CUDA part of the nn layer offers the rest of it. Without the CUDA backend (no_cuda_nn.cpp) there
+// are no CUDA kernels, no page-locked memory and no NCCL.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "gpunodes/device.h"
+#include "gpunodes/runtime.h"
+#include "gpunodes/tensor.h"
+
+namespace gn::nn {
+
+// Page-locked host memory, or null when CUDA is absent or refuses; free with pinned_free.
+void* pinned_alloc(size_t bytes);
+void pinned_free(void* ptr);
+
+// Sums each gradient over the replicas and leaves the sum in every replica: grads[r][i] is gradient i of
+// replica r. Enqueues its work on the engine and returns at once.
+class GradientReducer {
+ public:
+  virtual ~GradientReducer() = default;
+  virtual void allreduce(const std::vector<std::vector<Tensor>>& grads) = 0;
+};
+
+// NCCL across CUDA devices (one communicator per device, grouped calls); null when NCCL was not built.
+std::unique_ptr<GradientReducer> make_nccl_reducer(Runtime& rt, const std::vector<Device>& devices);
+
+}  // namespace gn::nn

@@ -1,0 +1,412 @@
+// Fashion-MNIST's IDX files through zlib, the synthetic set, and the background loader.
+#include "gpunodes/nn/data.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "cuda_support.h"
+#include "gpunodes/backend.h"
+#include "gpunodes/errors.h"
+
+namespace gn::nn {
+namespace {
+
+const char* kInstallHint =
+    "Install the Debian package dataset-fashion-mnist (apt-get install dataset-fashion-mnist), or give the "
+    "directory that holds train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz "
+    "and t10k-labels-idx1-ubyte.gz";
+
+struct GzFile {
+  gzFile f = nullptr;
+  ~GzFile() {
+    if (f) gzclose(f);
+  }
+};
+
+[[noreturn]] void corrupt(const std::string& path, const std::string& what) {
+  throw Error("Fashion-MNIST: " + path + " is corrupt or not an IDX file: " + what + ". " + kInstallHint);
+}
+
+// Reads exactly n bytes; a short read means the file is truncated or not gzip-compressed data.
+void read_exact(GzFile& gz, const std::string& path, void* dst, size_t n, const char* what) {
+  auto* p = static_cast<unsigned char*>(dst);
+  while (n > 0) {
+    const unsigned chunk = static_cast<unsigned>(std::min<size_t>(n, 1u << 30));
+    const int got = gzread(gz.f, p, chunk);
+    if (got <= 0) {
+      int err = 0;
+      const char* msg = gzerror(gz.f, &err);
+      corrupt(path, std::string("it ends inside the ") + what +
+                        (err != Z_OK && err != Z_STREAM_END && msg ? std::string(" (") + msg + ")" : std::string()));
+    }
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+}
+
+uint32_t big_endian(const unsigned char* b) {
+  return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | uint32_t(b[3]);
+}
+
+// Opens name.gz, or name when only the uncompressed file exists (gzread passes plain files through).
+std::string find_file(const std::string& dir, const std::string& name) {
+  namespace fs = std::filesystem;
+  const std::string gz = (fs::path(dir) / (name + ".gz")).string();
+  const std::string plain = (fs::path(dir) / name).string();
+  std::error_code ec;
+  if (fs::exists(gz, ec)) return gz;
+  if (fs::exists(plain, ec)) return plain;
+  if (!fs::is_directory(dir, ec))
+    throw Error("Fashion-MNIST: the directory " + dir + " does not exist. " + kInstallHint);
+  throw Error("Fashion-MNIST: " + gz + " is missing. " + kInstallHint);
+}
+
+// An IDX file of unsigned bytes: magic 0x0000 08 <dims>, then dims big-endian uint32 sizes, then the data.
+std::vector<uint8_t> read_idx(const std::string& path, int want_dims, std::vector<uint32_t>& dims) {
+  GzFile gz;
+  gz.f = gzopen(path.c_str(), "rb");
+  if (!gz.f) throw Error("Fashion-MNIST: cannot open " + path + ": " + std::strerror(errno) + ". " + kInstallHint);
+  unsigned char head[4];
+  read_exact(gz, path, head, 4, "header");
+  const uint32_t magic = big_endian(head);
+  const uint32_t expect = 0x00000800u | static_cast<uint32_t>(want_dims);
+  if (magic != expect) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "magic number 0x%08X, expected 0x%08X", magic, expect);
+    corrupt(path, buf);
+  }
+  dims.assign(static_cast<size_t>(want_dims), 0);
+  uint64_t total = 1;
+  for (int i = 0; i < want_dims; ++i) {
+    read_exact(gz, path, head, 4, "header");
+    dims[i] = big_endian(head);
+    total *= dims[i];
+  }
+  if (total == 0 || total > (uint64_t(1) << 32)) corrupt(path, "implausible dimensions");
+  std::vector<uint8_t> data(static_cast<size_t>(total));
+  read_exact(gz, path, data.data(), data.size(), "data");
+  return data;
+}
+
+std::shared_ptr<Dataset> read_fashion_mnist(Split split, const std::string& dir) {
+  const std::string prefix = split == Split::Train ? "train" : "t10k";
+  const std::string img_path = find_file(dir, prefix + "-images-idx3-ubyte");
+  const std::string lbl_path = find_file(dir, prefix + "-labels-idx1-ubyte");
+  auto d = std::make_shared<Dataset>();
+  std::vector<uint32_t> idims, ldims;
+  d->images = read_idx(img_path, 3, idims);
+  d->labels = read_idx(lbl_path, 1, ldims);
+  if (idims[1] != 28 || idims[2] != 28)
+    corrupt(img_path, "images are " + std::to_string(idims[1]) + "x" + std::to_string(idims[2]) + ", not 28x28");
+  if (idims[0] != ldims[0])
+    corrupt(lbl_path, std::to_string(ldims[0]) + " labels for " + std::to_string(idims[0]) + " images in " + img_path);
+  for (size_t i = 0; i < d->labels.size(); ++i)
+    if (d->labels[i] >= 10) corrupt(lbl_path, "label " + std::to_string(d->labels[i]) + " at " + std::to_string(i));
+  d->name = std::string("fashion-mnist/") + (split == Split::Train ? "train" : "test");
+  d->count = idims[0];
+  d->channels = 1, d->height = 28, d->width = 28, d->classes = 10;
+  d->class_names = {"t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot"};
+  return d;
+}
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Bilinear weights for one axis, align_corners=False (PyTorch's and PIL's pixel-centre convention).
+struct Tap {
+  int64_t i0, i1;
+  float w1;
+};
+std::vector<Tap> taps(int64_t in, int64_t out) {
+  std::vector<Tap> t(static_cast<size_t>(out));
+  const double scale = static_cast<double>(in) / static_cast<double>(out);
+  for (int64_t o = 0; o < out; ++o) {
+    double src = (static_cast<double>(o) + 0.5) * scale - 0.5;
+    if (src < 0) src = 0;
+    int64_t i0 = std::min<int64_t>(static_cast<int64_t>(src), in - 1);
+    int64_t i1 = std::min<int64_t>(i0 + 1, in - 1);
+    t[o] = {i0, i1, static_cast<float>(src - static_cast<double>(i0))};
+  }
+  return t;
+}
+
+}  // namespace
+
+const char* default_fashion_mnist_dir() { return "/usr/share/datasets/fashion-mnist"; }
+
+DatasetPtr load_fashion_mnist(Split split, const std::string& dir_in) {
+  const std::string dir = dir_in.empty() ? default_fashion_mnist_dir() : dir_in;
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, int>, std::weak_ptr<const Dataset>> cache;
+  std::lock_guard lock(mutex);
+  auto key = std::make_pair(std::filesystem::absolute(dir).lexically_normal().string(), static_cast<int>(split));
+  if (auto hit = cache[key].lock()) return hit;
+  DatasetPtr d = read_fashion_mnist(split, dir);
+  cache[key] = d;
+  return d;
+}
+
+DatasetPtr make_synthetic(const SyntheticOptions& o) {
+  if (o.count < 1 || o.classes < 1 || o.classes > 255 || o.channels < 1 || o.height < 1 || o.width < 1)
+    throw Error("synthetic dataset: count, channels, height, width must be positive and classes in 1..255");
+  auto d = std::make_shared<Dataset>();
+  d->name = "synthetic";
+  d->count = o.count, d->classes = o.classes;
+  d->channels = o.channels, d->height = o.height, d->width = o.width;
+  const int64_t numel = d->sample_numel();
+  uint64_t state = o.seed * 0x2545F4914F6CDD1Dull + 1;
+  std::vector<uint8_t> protos(static_cast<size_t>(numel * o.classes));
+  for (auto& v : protos) v = static_cast<uint8_t>(splitmix64(state) >> 56);
+  d->images.resize(static_cast<size_t>(numel * o.count));
+  d->labels.resize(static_cast<size_t>(o.count));
+  const int noise = std::clamp(o.noise, 0, 255);
+  for (int64_t i = 0; i < o.count; ++i) {
+    const int64_t label = static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(o.classes));
+    d->labels[i] = static_cast<uint8_t>(label);
+    for (int64_t j = 0; j < numel; ++j) {
+      const int delta = noise ? static_cast<int>(splitmix64(state) % (2 * noise + 1)) - noise : 0;
+      d->images[i * numel + j] = static_cast<uint8_t>(std::clamp(protos[label * numel + j] + delta, 0, 255));
+    }
+  }
+  for (int64_t c = 0; c < o.classes; ++c) d->class_names.push_back("class " + std::to_string(c));
+  return d;
+}
+
+DatasetPtr take(const DatasetPtr& data, int64_t limit) {
+  if (!data) throw Error("take: no dataset");
+  if (limit <= 0 || limit >= data->count) return data;
+  auto d = std::make_shared<Dataset>(*data);
+  d->name = data->name + "[:" + std::to_string(limit) + "]";
+  d->count = limit;
+  d->images.resize(static_cast<size_t>(limit * data->sample_numel()));
+  d->labels.resize(static_cast<size_t>(limit));
+  return d;
+}
+
+std::vector<int64_t> shuffled_indices(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  uint64_t state = seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(epoch + 1));
+  for (int64_t i = n - 1; i > 0; --i) {
+    const int64_t j = static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(i + 1));
+    std::swap(order[i], order[j]);
+  }
+  return order;
+}
+
+// --- the loader ----------------------------------------------------------------------------------------------
+
+// Batch buffers of one size, reused: page-locked allocation costs milliseconds. Buffers come back when the
+// last holder of a batch (often an op that copies it to a device) lets go, so the pool outlives the loader.
+struct DataLoader::Pool {
+  size_t bytes = 0;
+  bool pinned = false;
+  std::mutex mutex;
+  std::vector<void*> free;
+
+  ~Pool() {
+    for (void* p : free) release(p);
+  }
+  void release(void* p) const {
+    if (pinned) pinned_free(p);
+    else std::free(p);
+  }
+  void* get() {
+    {
+      std::lock_guard lock(mutex);
+      if (!free.empty()) {
+        void* p = free.back();
+        free.pop_back();
+        return p;
+      }
+    }
+    void* p = pinned ? pinned_alloc(bytes) : std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) throw Error("data loader: out of host memory for a batch of " + format_bytes(static_cast<int64_t>(bytes)));
+    return p;
+  }
+  void put(void* p) {
+    std::lock_guard lock(mutex);
+    free.push_back(p);
+  }
+};
+
+DataLoader::DataLoader(DatasetPtr data, LoaderOptions options) : data_(std::move(data)), options_(options) {
+  if (!data_) throw Error("data loader: no dataset");
+  if (options_.batch_size < 1) throw Error("data loader: batch size must be at least 1");
+  if (options_.resize < 0) throw Error("data loader: resize must be 0 (none) or a size");
+  if (options_.prefetch < 1) options_.prefetch = 1;
+  out_h_ = options_.resize ? options_.resize : data_->height;
+  out_w_ = options_.resize ? options_.resize : data_->width;
+  pool_ = std::make_shared<Pool>();
+  pool_->bytes = static_cast<size_t>(options_.batch_size * (data_->channels * out_h_ * out_w_ + 1)) * sizeof(float);
+  // Page-locked only where CUDA can give it; the probe buffer becomes the pool's first.
+  if (options_.pinned) {
+    if (void* p = pinned_alloc(pool_->bytes)) {
+      pool_->pinned = true;
+      pool_->free.push_back(p);
+    }
+  }
+}
+
+DataLoader::~DataLoader() { stop(); }
+
+int64_t DataLoader::batches_per_epoch() const {
+  const int64_t b = options_.batch_size;
+  return options_.drop_last ? data_->count / b : (data_->count + b - 1) / b;
+}
+
+int64_t DataLoader::samples_per_epoch() const {
+  return options_.drop_last ? batches_per_epoch() * options_.batch_size : data_->count;
+}
+
+void DataLoader::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard lock(mutex_);
+  queue_.clear();
+  finished_ = true;
+}
+
+void DataLoader::start_epoch(int64_t epoch) {
+  stop();
+  std::vector<int64_t> order;
+  if (options_.shuffle) {
+    order = shuffled_indices(data_->count, options_.seed, epoch);
+  } else {
+    order.resize(static_cast<size_t>(data_->count));
+    for (int64_t i = 0; i < data_->count; ++i) order[i] = i;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = false;
+    finished_ = false;
+    error_ = nullptr;
+  }
+  thread_ = std::thread([this, order = std::move(order)]() mutable { produce(std::move(order)); });
+}
+
+void DataLoader::produce(std::vector<int64_t> order) {
+  try {
+    const int64_t batches = batches_per_epoch();
+    for (int64_t b = 0; b < batches; ++b) {
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return stopping_ || static_cast<int>(queue_.size()) < options_.prefetch; });
+        if (stopping_) return;
+      }
+      const int64_t begin = b * options_.batch_size;
+      const int64_t end = std::min<int64_t>(begin + options_.batch_size, static_cast<int64_t>(order.size()));
+      HostBatchPtr batch = make_batch(order, begin, end);
+      {
+        std::lock_guard lock(mutex_);
+        queue_.push_back(std::move(batch));
+      }
+      cv_.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    error_ = std::current_exception();
+  }
+  {
+    std::lock_guard lock(mutex_);
+    finished_ = true;
+  }
+  cv_.notify_all();
+}
+
+HostBatchPtr DataLoader::make_batch(const std::vector<int64_t>& order, int64_t begin, int64_t end) {
+  auto batch = std::make_shared<HostBatch>();
+  const int64_t n = end - begin, c = data_->channels, h = data_->height, w = data_->width;
+  batch->size = n, batch->channels = c, batch->height = out_h_, batch->width = out_w_;
+  void* raw = pool_->get();
+  std::shared_ptr<Pool> pool = pool_;
+  batch->storage = std::shared_ptr<void>(raw, [pool](void* p) { pool->put(p); });
+  batch->pinned = pool_->pinned;
+  auto* images = static_cast<float*>(raw);
+  float* labels = images + options_.batch_size * c * out_h_ * out_w_;
+  batch->images = images;
+  batch->labels = labels;
+  constexpr float kScale = 1.0f / 255.0f;
+  const bool resize = out_h_ != h || out_w_ != w;
+  std::vector<Tap> ty, tx;
+  if (resize) ty = taps(h, out_h_), tx = taps(w, out_w_);
+  std::vector<float> plane(resize ? static_cast<size_t>(h * w) : 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = order[begin + i];
+    labels[i] = static_cast<float>(data_->labels[s]);
+    const uint8_t* src = data_->images.data() + s * c * h * w;
+    float* dst = images + i * c * out_h_ * out_w_;
+    if (!resize) {
+      for (int64_t j = 0; j < c * h * w; ++j) dst[j] = static_cast<float>(src[j]) * kScale;
+      continue;
+    }
+    for (int64_t ch = 0; ch < c; ++ch) {
+      for (int64_t j = 0; j < h * w; ++j) plane[j] = static_cast<float>(src[ch * h * w + j]) * kScale;
+      float* out = dst + ch * out_h_ * out_w_;
+      for (int64_t oy = 0; oy < out_h_; ++oy) {
+        const Tap& a = ty[oy];
+        const float* r0 = plane.data() + a.i0 * w;
+        const float* r1 = plane.data() + a.i1 * w;
+        for (int64_t ox = 0; ox < out_w_; ++ox) {
+          const Tap& b = tx[ox];
+          const float top = r0[b.i0] + (r0[b.i1] - r0[b.i0]) * b.w1;
+          const float bot = r1[b.i0] + (r1[b.i1] - r1[b.i0]) * b.w1;
+          out[oy * out_w_ + ox] = top + (bot - top) * a.w1;
+        }
+      }
+    }
+  }
+  return batch;
+}
+
+HostBatchPtr DataLoader::next() {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return !queue_.empty() || finished_ || error_; });
+  if (error_) std::rethrow_exception(error_);
+  if (queue_.empty()) return nullptr;
+  HostBatchPtr b = std::move(queue_.front());
+  queue_.pop_front();
+  lock.unlock();
+  cv_.notify_all();
+  return b;
+}
+
+DeviceBatch to_device(Runtime& rt, const HostBatchPtr& batch, int64_t begin, int64_t end, Device device) {
+  if (!batch) throw Error("to_device: no batch");
+  if (begin < 0 || end > batch->size || begin >= end)
+    throw Error("to_device: rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") of a batch of " +
+                std::to_string(batch->size));
+  const int64_t n = end - begin, numel = batch->sample_numel();
+  DeviceBatch out{Tensor(rt, {n, batch->channels, batch->height, batch->width}, device, StreamKind::Copy),
+                  Tensor(rt, {n}, device, StreamKind::Copy)};
+  Backend* be = &rt.backend(device);
+  const float* img = batch->images + begin * numel;
+  const float* lbl = batch->labels + begin;
+  Tensor images = out.images, labels = out.labels;
+  // Page-locked sources copy asynchronously as they are; pageable ones go through the backend's staging.
+  const bool staging = !batch->pinned;
+  rt.engine().push(
+      [be, batch, img, lbl, images, labels, staging](OpContext& c) {
+        be->copy({images.data(), images.device()}, {const_cast<float*>(img), Device::cpu()}, images.bytes(), staging, c);
+        be->copy({labels.data(), labels.device()}, {const_cast<float*>(lbl), Device::cpu()}, labels.bytes(), staging, c);
+      },
+      {}, {images.var(), labels.var()}, device, StreamKind::Copy, {"batch to device", "", images.bytes() + labels.bytes(), 0});
+  return out;
+}
+
+}  // namespace gn::nn

@@ -1,0 +1,558 @@
+// The modules behind Model: a small tree (Sequential, Residual, layers) whose forward keeps what its backward
+// needs. Names follow PyTorch's for the same nn.Sequential, so "0.weight" is the seed's net[0].weight.
+#include "gpunodes/nn/model.h"
+
+#include <cmath>
+#include <sstream>
+#include <utility>
+
+#include "gpunodes/errors.h"
+
+namespace gn::nn {
+
+// --- modules --------------------------------------------------------------------------------------------------
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  virtual Tensor forward(const Tensor& x, Mode mode) = 0;
+  // Returns dx, undefined when !need_dx. Releases what forward kept.
+  virtual Tensor backward(const Tensor& dy, bool need_dx) = 0;
+  virtual void collect(const std::string& prefix, std::vector<Parameter*>& out) { (void)prefix, (void)out; }
+  virtual void clear() {}
+  virtual Shape out_shape(const Shape& in) const = 0;
+  virtual std::string describe() const = 0;
+  // Appends one line per leaf layer.
+  virtual void summarize(const std::string& prefix, Shape& shape, std::ostringstream& out) const {
+    shape = out_shape(shape);
+    out << (prefix.empty() ? "" : prefix + " ") << describe() << " -> " << shape_str(shape) << "\n";
+  }
+};
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Hands out initialised tensors in construction order, each weight from its own Philox stream.
+class Builder {
+ public:
+  Builder(Runtime& rt, Device device, const ModelOptions& o) : rt_(rt), device_(device), o_(o) {}
+
+  Tensor weight(const Shape& shape, int64_t fan_in, int64_t fan_out) {
+    const uint64_t seed = splitmix64(o_.seed ^ splitmix64(static_cast<uint64_t>(counter_++)));
+    switch (o_.init) {
+      case Init::Normal: return normal(rt_, shape, device_, seed, 0.0f, o_.init_std);
+      case Init::Xavier: {
+        const float a = std::sqrt(6.0f / static_cast<float>(fan_in + fan_out));
+        return uniform(rt_, shape, device_, seed, -a, a);
+      }
+      case Init::Kaiming: return normal(rt_, shape, device_, seed, 0.0f, std::sqrt(2.0f / static_cast<float>(fan_in)));
+    }
+    throw Error("unknown initialiser");
+  }
+  Tensor constant(const Shape& shape, float v) { return full(rt_, shape, device_, v); }
+
+ private:
+  Runtime& rt_;
+  Device device_;
+  const ModelOptions& o_;
+  int counter_ = 0;
+};
+
+void push_param(std::vector<Parameter*>& out, const std::string& prefix, Parameter& p, const char* leaf) {
+  p.name = prefix + leaf;
+  out.push_back(&p);
+}
+
+class LinearM final : public Module {
+ public:
+  LinearM(Builder& b, int64_t in, int64_t out) : in_(in), out_(out) {
+    w_.value = b.weight({out, in}, in, out);
+    b_.value = b.constant({out}, 0.0f);
+  }
+  Tensor forward(const Tensor& x, Mode mode) override {
+    if (mode == Mode::Train) x_ = x;
+    return linear(x, w_.value, b_.value);
+  }
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    LinearGrads g = linear_backward(x_, w_.value, dy, need_dx);
+    w_.grad = g.dw;
+    b_.grad = g.db;
+    x_ = Tensor();
+    return g.dx;
+  }
+  void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
+    push_param(out, prefix, w_, "weight");
+    push_param(out, prefix, b_, "bias");
+  }
+  void clear() override { x_ = Tensor(); }
+  Shape out_shape(const Shape& in) const override { return {in[0], out_}; }
+  std::string describe() const override {
+    return "Linear(" + std::to_string(in_) + ", " + std::to_string(out_) + ")";
+  }
+
+ private:
+  int64_t in_, out_;
+  Parameter w_, b_;
+  Tensor x_;
+};
+
+class Conv2dM final : public Module {
+ public:
+  Conv2dM(Builder& b, int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding)
+      : in_(in), out_(out), kernel_(kernel), opts_{stride, padding} {
+    w_.value = b.weight({out, in, kernel, kernel}, in * kernel * kernel, out * kernel * kernel);
+    b_.value = b.constant({out}, 0.0f);
+  }
+  Tensor forward(const Tensor& x, Mode mode) override {
+    if (mode == Mode::Train) x_ = x;
+    return conv2d(x, w_.value, b_.value, opts_);
+  }
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    Conv2dGrads g = conv2d_backward(x_, w_.value, dy, opts_, need_dx);
+    w_.grad = g.dw;
+    b_.grad = g.db;
+    x_ = Tensor();
+    return g.dx;
+  }
+  void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
+    push_param(out, prefix, w_, "weight");
+    push_param(out, prefix, b_, "bias");
+  }
+  void clear() override { x_ = Tensor(); }
+  Shape out_shape(const Shape& in) const override {
+    return {in[0], out_, (in[2] + 2 * opts_.padding - kernel_) / opts_.stride + 1,
+            (in[3] + 2 * opts_.padding - kernel_) / opts_.stride + 1};
+  }
+  std::string describe() const override {
+    return "Conv2d(" + std::to_string(in_) + ", " + std::to_string(out_) + ", kernel_size=" +
+           std::to_string(kernel_) + ", stride=" + std::to_string(opts_.stride) +
+           ", padding=" + std::to_string(opts_.padding) + ")";
+  }
+
+ private:
+  int64_t in_, out_, kernel_;
+  Conv2dOptions opts_;
+  Parameter w_, b_;
+  Tensor x_;
+};
+
+class BatchNorm2dM final : public Module {
+ public:
+  BatchNorm2dM(Builder& b, int64_t channels) : c_(channels) {
+    gamma_.value = b.constant({channels}, 1.0f);
+    beta_.value = b.constant({channels}, 0.0f);
+    mean_.value = b.constant({channels}, 0.0f);
+    var_.value = b.constant({channels}, 1.0f);
+    mean_.trainable = var_.trainable = false;
+  }
+  Tensor forward(const Tensor& x, Mode mode) override {
+    BatchNormOptions o;
+    o.training = mode == Mode::Train;
+    BatchNormResult r = batchnorm2d(x, gamma_.value, beta_.value, mean_.value, var_.value, o);
+    if (o.training) {
+      x_ = x;
+      save_mean_ = r.save_mean;
+      save_invstd_ = r.save_invstd;
+    }
+    return r.y;
+  }
+  Tensor backward(const Tensor& dy, bool) override {
+    BatchNormGrads g = batchnorm2d_backward(x_, dy, gamma_.value, save_mean_, save_invstd_);
+    gamma_.grad = g.dgamma;
+    beta_.grad = g.dbeta;
+    clear();
+    return g.dx;
+  }
+  void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
+    push_param(out, prefix, gamma_, "weight");
+    push_param(out, prefix, beta_, "bias");
+    push_param(out, prefix, mean_, "running_mean");
+    push_param(out, prefix, var_, "running_var");
+  }
+  void clear() override { x_ = save_mean_ = save_invstd_ = Tensor(); }
+  Shape out_shape(const Shape& in) const override { return in; }
+  std::string describe() const override { return "BatchNorm2d(" + std::to_string(c_) + ")"; }
+
+ private:
+  int64_t c_;
+  Parameter gamma_, beta_, mean_, var_;
+  Tensor x_, save_mean_, save_invstd_;
+};
+
+class ActivationM final : public Module {
+ public:
+  explicit ActivationM(Activation kind) : kind_(kind) {}
+  Tensor forward(const Tensor& x, Mode mode) override {
+    Tensor y = activation(kind_, x);
+    if (mode == Mode::Train) y_ = y;
+    return y;
+  }
+  Tensor backward(const Tensor& dy, bool) override {
+    Tensor dx = activation_backward(kind_, y_, dy);
+    y_ = Tensor();
+    return dx;
+  }
+  void clear() override { y_ = Tensor(); }
+  Shape out_shape(const Shape& in) const override { return in; }
+  std::string describe() const override { return kind_ == Activation::Relu ? "ReLU()" : "Sigmoid()"; }
+
+ private:
+  Activation kind_;
+  Tensor y_;
+};
+
+class PoolM final : public Module {
+ public:
+  explicit PoolM(Pool2dOptions o) : o_(o) {}
+  Tensor forward(const Tensor& x, Mode mode) override {
+    Tensor y = pool2d(x, o_);
+    if (mode == Mode::Train) x_ = x, y_ = y;
+    return y;
+  }
+  Tensor backward(const Tensor& dy, bool) override {
+    Tensor dx = pool2d_backward(x_, y_, dy, o_);
+    clear();
+    return dx;
+  }
+  void clear() override { x_ = y_ = Tensor(); }
+  Shape out_shape(const Shape& in) const override {
+    return {in[0], in[1], (in[2] + 2 * o_.padding - o_.kernel) / o_.stride + 1,
+            (in[3] + 2 * o_.padding - o_.kernel) / o_.stride + 1};
+  }
+  std::string describe() const override {
+    return std::string(o_.kind == PoolKind::Max ? "MaxPool2d" : "AvgPool2d") + "(kernel_size=" +
+           std::to_string(o_.kernel) + ", stride=" + std::to_string(o_.stride) + ")";
+  }
+
+ private:
+  Pool2dOptions o_;
+  Tensor x_, y_;
+};
+
+class GlobalAvgPoolM final : public Module {
+ public:
+  Tensor forward(const Tensor& x, Mode mode) override {
+    if (mode == Mode::Train) in_shape_ = x.shape();
+    return global_avg_pool(x);
+  }
+  Tensor backward(const Tensor& dy, bool) override { return global_avg_pool_backward(dy, in_shape_); }
+  Shape out_shape(const Shape& in) const override { return {in[0], in[1], 1, 1}; }
+  std::string describe() const override { return "AdaptiveAvgPool2d((1, 1))"; }
+
+ private:
+  Shape in_shape_;
+};
+
+class FlattenM final : public Module {
+ public:
+  Tensor forward(const Tensor& x, Mode mode) override {
+    if (mode == Mode::Train) in_shape_ = x.shape();
+    return flatten(x);
+  }
+  Tensor backward(const Tensor& dy, bool need_dx) override { return need_dx ? reshape(dy, in_shape_) : Tensor(); }
+  Shape out_shape(const Shape& in) const override {
+    int64_t rest = 1;
+    for (size_t i = 1; i < in.size(); ++i) rest *= in[i];
+    return {in[0], rest};
+  }
+  std::string describe() const override { return "Flatten()"; }
+
+ private:
+  Shape in_shape_;
+};
+
+class SequentialM final : public Module {
+ public:
+  void add(std::string name, std::unique_ptr<Module> m) { children_.emplace_back(std::move(name), std::move(m)); }
+  Tensor forward(const Tensor& x, Mode mode) override {
+    Tensor h = x;
+    for (auto& [name, m] : children_) h = m->forward(h, mode);
+    return h;
+  }
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    Tensor g = dy;
+    for (size_t i = children_.size(); i-- > 0;) g = children_[i].second->backward(g, need_dx || i > 0);
+    return g;
+  }
+  void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
+    for (auto& [name, m] : children_) m->collect(prefix + name + ".", out);
+  }
+  void clear() override {
+    for (auto& [name, m] : children_) m->clear();
+  }
+  Shape out_shape(const Shape& in) const override {
+    Shape s = in;
+    for (auto& [name, m] : children_) s = m->out_shape(s);
+    return s;
+  }
+  std::string describe() const override { return "Sequential"; }
+  void summarize(const std::string& prefix, Shape& shape, std::ostringstream& out) const override {
+    for (auto& [name, m] : children_) m->summarize(prefix.empty() ? name : prefix + "." + name, shape, out);
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+};
+
+// d2l's Residual: Y = relu(bn1(conv1(X))); Y = bn2(conv2(Y)); out = relu(Y + (conv3(X) if use_1x1conv else X)).
+class ResidualM final : public Module {
+ public:
+  ResidualM(Builder& b, int64_t in, int64_t out, bool use_1x1conv, int64_t stride)
+      : conv1_(b, in, out, 3, stride, 1), conv2_(b, out, out, 3, 1, 1), bn1_(nullptr), bn2_(nullptr) {
+    if (use_1x1conv) conv3_ = std::make_unique<Conv2dM>(b, in, out, 1, stride, 0);
+    bn1_ = std::make_unique<BatchNorm2dM>(b, out);
+    bn2_ = std::make_unique<BatchNorm2dM>(b, out);
+  }
+  Tensor forward(const Tensor& x, Mode mode) override {
+    Tensor y = relu1_.forward(bn1_->forward(conv1_.forward(x, mode), mode), mode);
+    y = bn2_->forward(conv2_.forward(y, mode), mode);
+    Tensor shortcut = conv3_ ? conv3_->forward(x, mode) : x;
+    return relu2_.forward(add(y, shortcut), mode);
+  }
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    Tensor d = relu2_.backward(dy, true);
+    Tensor dmain = bn2_->backward(d, true);
+    dmain = relu1_.backward(conv2_.backward(dmain, true), true);
+    dmain = conv1_.backward(bn1_->backward(dmain, true), need_dx);
+    Tensor dshort = conv3_ ? conv3_->backward(d, need_dx) : d;
+    return need_dx ? add(dmain, dshort) : Tensor();
+  }
+  void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
+    // PyTorch's registration order in d2l's Residual: conv1, conv2, conv3, bn1, bn2.
+    conv1_.collect(prefix + "conv1.", out);
+    conv2_.collect(prefix + "conv2.", out);
+    if (conv3_) conv3_->collect(prefix + "conv3.", out);
+    bn1_->collect(prefix + "bn1.", out);
+    bn2_->collect(prefix + "bn2.", out);
+  }
+  void clear() override {
+    conv1_.clear(), conv2_.clear(), bn1_->clear(), bn2_->clear(), relu1_.clear(), relu2_.clear();
+    if (conv3_) conv3_->clear();
+  }
+  Shape out_shape(const Shape& in) const override { return conv2_.out_shape(conv1_.out_shape(in)); }
+  std::string describe() const override {
+    return std::string("Residual(") + conv1_.describe() + (conv3_ ? ", 1x1 projection" : "") + ")";
+  }
+
+ private:
+  Conv2dM conv1_, conv2_;
+  std::unique_ptr<Conv2dM> conv3_;
+  std::unique_ptr<BatchNorm2dM> bn1_, bn2_;
+  ActivationM relu1_{Activation::Relu}, relu2_{Activation::Relu};
+};
+
+std::unique_ptr<Module> build(Builder& b, const ModelOptions& o) {
+  auto net = std::make_unique<SequentialM>();
+  const int64_t c = o.in_channels, s = o.image_size;
+  switch (o.arch) {
+    case Arch::Linear:
+      net->add("0", std::make_unique<LinearM>(b, c, o.classes));
+      break;
+    case Arch::Mlp:
+      net->add("0", std::make_unique<FlattenM>());
+      net->add("1", std::make_unique<LinearM>(b, c * s * s, 256));
+      net->add("2", std::make_unique<ActivationM>(Activation::Relu));
+      net->add("3", std::make_unique<LinearM>(b, 256, o.classes));
+      break;
+    case Arch::LeNet: {
+      const int64_t side = ((s + 4 - 4) / 2 - 4) / 2;  // 28 -> 28 -> 14 -> 10 -> 5
+      net->add("0", std::make_unique<Conv2dM>(b, c, 6, 5, 1, 2));
+      net->add("1", std::make_unique<ActivationM>(Activation::Sigmoid));
+      net->add("2", std::make_unique<PoolM>(Pool2dOptions{PoolKind::Avg, 2, 2, 0}));
+      net->add("3", std::make_unique<Conv2dM>(b, 6, 16, 5, 1, 0));
+      net->add("4", std::make_unique<ActivationM>(Activation::Sigmoid));
+      net->add("5", std::make_unique<PoolM>(Pool2dOptions{PoolKind::Avg, 2, 2, 0}));
+      net->add("6", std::make_unique<FlattenM>());
+      net->add("7", std::make_unique<LinearM>(b, 16 * side * side, 120));
+      net->add("8", std::make_unique<ActivationM>(Activation::Sigmoid));
+      net->add("9", std::make_unique<LinearM>(b, 120, 84));
+      net->add("10", std::make_unique<ActivationM>(Activation::Sigmoid));
+      net->add("11", std::make_unique<LinearM>(b, 84, o.classes));
+      break;
+    }
+    case Arch::ResNet18: {
+      net->add("0", std::make_unique<Conv2dM>(b, c, 64, 3, 1, 1));
+      net->add("1", std::make_unique<BatchNorm2dM>(b, 64));
+      net->add("2", std::make_unique<ActivationM>(Activation::Relu));
+      const int64_t widths[4] = {64, 128, 256, 512};
+      int64_t in = 64;
+      for (int stage = 0; stage < 4; ++stage) {
+        auto blk = std::make_unique<SequentialM>();
+        const int64_t out = widths[stage];
+        // The first stage keeps 64 channels at stride 1; the others open with a strided 1x1 projection.
+        blk->add("0", std::make_unique<ResidualM>(b, in, out, stage > 0, stage > 0 ? 2 : 1));
+        blk->add("1", std::make_unique<ResidualM>(b, out, out, false, 1));
+        net->add("resnet_block" + std::to_string(stage + 1), std::move(blk));
+        in = out;
+      }
+      net->add("global_avg_pool", std::make_unique<GlobalAvgPoolM>());
+      auto fc = std::make_unique<SequentialM>();
+      fc->add("0", std::make_unique<FlattenM>());
+      fc->add("1", std::make_unique<LinearM>(b, 512, o.classes));
+      net->add("fc", std::move(fc));
+      break;
+    }
+  }
+  return net;
+}
+
+}  // namespace
+
+// --- names -------------------------------------------------------------------------------------------------------
+
+const char* arch_name(Arch a) {
+  switch (a) {
+    case Arch::Linear: return "linear";
+    case Arch::Mlp: return "mlp";
+    case Arch::LeNet: return "lenet";
+    case Arch::ResNet18: return "resnet18";
+  }
+  return "unknown";
+}
+
+Arch parse_arch(const std::string& name) {
+  for (Arch a : {Arch::Linear, Arch::Mlp, Arch::LeNet, Arch::ResNet18})
+    if (name == arch_name(a)) return a;
+  throw Error("unknown model architecture '" + name + "': expected linear, mlp, lenet or resnet18");
+}
+
+const char* init_name(Init i) {
+  switch (i) {
+    case Init::Normal: return "normal";
+    case Init::Xavier: return "xavier";
+    case Init::Kaiming: return "kaiming";
+  }
+  return "unknown";
+}
+
+Init parse_init(const std::string& name) {
+  for (Init i : {Init::Normal, Init::Xavier, Init::Kaiming})
+    if (name == init_name(i)) return i;
+  throw Error("unknown initialiser '" + name + "': expected normal, xavier or kaiming");
+}
+
+// --- Model ---------------------------------------------------------------------------------------------------------
+
+Model::Model(Runtime& rt, ModelOptions options, Device device) : rt_(rt), options_(options), device_(device) {}
+Model::~Model() = default;
+
+std::unique_ptr<Model> Model::create(Runtime& rt, const ModelOptions& o, Device device) {
+  if (!rt.has(device)) throw Error("cannot create a model on " + device.str() + ": no such device");
+  if (o.classes < 1 || o.in_channels < 1 || o.image_size < 1)
+    throw Error("model options: classes, in_channels and image_size must be positive");
+  if (o.arch == Arch::LeNet && o.image_size < 12)
+    throw Error("lenet needs images of at least 12x12, got " + std::to_string(o.image_size));
+  if (o.init == Init::Normal && !(o.init_std > 0)) throw Error("model options: init_std must be positive");
+  std::unique_ptr<Model> m(new Model(rt, o, device));
+  Builder b(rt, device, o);
+  m->root_ = build(b, o);
+  m->root_->collect("", m->state_);
+  return m;
+}
+
+std::string Model::signature() const {
+  std::string s = std::string(arch_name(options_.arch)) + " classes=" + std::to_string(options_.classes) +
+                  " in_channels=" + std::to_string(options_.in_channels);
+  // The MLP's and LeNet's first linear layer depends on the image size.
+  if (options_.arch == Arch::Mlp || options_.arch == Arch::LeNet)
+    s += " image_size=" + std::to_string(options_.image_size);
+  return s;
+}
+
+Shape Model::input_shape(int64_t n) const {
+  if (options_.arch == Arch::Linear) return {n, options_.in_channels};
+  return {n, options_.in_channels, options_.image_size, options_.image_size};
+}
+
+std::vector<Parameter*> Model::state() { return state_; }
+std::vector<const Parameter*> Model::state() const { return {state_.begin(), state_.end()}; }
+
+std::vector<Parameter*> Model::parameters() {
+  std::vector<Parameter*> out;
+  for (Parameter* p : state_)
+    if (p->trainable) out.push_back(p);
+  return out;
+}
+
+std::vector<ParameterInfo> Model::describe() const {
+  std::vector<ParameterInfo> out;
+  for (const Parameter* p : state_) out.push_back({p->name, p->value.shape(), p->value.device(), p->trainable});
+  return out;
+}
+
+int64_t Model::parameter_count() const {
+  int64_t n = 0;
+  for (const Parameter* p : state_)
+    if (p->trainable) n += p->value.numel();
+  return n;
+}
+
+std::string Model::summary() const {
+  std::ostringstream out;
+  Shape shape = input_shape(1);
+  out << arch_name(options_.arch) << " on " << device_.str() << ", input " << shape_str(shape) << ", "
+      << parameter_count() << " parameters\n";
+  root_->summarize("", shape, out);
+  return out.str();
+}
+
+Tensor Model::forward(const Tensor& x, Mode mode) {
+  if (!x.defined()) throw Error(std::string(arch_name(options_.arch)) + ": the input is undefined");
+  check_same_device({&x, &state_.front()->value});
+  const Shape want = input_shape(x.shape().empty() ? 0 : x.shape()[0]);
+  const bool resnet = options_.arch == Arch::ResNet18;
+  // ResNet-18 ends in a global average pool and takes any image size (the seed resizes to 96).
+  const bool ok = resnet ? x.shape().size() == 4 && x.shape()[1] == want[1] : x.shape() == want;
+  if (!ok || x.shape()[0] < 1)
+  {
+    std::string expect = "[N";
+    for (size_t i = 1; i < want.size(); ++i) expect += ", " + (resnet && i >= 2 ? std::string(i == 2 ? "H" : "W") : std::to_string(want[i]));
+    throw ShapeError(std::string(arch_name(options_.arch)) + " expects input " + expect + "], got " +
+                     shape_str(x.shape()));
+  }
+  if (mode == Mode::Train) {
+    if (has_cache_) root_->clear();
+    has_cache_ = true;
+  }
+  return root_->forward(x, mode);
+}
+
+void Model::backward(const Tensor& dlogits) {
+  if (!has_cache_) throw Error("backward() needs a forward() in Train mode first");
+  has_cache_ = false;
+  try {
+    root_->backward(dlogits, false);
+  } catch (...) {
+    root_->clear();
+    throw;
+  }
+}
+
+void Model::clear_cache() {
+  root_->clear();
+  has_cache_ = false;
+}
+
+void Model::copy_state_from(const Model& other) {
+  if (&other == this) return;
+  if (other.signature() != signature())
+    throw Error("cannot copy parameters of a " + other.signature() + " model into a " + signature() + " model");
+  auto src = other.state();
+  for (size_t i = 0; i < state_.size(); ++i) copy_into(state_[i]->value, src[i]->value);
+}
+
+std::unique_ptr<Model> Model::replicate(Device device) const {
+  auto m = create(rt_, options_, device);
+  m->copy_state_from(*this);
+  return m;
+}
+
+Tensor forward(Model& model, const Tensor& x) { return model.forward(x, Mode::Eval); }
+
+}  // namespace gn::nn

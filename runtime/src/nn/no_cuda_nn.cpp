@@ -1,0 +1,12 @@
+// Builds without the CUDA toolkit: no CUDA layer kernels, page-locked memory or NCCL.
+#include "cuda_support.h"
+#include "kernels.h"
+
+namespace gn::nn {
+
+NnKernels* cuda_nn_kernels() { return nullptr; }
+void* pinned_alloc(size_t) { return nullptr; }
+void pinned_free(void*) {}
+std::unique_ptr<GradientReducer> make_nccl_reducer(Runtime&, const std::vector<Device>&) { return nullptr; }
+
+}  // namespace gn::nn

@@ -1,0 +1,463 @@
+// The data-parallel trainer and the host gradient reduction.
+#include "gpunodes/nn/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <set>
+
+#include "cuda_support.h"
+#include "gpunodes/errors.h"
+
+namespace gn::nn {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Sums each gradient over the replicas on the host, in replica order, so every replica gets the very same
+// sum. CPU devices share host memory, so their gradients are summed in place by one op; GPU gradients (a GPU
+// training beside the CPU) are first copied to the host and get the sum copied back.
+class HostReducer final : public GradientReducer {
+ public:
+  explicit HostReducer(Runtime& rt) : rt_(rt) {}
+
+  void allreduce(const std::vector<std::vector<Tensor>>& grads) override {
+    const size_t replicas = grads.size(), count = grads.front().size();
+    std::vector<std::vector<Tensor>> host(replicas);
+    std::vector<Tensor> sums;  // host copies of the sums for replicas on GPUs
+    std::vector<VarPtr> reads, writes;
+    bool any_gpu = false;
+    for (size_t r = 0; r < replicas; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        const Tensor& g = grads[r][i];
+        if (g.device().is_cpu()) {
+          host[r].push_back(g);
+          writes.push_back(g.var());
+        } else {
+          host[r].push_back(copy(g, Device::cpu(), /*non_blocking=*/true));
+          reads.push_back(host[r].back().var());
+          any_gpu = true;
+        }
+      }
+    }
+    if (any_gpu)
+      for (size_t i = 0; i < count; ++i) {
+        sums.push_back(Tensor(rt_, grads[0][i].shape(), Device::cpu()));
+        writes.push_back(sums.back().var());
+      }
+    int64_t bytes = 0;
+    for (const auto& g : grads[0]) bytes += g.bytes() * static_cast<int64_t>(replicas + 1);
+    std::vector<bool> on_cpu(replicas);
+    for (size_t r = 0; r < replicas; ++r) on_cpu[r] = grads[r][0].device().is_cpu();
+    rt_.engine().push(
+        [host, sums, on_cpu](OpContext& ctx) {
+          ctx.check_cancelled();
+          for (size_t i = 0; i < host[0].size(); ++i) {
+            const int64_t n = host[0][i].numel();
+            float* out = sums.empty() ? nullptr : sums[i].data();
+            for (int64_t j = 0; j < n; ++j) {
+              float s = host[0][i].data()[j];
+              for (size_t r = 1; r < host.size(); ++r) s += host[r][i].data()[j];
+              for (size_t r = 0; r < host.size(); ++r)
+                if (on_cpu[r]) host[r][i].data()[j] = s;
+              if (out) out[j] = s;
+            }
+          }
+        },
+        reads, writes, Device::cpu(), StreamKind::Copy, {"all-reduce (host)", "", bytes, 0});
+    if (any_gpu)
+      for (size_t r = 0; r < replicas; ++r)
+        for (size_t i = 0; i < count; ++i)
+          if (!grads[r][i].device().is_cpu()) copy_into(grads[r][i], sums[i]);
+  }
+
+ private:
+  Runtime& rt_;
+};
+
+}  // namespace
+
+// --- Trainer ---------------------------------------------------------------------------------------------------
+
+Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options)
+    : rt_(model.runtime()), model_(model), devices_(std::move(devices)), options_(options) {
+  if (devices_.empty()) throw Error("training needs at least one device");
+  std::set<Device> seen;
+  for (Device d : devices_) {
+    if (!rt_.has(d)) throw Error("cannot train on " + d.str() + ": no such device");
+    if (!seen.insert(d).second) throw Error("device " + d.str() + " is listed twice for training");
+  }
+  if (options_.batch_size < 1) throw Error("training: batch size must be at least 1");
+  if (options_.epochs < 0) throw Error("training: epochs must not be negative");
+  if (!(options_.sgd.lr > 0)) throw Error("training: the learning rate must be positive");
+  if (options_.steps_in_flight < 1) options_.steps_in_flight = 1;
+
+  for (size_t r = 0; r < devices_.size(); ++r) {
+    if (r == 0 && devices_[0] == model_.device()) {
+      replicas_.push_back(&model_);
+    } else {
+      owned_.push_back(model_.replicate(devices_[r]));
+      replicas_.push_back(owned_.back().get());
+    }
+  }
+  for (Model* m : replicas_) {
+    std::vector<Tensor> bufs;
+    if (options_.sgd.momentum != 0)
+      for (Parameter* p : m->parameters()) bufs.push_back(zeros(rt_, p->value.shape(), m->device()));
+    momentum_.push_back(std::move(bufs));
+    totals_.push_back(zeros(rt_, {2}, m->device()));
+  }
+  samples_.assign(devices_.size(), 0);
+  shares_.assign(devices_.size(), 1.0 / static_cast<double>(devices_.size()));
+
+  // Buckets of about 8 MiB in backward order: the last layers' gradients are ready first and are reduced while
+  // earlier layers still run backward.
+  auto params = model_.parameters();
+  std::vector<size_t> bucket;
+  int64_t bucket_bytes = 0;
+  for (size_t i = params.size(); i-- > 0;) {
+    bucket.push_back(i);
+    bucket_bytes += params[i]->value.bytes();
+    if (bucket_bytes >= (8 << 20)) {
+      buckets_.push_back(std::move(bucket));
+      bucket.clear();
+      bucket_bytes = 0;
+    }
+  }
+  if (!bucket.empty()) buckets_.push_back(std::move(bucket));
+
+  if (devices_.size() > 1) {
+    const bool all_cuda = std::all_of(devices_.begin(), devices_.end(), [](Device d) { return d.is_cuda(); });
+    std::string nccl_failure;
+    if (all_cuda) {
+      try {
+        reducer_ = make_nccl_reducer(rt_, devices_);
+      } catch (const BackendError& e) {
+        // NCCL refusing (an odd topology, a driver problem) costs speed, not correctness: reduce on the host.
+        nccl_failure = e.what();
+      }
+    }
+    if (reducer_) {
+      reducer_name_ = "nccl";
+    } else {
+      reducer_ = std::make_unique<HostReducer>(rt_);
+      reducer_name_ = nccl_failure.empty() ? "host" : "host (NCCL failed: " + nccl_failure + ")";
+    }
+  } else {
+    reducer_name_ = "none";
+  }
+}
+
+// Queued ops hold their tensors themselves, so nothing here needs to wait for them.
+Trainer::~Trainer() { release_step_state(); }
+
+void Trainer::release_step_state() noexcept {
+  in_flight_.clear();
+  for (Model* m : replicas_) {
+    m->clear_cache();
+    // PyTorch's zero_grad(set_to_none=True): gradients are temporaries of a step.
+    for (Parameter* p : m->parameters()) p->grad = Tensor();
+  }
+}
+
+void Trainer::drain() noexcept {
+  // After a cancel or an error: wait until every op enqueued so far has run, so that their temporaries are
+  // freed when fit() returns. The errors they carry were the reason for stopping; they are not news.
+  try {
+    rt_.engine().wait_all();
+  } catch (...) {
+  }
+  release_step_state();
+}
+
+std::vector<int64_t> Trainer::split(int64_t n) const {
+  // Largest remainders, so the counts sum to n and follow the shares as closely as whole samples allow.
+  const size_t k = shares_.size();
+  std::vector<int64_t> out(k);
+  std::vector<std::pair<double, size_t>> rest;
+  int64_t used = 0;
+  for (size_t i = 0; i < k; ++i) {
+    const double exact = shares_[i] * static_cast<double>(n);
+    out[i] = static_cast<int64_t>(std::floor(exact));
+    used += out[i];
+    rest.emplace_back(exact - static_cast<double>(out[i]), i);
+  }
+  std::stable_sort(rest.begin(), rest.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  for (size_t j = 0; used < n; ++j, ++used) ++out[rest[j % k].second];
+  return out;
+}
+
+void Trainer::set_shares(std::vector<double> shares) {
+  if (shares.size() != devices_.size()) throw Error("set_shares: one share per device expected");
+  double sum = 0;
+  for (double s : shares) {
+    if (!(s >= 0)) throw Error("set_shares: shares must be non-negative");
+    sum += s;
+  }
+  if (!(sum > 0)) throw Error("set_shares: the shares sum to zero");
+  for (double& s : shares) s /= sum;
+  shares_ = std::move(shares);
+}
+
+void Trainer::broadcast() {
+  if (replicas_[0] != &model_) replicas_[0]->copy_state_from(model_);
+  for (size_t r = 1; r < replicas_.size(); ++r) replicas_[r]->copy_state_from(*replicas_[0]);
+}
+
+void Trainer::step(const HostBatchPtr& batch) {
+  if (!batch || batch->size < 1) throw Error("training step: empty batch");
+  const std::vector<int64_t> sizes = split(batch->size);
+  // Every replica's loss gradient is scaled by 1/(whole batch), so the summed gradients are the whole batch's.
+  const float scale = 1.0f / static_cast<float>(batch->size);
+  const size_t replicas = replicas_.size();
+  std::vector<std::vector<Tensor>> grads(replicas);
+  int64_t offset = 0;
+  try {
+    for (size_t r = 0; r < replicas; ++r) {
+      Model& m = *replicas_[r];
+      auto params = m.parameters();
+      if (sizes[r] > 0) {
+        DeviceBatch db = to_device(rt_, batch, offset, offset + sizes[r], devices_[r]);
+        Tensor logits = m.forward(db.images, Mode::Train);
+        CrossEntropy ce = softmax_cross_entropy(logits, db.labels, true, scale);
+        m.backward(ce.dlogits);
+        totals_[r] = add(totals_[r], ce.stats);
+        samples_[r] += sizes[r];
+        for (Parameter* p : params) grads[r].push_back(p->grad);
+      } else {
+        // A share of nothing: this replica contributes zero gradients and still takes the common step.
+        for (Parameter* p : params) {
+          p->grad = zeros(rt_, p->value.shape(), devices_[r]);
+          grads[r].push_back(p->grad);
+        }
+      }
+      offset += sizes[r];
+    }
+    if (replicas > 1)
+      for (const auto& bucket : buckets_) {
+        std::vector<std::vector<Tensor>> part(replicas);
+        for (size_t r = 0; r < replicas; ++r)
+          for (size_t i : bucket) part[r].push_back(grads[r][i]);
+        reducer_->allreduce(part);
+      }
+    std::vector<VarPtr> markers;
+    for (size_t r = 0; r < replicas; ++r) {
+      auto params = replicas_[r]->parameters();
+      std::vector<VarPtr> reads;
+      for (size_t i = 0; i < params.size(); ++i) {
+        sgd_step(params[i]->value, grads[r][i], momentum_[r].empty() ? Tensor() : momentum_[r][i], options_.sgd);
+        reads.push_back(params[i]->value.var());
+      }
+      // Marks the end of this step on this device: the host waits on it to stay steps_in_flight ahead.
+      VarPtr done = new_var();
+      rt_.engine().push([](OpContext&) {}, reads, {done}, devices_[r], StreamKind::Compute, {"step done", "", 0, 0});
+      markers.push_back(done);
+    }
+    in_flight_.push_back(std::move(markers));
+  } catch (...) {
+    for (Model* m : replicas_) m->clear_cache();
+    throw;
+  }
+  while (static_cast<int64_t>(in_flight_.size()) > options_.steps_in_flight) {
+    auto markers = std::move(in_flight_.front());
+    in_flight_.erase(in_flight_.begin());
+    for (const VarPtr& v : markers) rt_.engine().wait(v);
+  }
+}
+
+void Trainer::synchronize() {
+  auto pending = std::move(in_flight_);
+  in_flight_.clear();
+  for (auto& markers : pending)
+    for (const VarPtr& v : markers) rt_.engine().wait(v);
+}
+
+StepTotals Trainer::totals() {
+  StepTotals t;
+  for (size_t r = 0; r < replicas_.size(); ++r) {
+    auto v = to_host(totals_[r]);
+    t.loss_sum += v[0];
+    t.correct += v[1];
+    t.samples += samples_[r];
+  }
+  return t;
+}
+
+void Trainer::reset_totals() {
+  for (size_t r = 0; r < replicas_.size(); ++r) totals_[r] = zeros(rt_, {2}, devices_[r]);
+  std::fill(samples_.begin(), samples_.end(), 0);
+}
+
+double Trainer::evaluate(const DatasetPtr& data) {
+  if (!data || data->count == 0) throw Error("evaluate: empty dataset");
+  // DataParallel semantics: every replica evaluates with device 0's BatchNorm running statistics.
+  {
+    auto src = replicas_[0]->state();
+    for (size_t r = 1; r < replicas_.size(); ++r) {
+      auto dst = replicas_[r]->state();
+      for (size_t i = 0; i < src.size(); ++i)
+        if (!src[i]->trainable) copy_into(dst[i]->value, src[i]->value);
+    }
+  }
+  LoaderOptions lo;
+  lo.batch_size = options_.eval_batch_size > 0 ? options_.eval_batch_size : options_.batch_size;
+  lo.shuffle = false;
+  lo.resize = options_.resize;
+  lo.pinned = std::any_of(devices_.begin(), devices_.end(), [](Device d) { return d.is_cuda(); });
+  DataLoader loader(data, lo);
+  loader.start_epoch(0);
+  std::vector<Tensor> correct;
+  for (Device d : devices_) correct.push_back(zeros(rt_, {2}, d));
+  std::vector<VarPtr> recent;  // one var per batch, to keep the host two batches ahead at most
+  while (HostBatchPtr batch = loader.next()) {
+    if (cancel_requested_ || rt_.engine().cancelled()) throw CancelledError();
+    const auto sizes = split(batch->size);
+    int64_t offset = 0;
+    for (size_t r = 0; r < replicas_.size(); ++r) {
+      if (sizes[r] == 0) continue;
+      DeviceBatch db = to_device(rt_, batch, offset, offset + sizes[r], devices_[r]);
+      Tensor logits = replicas_[r]->forward(db.images, Mode::Eval);
+      correct[r] = add(correct[r], softmax_cross_entropy(logits, db.labels, false).stats);
+      recent.push_back(correct[r].var());
+      offset += sizes[r];
+    }
+    while (recent.size() > 2 * replicas_.size()) {
+      rt_.engine().wait(recent.front());
+      recent.erase(recent.begin());
+    }
+  }
+  double total = 0;
+  for (const Tensor& c : correct) total += to_host(c)[1];
+  return total / static_cast<double>(data->count);
+}
+
+void Trainer::rebalance(size_t span_cursor, const std::vector<int64_t>& samples) {
+  // Each device's rate is the samples it processed over the time its compute stream was busy.
+  std::vector<double> busy(devices_.size(), 0.0);
+  for (const Span& s : rt_.profiler().spans(span_cursor)) {
+    if (s.stream != StreamKind::Compute) continue;
+    for (size_t r = 0; r < devices_.size(); ++r)
+      if (s.device == devices_[r]) busy[r] += s.end_us - s.start_us;
+  }
+  std::vector<double> rate(devices_.size());
+  for (size_t r = 0; r < devices_.size(); ++r) {
+    if (samples[r] == 0 || busy[r] <= 0) return;  // nothing measured for a device: keep the split
+    rate[r] = static_cast<double>(samples[r]) / busy[r];
+  }
+  set_shares(rate);
+}
+
+void Trainer::finish_to_model() {
+  if (replicas_[0] != &model_) model_.copy_state_from(*replicas_[0]);
+  // The other replicas get device 0's BatchNorm statistics too, so they all agree after training.
+  auto src = replicas_[0]->state();
+  for (size_t r = 1; r < replicas_.size(); ++r) {
+    auto dst = replicas_[r]->state();
+    for (size_t i = 0; i < src.size(); ++i)
+      if (!src[i]->trainable) copy_into(dst[i]->value, src[i]->value);
+  }
+}
+
+TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const MetricCallback& on_metric) {
+  if (!train || train->count == 0) throw Error("training: empty training set");
+  cancel_requested_ = false;
+  TrainResult result;
+  const auto t_fit = Clock::now();
+  int64_t global_step = 0;
+  auto emit = [&](const std::string& series, double epoch, double value) {
+    if (on_metric) on_metric({series, epoch, global_step, seconds_since(t_fit), value});
+  };
+  auto stop_requested = [&] { return cancel_requested_.load() || rt_.engine().cancelled(); };
+  LoaderOptions lo;
+  lo.batch_size = options_.batch_size;
+  lo.shuffle = true;
+  lo.seed = options_.shuffle_seed;
+  lo.resize = options_.resize;
+  lo.pinned = std::any_of(devices_.begin(), devices_.end(), [](Device d) { return d.is_cuda(); });
+  DataLoader loader(train, lo);
+  const int64_t batches = loader.batches_per_epoch();
+  try {
+    broadcast();
+    for (int64_t epoch = 0; epoch < options_.epochs; ++epoch) {
+      reset_totals();
+      loader.start_epoch(epoch);
+      const auto t_epoch = Clock::now();
+      size_t span_cursor = rt_.profiler().span_count();
+      std::vector<int64_t> balance_base = samples_;
+      int64_t b = 0;
+      while (HostBatchPtr batch = loader.next()) {
+        if (stop_requested()) throw CancelledError();
+        step(batch);
+        ++b, ++global_step;
+        const double x = static_cast<double>(epoch) + static_cast<double>(b) / static_cast<double>(batches);
+        if (options_.log_every > 0 && b % options_.log_every == 0 && b < batches) {
+          StepTotals t = totals();
+          emit("loss", x, t.loss());
+          emit("train_acc", x, t.accuracy());
+          emit("images_per_second", x, static_cast<double>(t.samples) / seconds_since(t_epoch));
+          if (options_.balance && devices_.size() > 1) {
+            std::vector<int64_t> done(samples_.size());
+            for (size_t r = 0; r < done.size(); ++r) done[r] = samples_[r] - balance_base[r];
+            rebalance(span_cursor, done);
+            span_cursor = rt_.profiler().span_count();
+            balance_base = samples_;
+          }
+        }
+      }
+      synchronize();
+      EpochResult er;
+      er.epoch = epoch + 1;
+      er.seconds = seconds_since(t_epoch);
+      StepTotals t = totals();
+      er.train_loss = t.loss();
+      er.train_acc = t.accuracy();
+      er.images_per_second = static_cast<double>(t.samples) / er.seconds;
+      const double x = static_cast<double>(epoch + 1);
+      emit("loss", x, er.train_loss);
+      emit("train_acc", x, er.train_acc);
+      emit("images_per_second", x, er.images_per_second);
+      emit("epoch_seconds", x, er.seconds);
+      if (options_.balance && devices_.size() > 1) {
+        std::vector<int64_t> done(samples_.size());
+        for (size_t r = 0; r < done.size(); ++r) done[r] = samples_[r] - balance_base[r];
+        rebalance(span_cursor, done);
+      }
+      if (devices_.size() > 1)
+        for (size_t r = 0; r < devices_.size(); ++r) emit("share/" + devices_[r].str(), x, shares_[r]);
+      if (test && test->count > 0) {
+        if (stop_requested()) throw CancelledError();
+        er.test_acc = evaluate(test);
+        emit("test_acc", x, er.test_acc);
+      }
+      for (Device d : devices_) {
+        MemoryStats m = rt_.memory_stats(d);
+        emit("memory_mb/" + d.str(), x, static_cast<double>(m.allocated_bytes.current) / (1 << 20));
+        emit("peak_memory_mb/" + d.str(), x, static_cast<double>(m.allocated_bytes.peak) / (1 << 20));
+      }
+      result.epochs.push_back(er);
+    }
+    finish_to_model();
+    synchronize();
+    release_step_state();
+  } catch (...) {
+    loader.stop();
+    drain();
+    // The engine's cancel surfaces as errors of the dropped ops; report it as the cancel it is.
+    if (stop_requested()) throw CancelledError();
+    throw;
+  }
+  return result;
+}
+
+double evaluate(Model& model, const DatasetPtr& data, int64_t batch_size, int64_t resize) {
+  TrainOptions o;
+  o.batch_size = batch_size;
+  o.resize = resize;
+  Trainer t(model, {model.device()}, o);
+  return t.evaluate(data);
+}
+
+}  // namespace gn::nn

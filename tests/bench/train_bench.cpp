@@ -1,0 +1,290 @@
+// Training benchmarks on the CPU, each against a peer measured in the same run. Not pass/fail: it prints tables.
+//   1. images/second training MLP and LeNet (batch 256), and ResNet-18 step time, vs PyTorch (Debian's
+//      python3-torch for /usr/bin/python3) with the same model, batch and thread count.
+//   2. The convolution choice: oneDNN (what the CPU kernels use) vs im2col + OpenBLAS sgemm, forward plus
+//      backward, for the LeNet and ResNet-18 shapes.
+// Options: --threads N (default: all cores), --steps N (timed steps per model, default 40).
+#include <cblas.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpunodes/nn/trainer.h"
+
+using namespace gn;
+using namespace gn::nn;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+void row(const std::string& measure, const std::string& ours, const std::string& peer, const std::string& ratio,
+         const char* goal) {
+  std::printf("| %-40s | %12s | %12s | %7s | %-7s |\n", measure.c_str(), ours.c_str(), peer.c_str(), ratio.c_str(),
+              goal);
+}
+
+void rule() {
+  std::printf("|%s|%s|%s|%s|%s|\n", std::string(42, '-').c_str(), std::string(14, '-').c_str(),
+              std::string(14, '-').c_str(), std::string(9, '-').c_str(), std::string(9, '-').c_str());
+}
+
+// A fixed batch of random images and labels, as the loader would hand it over.
+HostBatchPtr random_batch(int64_t n, int64_t c, int64_t side, uint64_t seed) {
+  auto b = std::make_shared<HostBatch>();
+  const int64_t numel = n * c * side * side;
+  auto* mem = new float[static_cast<size_t>(numel + n)];
+  b->storage = std::shared_ptr<void>(mem, [](void* p) { delete[] static_cast<float*>(p); });
+  std::mt19937 g(static_cast<uint32_t>(seed));
+  std::uniform_real_distribution<float> u(0, 1);
+  for (int64_t i = 0; i < numel; ++i) mem[i] = u(g);
+  for (int64_t i = 0; i < n; ++i) mem[numel + i] = static_cast<float>(g() % 10);
+  b->size = n, b->channels = c, b->height = side, b->width = side;
+  b->images = mem;
+  b->labels = mem + numel;
+  return b;
+}
+
+// Seconds per training step of `arch` through the Trainer (forward, loss, backward, SGD), best of 3 runs.
+double our_step_seconds(Arch arch, int64_t batch, int steps) {
+  Runtime rt;
+  ModelOptions o;
+  o.arch = arch;
+  auto model = Model::create(rt, o, Device::cpu());
+  TrainOptions to;
+  to.batch_size = batch;
+  Trainer trainer(*model, {Device::cpu()}, to);
+  HostBatchPtr b = random_batch(batch, 1, 28, 1);
+  for (int i = 0; i < 5; ++i) trainer.step(b);
+  trainer.synchronize();
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < steps; ++i) trainer.step(b);
+    trainer.synchronize();
+    best = std::min(best, seconds_since(t0) / steps);
+  }
+  return best;
+}
+
+// PyTorch's seconds per step for the same models (d2l definitions), or negative when torch is missing.
+std::vector<double> torch_step_seconds(int threads, int steps, int resnet_steps) {
+  std::string script = R"PY(
+import sys, time
+import torch
+from torch import nn
+from torch.nn import functional as F
+torch.set_num_threads(int(sys.argv[1])); steps = int(sys.argv[2]); rsteps = int(sys.argv[3])
+class Residual(nn.Module):
+    def __init__(self, i, o, use_1x1conv=False, strides=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(i, o, 3, padding=1, stride=strides)
+        self.conv2 = nn.Conv2d(o, o, 3, padding=1)
+        self.conv3 = nn.Conv2d(i, o, 1, stride=strides) if use_1x1conv else None
+        self.bn1 = nn.BatchNorm2d(o); self.bn2 = nn.BatchNorm2d(o)
+    def forward(self, X):
+        Y = F.relu(self.bn1(self.conv1(X))); Y = self.bn2(self.conv2(Y))
+        if self.conv3: X = self.conv3(X)
+        return F.relu(Y + X)
+def stage(i, o, first):
+    return nn.Sequential(Residual(i, o, not first, 1 if first else 2), Residual(o, o))
+resnet = nn.Sequential(nn.Conv2d(1, 64, 3, 1, 1), nn.BatchNorm2d(64), nn.ReLU(), stage(64, 64, True),
+    stage(64, 128, False), stage(128, 256, False), stage(256, 512, False), nn.AdaptiveAvgPool2d((1, 1)),
+    nn.Flatten(), nn.Linear(512, 10))
+mlp = nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
+lenet = nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.Sigmoid(), nn.AvgPool2d(2, 2), nn.Conv2d(6, 16, 5),
+    nn.Sigmoid(), nn.AvgPool2d(2, 2), nn.Flatten(), nn.Linear(400, 120), nn.Sigmoid(), nn.Linear(120, 84),
+    nn.Sigmoid(), nn.Linear(84, 10))
+def bench(net, n, steps):
+    X = torch.rand(n, 1, 28, 28); y = torch.randint(0, 10, (n,))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1); loss = nn.CrossEntropyLoss()
+    def step():
+        opt.zero_grad(); l = loss(net(X), y); l.backward(); opt.step()
+    for _ in range(5): step()
+    best = 1e30
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(steps): step()
+        best = min(best, (time.perf_counter() - t) / steps)
+    return best
+print(bench(mlp, 256, steps), bench(lenet, 256, steps), bench(resnet, 32, rsteps))
+)PY";
+  const std::string path = "/tmp/gn_train_bench_" + std::to_string(getpid()) + ".py";
+  if (FILE* f = std::fopen(path.c_str(), "w")) {
+    std::fputs(script.c_str(), f);
+    std::fclose(f);
+  } else {
+    return {-1, -1, -1};
+  }
+  const std::string cmd = "/usr/bin/python3 " + path + " " + std::to_string(threads) + " " + std::to_string(steps) +
+                          " " + std::to_string(resnet_steps) + " 2>/dev/null";
+  std::vector<double> out(3, -1);
+  {
+    std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+    if (!p || std::fscanf(p.get(), "%lf %lf %lf", &out[0], &out[1], &out[2]) != 3) out.assign(3, -1);
+  }
+  std::remove(path.c_str());
+  return out;
+}
+
+// --- the convolution choice ---------------------------------------------------------------------------------------
+
+struct ConvCase {
+  const char* name;
+  int64_t n, c, hw, k, r, stride, pad;
+  bool need_dx;  // the first layer of a model needs no input gradient
+};
+
+// im2col + sgemm over the whole batch: cols [C*R*R, N*OH*OW], one GEMM per pass, then the NCHW shuffle.
+double im2col_seconds(const ConvCase& cc, int reps) {
+  const int64_t oh = (cc.hw + 2 * cc.pad - cc.r) / cc.stride + 1, p = oh * oh, kk = cc.c * cc.r * cc.r;
+  const int64_t np = cc.n * p;
+  std::vector<float> x(cc.n * cc.c * cc.hw * cc.hw, 0.5f), w(cc.k * kk, 0.1f), y(cc.n * cc.k * p), dy(y.size(), 0.2f);
+  std::vector<float> cols(kk * np), ymat(cc.k * np), dx(x.size()), dw(w.size());
+  auto im2col = [&] {
+#pragma omp parallel for collapse(2)
+    for (int64_t i = 0; i < cc.n; ++i)
+      for (int64_t ci = 0; ci < cc.c; ++ci)
+        for (int64_t ky = 0; ky < cc.r; ++ky)
+          for (int64_t kx = 0; kx < cc.r; ++kx) {
+            float* dst = cols.data() + ((ci * cc.r + ky) * cc.r + kx) * np + i * p;
+            const float* src = x.data() + (i * cc.c + ci) * cc.hw * cc.hw;
+            for (int64_t oy = 0; oy < oh; ++oy) {
+              const int64_t iy = oy * cc.stride - cc.pad + ky;
+              for (int64_t ox = 0; ox < oh; ++ox) {
+                const int64_t ix = ox * cc.stride - cc.pad + kx;
+                dst[oy * oh + ox] = iy >= 0 && iy < cc.hw && ix >= 0 && ix < cc.hw ? src[iy * cc.hw + ix] : 0.0f;
+              }
+            }
+          }
+  };
+  auto once = [&] {
+    im2col();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, cc.k, np, kk, 1, w.data(), kk, cols.data(), np, 0,
+                ymat.data(), np);
+#pragma omp parallel for collapse(2)
+    for (int64_t i = 0; i < cc.n; ++i)
+      for (int64_t o = 0; o < cc.k; ++o) std::memcpy(&y[(i * cc.k + o) * p], &ymat[o * np + i * p], p * sizeof(float));
+    // backward: dy to [K, N*P], dW = dy cols^T, dcols = W^T dy, col2im
+#pragma omp parallel for collapse(2)
+    for (int64_t i = 0; i < cc.n; ++i)
+      for (int64_t o = 0; o < cc.k; ++o) std::memcpy(&ymat[o * np + i * p], &dy[(i * cc.k + o) * p], p * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, cc.k, kk, np, 1, ymat.data(), np, cols.data(), np, 0,
+                dw.data(), kk);
+    if (!cc.need_dx) return;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kk, np, cc.k, 1, w.data(), kk, ymat.data(), np, 0,
+                cols.data(), np);
+    std::fill(dx.begin(), dx.end(), 0.0f);
+#pragma omp parallel for collapse(2)
+    for (int64_t i = 0; i < cc.n; ++i)
+      for (int64_t ci = 0; ci < cc.c; ++ci)
+        for (int64_t ky = 0; ky < cc.r; ++ky)
+          for (int64_t kx = 0; kx < cc.r; ++kx) {
+            const float* src = cols.data() + ((ci * cc.r + ky) * cc.r + kx) * np + i * p;
+            float* dst = dx.data() + (i * cc.c + ci) * cc.hw * cc.hw;
+            for (int64_t oy = 0; oy < oh; ++oy) {
+              const int64_t iy = oy * cc.stride - cc.pad + ky;
+              if (iy < 0 || iy >= cc.hw) continue;
+              for (int64_t ox = 0; ox < oh; ++ox) {
+                const int64_t ix = ox * cc.stride - cc.pad + kx;
+                if (ix >= 0 && ix < cc.hw) dst[iy * cc.hw + ix] += src[oy * oh + ox];
+              }
+            }
+          }
+  };
+  once();
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    once();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+double onednn_seconds(Runtime& rt, const ConvCase& cc, int reps) {
+  Device d = Device::cpu();
+  Tensor x = uniform(rt, {cc.n, cc.c, cc.hw, cc.hw}, d, 1), w = uniform(rt, {cc.k, cc.c, cc.r, cc.r}, d, 2);
+  Tensor b = zeros(rt, {cc.k}, d);
+  Conv2dOptions o{cc.stride, cc.pad};
+  auto once = [&] {
+    Tensor y = conv2d(x, w, b, o);
+    Conv2dGrads g = conv2d_backward(x, w, y, o, cc.need_dx);
+    rt.engine().wait(g.dw.var());
+  };
+  once();
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    once();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int steps = 40;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
+  }
+  // One CPU device gets every core the process may use; PyTorch gets the same count.
+  setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+  const int resnet_steps = std::max(3, steps / 8);
+  std::printf("gpunodes training benchmark (CPU, %d threads, batch 256; ResNet-18 batch 32 at 28x28)\n\n", threads);
+  row("measure", "gpunodes", "PyTorch", "ratio", "goal");
+  rule();
+  const double mlp = our_step_seconds(Arch::Mlp, 256, steps);
+  const double lenet = our_step_seconds(Arch::LeNet, 256, steps);
+  const double resnet = our_step_seconds(Arch::ResNet18, 32, resnet_steps);
+  const auto torch = torch_step_seconds(threads, steps, resnet_steps);
+  auto ips = [](double s, int64_t n) { return s > 0 ? static_cast<double>(n) / s : -1.0; };
+  auto cell = [](double v, const char* f) { return v > 0 ? fmt(f, v) : std::string("n/a"); };
+  auto ratio = [](double ours, double peer) { return ours > 0 && peer > 0 ? fmt("%.2f", ours / peer) : std::string("-"); };
+  row("MLP training, images/s", cell(ips(mlp, 256), "%.0f"), cell(ips(torch[0], 256), "%.0f"),
+      ratio(ips(mlp, 256), ips(torch[0], 256)), ">= 1.0");
+  row("LeNet training, images/s", cell(ips(lenet, 256), "%.0f"), cell(ips(torch[1], 256), "%.0f"),
+      ratio(ips(lenet, 256), ips(torch[1], 256)), ">= 1.0");
+  // For step time lower is better: the ratio is PyTorch's time over ours, so >= 1 means at least as fast.
+  row("ResNet-18 step (batch 32), ms", cell(resnet * 1e3, "%.1f"), cell(torch[2] * 1e3, "%.1f"),
+      ratio(torch[2], resnet), "-");
+  if (torch[0] < 0) std::printf("\n(PyTorch not found for /usr/bin/python3: apt-get install python3-torch)\n");
+
+  std::printf("\nConvolution, forward + backward (ms): oneDNN (used) vs im2col + OpenBLAS sgemm\n\n");
+  row("shape", "oneDNN", "im2col+gemm", "speedup", "");
+  rule();
+  omp_set_num_threads(threads);
+  Runtime rt;
+  const ConvCase cases[] = {
+      {"LeNet conv1 1->6 5x5 p2 28^2 (no dx)", 256, 1, 28, 6, 5, 1, 2, false},
+      {"LeNet conv2 6->16 5x5 14^2", 256, 6, 14, 16, 5, 1, 0, true},
+      {"ResNet stem 1->64 3x3 28^2 (no dx)", 32, 1, 28, 64, 3, 1, 1, false},
+      {"ResNet 64->64 3x3 28^2", 32, 64, 28, 64, 3, 1, 1, true},
+      {"ResNet 64->128 3x3 s2 28^2", 32, 64, 28, 128, 3, 2, 1, true},
+      {"ResNet 256->256 3x3 7^2", 32, 256, 7, 256, 3, 1, 1, true},
+      {"ResNet 64->128 1x1 s2 (projection)", 32, 64, 28, 128, 1, 2, 0, true},
+  };
+  for (const ConvCase& cc : cases) {
+    const double a = onednn_seconds(rt, cc, 5), b = im2col_seconds(cc, 5);
+    row(cc.name, fmt("%.2f", a * 1e3), fmt("%.2f", b * 1e3), fmt("%.2f", b / a), "");
+  }
+  return 0;
+}

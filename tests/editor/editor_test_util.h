@@ -1,0 +1,78 @@
+// Helpers shared by the editor suites: mouse events with explicit button state (QTest's mouseMove carries no
+// buttons on every Qt version), an order-independent form of a document for comparisons, and an isolated
+// settings and recovery location per test run.
+#pragma once
+#include <QApplication>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
+#include <QMouseEvent>
+#include <QStandardPaths>
+#include <QTemporaryDir>
+#include <QTest>
+#include <algorithm>
+
+#include "canvas.h"
+#include "gpunodes/core/graph_document.h"
+#include "gpunodes/core/serializer.h"
+
+namespace gn::testing {
+
+inline void sendMouse(QWidget* w, QEvent::Type type, QPoint pos, Qt::MouseButton button,
+                      Qt::MouseButtons buttons, Qt::KeyboardModifiers mods = Qt::NoModifier) {
+  QMouseEvent e(type, QPointF(pos), QPointF(w->mapToGlobal(pos)), button, buttons, mods);
+  QApplication::sendEvent(w, &e);
+}
+
+// Press at `from`, move in steps with the button held, release at `to`.
+inline void drag(QWidget* w, QPoint from, QPoint to, Qt::MouseButton button = Qt::LeftButton, int steps = 6) {
+  sendMouse(w, QEvent::MouseButtonPress, from, button, button);
+  for (int i = 1; i <= steps; ++i) {
+    const QPoint p = from + (to - from) * i / steps;
+    sendMouse(w, QEvent::MouseMove, p, Qt::NoButton, button);
+  }
+  sendMouse(w, QEvent::MouseButtonRelease, to, button, Qt::NoButton);
+}
+
+inline QPoint viewPoint(editor::GraphView* v, QPointF scenePos) {
+  return v->mapFromScene(scenePos);
+}
+
+inline QPoint portPoint(editor::GraphView* v, const QString& node, bool output, const QString& port) {
+  editor::NodeItem* n = v->graphScene()->nodeItem(node);
+  return viewPoint(v, n->portScenePos(output, n->portIndex(output, port)));
+}
+
+// The document with nodes sorted by id and wires sorted, so two documents compare equal when they hold the
+// same graph, whatever order edits and undo left them in.
+inline QByteArray normalized(const core::GraphDocument& doc) {
+  QJsonObject o = core::serializer::toJson(doc);
+  QJsonArray nodes = o.value("nodes").toArray(), conns = o.value("connections").toArray();
+  QList<QJsonValue> n(nodes.begin(), nodes.end()), c(conns.begin(), conns.end());
+  std::sort(n.begin(), n.end(), [](const QJsonValue& a, const QJsonValue& b) {
+    return a.toObject().value("id").toString() < b.toObject().value("id").toString();
+  });
+  auto key = [](const QJsonValue& v) {
+    return v.toObject().value("from").toString() + ">" + v.toObject().value("to").toString();
+  };
+  std::sort(c.begin(), c.end(), [&](const QJsonValue& a, const QJsonValue& b) { return key(a) < key(b); });
+  QJsonArray sn, sc;
+  for (const QJsonValue& v : n) sn.append(v);
+  for (const QJsonValue& v : c) sc.append(v);
+  o.insert("nodes", sn);
+  o.insert("connections", sc);
+  o.remove("view");
+  return QJsonDocument(o).toJson(QJsonDocument::Compact);
+}
+
+// Settings (dock layout, recent files) and recovery files go to a private folder, never the user's.
+struct IsolatedEnv {
+  QTemporaryDir dir;
+  IsolatedEnv() {
+    QStandardPaths::setTestModeEnabled(true);
+    qputenv("XDG_CONFIG_HOME", (dir.path() + "/config").toUtf8());
+    qputenv("GPUNODES_RECOVERY_DIR", (dir.path() + "/recovery").toUtf8());
+  }
+};
+
+}  // namespace gn::testing

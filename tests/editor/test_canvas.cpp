@@ -1,0 +1,454 @@
+// Canvas, palette, inspector, undo and clipboard, driven through the real widgets with mouse and keyboard.
+#include <QClipboard>
+#include <QComboBox>
+#include <QLineEdit>
+#include <QListWidget>
+#include <QMimeData>
+#include <QScrollBar>
+#include <QSpinBox>
+#include <QTreeWidget>
+#include <QUndoStack>
+
+#include "editor_test_util.h"
+#include "fake_nodes.h"
+#include "gpunodes/core/registry.h"
+#include "graph_editor.h"
+#include "inspector.h"
+#include "main_window.h"
+#include "node_search.h"
+#include "palette.h"
+
+using namespace gn;
+using editor::GraphView;
+using editor::MainWindow;
+
+class TestCanvas : public QObject {
+  Q_OBJECT
+  testing::IsolatedEnv env_;
+  testing::FakeNodeSet fake_;
+  core::NodeTypeRegistry registry_;
+  std::unique_ptr<MainWindow> w_;
+  QStringList prompts_;
+
+  GraphView* view() { return w_->view(); }
+  QWidget* vp() { return w_->view()->viewport(); }
+  editor::GraphEditor* ed() { return w_->editor(); }
+  core::GraphDocument* doc() { return w_->document(); }
+
+  QString add(const QString& type, QPointF pos) { return ed()->addNode(type, pos); }
+  QPoint nodeTitle(const QString& id) {
+    editor::NodeItem* n = w_->scene()->nodeItem(id);
+    return testing::viewPoint(view(), n->mapToScene(QPointF(n->boundingRect().width() / 2, 12)));
+  }
+  bool connected(const QString& from, const QString& to) {
+    return doc()->connections().contains(
+        core::GraphConnection{*core::Endpoint::parse(from), *core::Endpoint::parse(to), {}});
+  }
+
+ private slots:
+  void initTestCase() { registry_.addPlugin(&fake_, "fake"); }
+
+  void init() {
+    w_ = std::make_unique<MainWindow>(&registry_);
+    w_->setPromptHandler(
+        [this](QMessageBox::Icon, const QString&, const QString& text, QMessageBox::StandardButtons) {
+          prompts_ << text;
+          return QMessageBox::Discard;
+        });
+    w_->resize(1400, 900);
+    w_->show();
+    QVERIFY(QTest::qWaitForWindowExposed(w_.get()));
+    view()->setZoom(1);
+    view()->centerOn(300, 150);
+    prompts_.clear();
+  }
+
+  void cleanup() { w_.reset(); }
+
+  void addNodeFromPalette() {
+    editor::PalettePanel* pal = w_->palette();
+    QTreeWidgetItem* item = pal->itemForType("MatMul");
+    QVERIFY(item);
+    // The search field filters the catalogue.
+    QTest::keyClicks(pal->searchField(), "matm");
+    QVERIFY(!item->isHidden());
+    QVERIFY(pal->itemForType("Device")->isHidden());
+    const QRect r = pal->tree()->visualItemRect(item);
+    // A double click is a press and release, then the double-click event.
+    QTest::mouseClick(pal->tree()->viewport(), Qt::LeftButton, {}, r.center());
+    QTest::mouseDClick(pal->tree()->viewport(), Qt::LeftButton, {}, r.center());
+    QCOMPARE(doc()->nodes().size(), 1);
+    QCOMPARE(doc()->nodes().first().type, QString("MatMul"));
+    QVERIFY(w_->scene()->nodeItem(doc()->nodes().first().id));
+    QCOMPARE(w_->scene()->selectedNodeIds(), QStringList{doc()->nodes().first().id});
+
+    // Drop from the palette: the drag's mime data dropped on the canvas adds the node where it lands.
+    std::unique_ptr<QMimeData> mime(
+        static_cast<editor::PaletteTree*>(pal->tree())->mimeData({pal->itemForType("MatMul")}));
+    QVERIFY(mime);
+    const QPoint at(200, 150);
+    QDragEnterEvent enter(at, Qt::CopyAction, mime.get(), Qt::LeftButton, Qt::NoModifier);
+    QApplication::sendEvent(vp(), &enter);
+    QVERIFY(enter.isAccepted());
+    QDropEvent drop(QPointF(at), Qt::CopyAction, mime.get(), Qt::LeftButton, Qt::NoModifier);
+    QApplication::sendEvent(vp(), &drop);
+    QCOMPARE(doc()->nodes().size(), 2);
+    const QPointF landed = doc()->nodes().last().position;
+    QVERIFY(QLineF(landed, view()->mapToScene(at)).length() < 40);
+    QCOMPARE(ed()->undoStack()->count(), 2);
+  }
+
+  void connectByDragging() {
+    const QString dev = add("Device", {0, 0});
+    const QString t = add("Tensor", {300, 0});
+    const QString mm = add("MatMul", {600, 0});
+    QTest::qWait(20);
+    // Valid: Device.device -> Tensor.device.
+    testing::drag(vp(), testing::portPoint(view(), dev, true, "device"),
+                  testing::portPoint(view(), t, false, "device"));
+    QVERIFY(connected(dev + ".device", t + ".device"));
+    QVERIFY(w_->scene()->wireItem({{dev, "device"}, {t, "device"}, {}}));
+
+    // Invalid: a Device into a Tensor input. While dragging, MatMul's inputs are dimmed.
+    const QPoint from = testing::portPoint(view(), dev, true, "device");
+    const QPoint to = testing::portPoint(view(), mm, false, "a");
+    testing::sendMouse(vp(), QEvent::MouseButtonPress, from, Qt::LeftButton, Qt::LeftButton);
+    testing::sendMouse(vp(), QEvent::MouseMove, to, Qt::NoButton, Qt::LeftButton);
+    QVERIFY(w_->scene()->portDimmed(w_->scene()->nodeItem(mm), false, 0));
+    QVERIFY(!w_->scene()->portDimmed(w_->scene()->nodeItem(t), false, 0));
+    testing::sendMouse(vp(), QEvent::MouseButtonRelease, to, Qt::LeftButton, Qt::NoButton);
+    QVERIFY(!connected(dev + ".device", mm + ".a"));
+    QCOMPARE(doc()->connections().size(), 1);
+    // The refusal says why, in the log.
+    bool explained = false;
+    for (int i = 0; i < w_->log()->count(); ++i)
+      explained = explained || w_->log()->item(i)->text().contains("takes a Tensor");
+    QVERIFY(explained);
+
+    // Output to output is refused too; a cycle is refused.
+    testing::drag(vp(), testing::portPoint(view(), t, true, "out"),
+                  testing::portPoint(view(), mm, false, "a"));
+    QVERIFY(connected(t + ".out", mm + ".a"));
+    const QString mm2 = add("MatMul", {900, 0});
+    testing::drag(vp(), testing::portPoint(view(), mm, true, "out"),
+                  testing::portPoint(view(), mm2, false, "a"));
+    QVERIFY(connected(mm + ".out", mm2 + ".a"));
+    testing::drag(vp(), testing::portPoint(view(), mm2, true, "out"),
+                  testing::portPoint(view(), mm, false, "b"));
+    QVERIFY(!connected(mm2 + ".out", mm + ".b"));
+    QVERIFY(ed()->connectionProblem({mm2, "out"}, {mm, "b"}).contains("cycle"));
+
+    // Dragging from a wired input lifts the wire; dropping it on nothing disconnects (one undo step).
+    const int before = ed()->undoStack()->count();
+    testing::drag(vp(), testing::portPoint(view(), mm2, false, "a"),
+                  testing::portPoint(view(), mm2, false, "a") + QPoint(0, 200));
+    QVERIFY(!connected(mm + ".out", mm2 + ".a"));
+    QCOMPARE(ed()->undoStack()->count(), before + 1);
+    ed()->undoStack()->undo();
+    QVERIFY(connected(mm + ".out", mm2 + ".a"));
+  }
+
+  void wireDroppedOnEmptySpaceOffersCompatibleNodes() {
+    const QString t = add("Tensor", {0, 0});
+    QTest::qWait(20);
+    const QPoint from = testing::portPoint(view(), t, true, "out");
+    testing::drag(vp(), from, from + QPoint(250, 60));
+    auto* popup = qobject_cast<editor::NodeSearchPopup*>(QApplication::activePopupWidget());
+    QVERIFY(popup);
+    QStringList offered;
+    for (int i = 0; i < popup->list()->count(); ++i)
+      offered << popup->list()->item(i)->data(Qt::UserRole).toString();
+    QVERIFY(offered.contains("MatMul"));
+    QVERIFY(offered.contains("Copy"));
+    QVERIFY(!offered.contains("Device"));  // it takes no Tensor
+    QTest::keyClicks(popup->searchField(), "matmul");
+    QTest::keyClick(popup->searchField(), Qt::Key_Return);
+    QTRY_COMPARE(doc()->nodes().size(), 2);
+    const QString mm = doc()->nodes().last().id;
+    QCOMPARE(doc()->nodes().last().type, QString("MatMul"));
+    QVERIFY(connected(t + ".out", mm + ".a"));
+    // Adding and wiring is one undo step.
+    ed()->undoStack()->undo();
+    QCOMPARE(doc()->nodes().size(), 1);
+    QVERIFY(doc()->connections().isEmpty());
+  }
+
+  void editParamInInspector() {
+    const QString mm = add("MatMul", {100, 100});
+    QTest::qWait(20);
+    QTest::mouseClick(vp(), Qt::LeftButton, {}, nodeTitle(mm));
+    QCOMPARE(w_->inspector()->currentNode(), mm);
+    auto* spin = qobject_cast<QSpinBox*>(w_->inspector()->editorFor("repeat"));
+    QVERIFY(spin);
+    QCOMPARE(spin->minimum(), 1);
+    QCOMPARE(spin->maximum(), 1000000);
+    QVERIFY(spin->toolTip().contains("repeat"));
+    spin->setFocus();
+    spin->selectAll();
+    QTest::keyClicks(spin, "25");
+    QTest::keyClick(spin, Qt::Key_Return);
+    QCOMPARE(doc()->node(mm)->params.value("repeat").toInt(), 25);
+    // The node's summary shows it.
+    QVERIFY(w_->scene()->nodeItem(mm));
+
+    auto* combo = qobject_cast<QComboBox*>(w_->inspector()->editorFor("keep"));
+    QVERIFY(combo);
+    combo->setFocus();
+    QTest::keyClick(combo, Qt::Key_Down);
+    QCOMPARE(doc()->node(mm)->params.value("keep").toString(), QString("last"));
+
+    // Undo reverts the document and the editor shows it.
+    ed()->undoStack()->undo();
+    QVERIFY(!doc()->node(mm)->params.contains("keep"));
+    ed()->undoStack()->undo();
+    QVERIFY(!doc()->node(mm)->params.contains("repeat"));
+    QCOMPARE(spin->value(), 1);
+
+    // A bad value in the document (from a file or a script) is shown inline, not hidden by the spin box.
+    doc()->setParam(mm, "repeat", 0);
+    QVERIFY(!w_->inspector()->errorFor("repeat").isEmpty());
+    doc()->setParam(mm, "repeat", 5);
+    QVERIFY(w_->inspector()->errorFor("repeat").isEmpty());
+
+    // The shape editor parses "a, b" and rejects nonsense inline.
+    const QString t = add("Tensor", {100, 300});
+    w_->scene()->selectNodes({t});
+    auto* shape = qobject_cast<QLineEdit*>(w_->inspector()->editorFor("shape"));
+    QVERIFY(shape);
+    shape->setFocus();
+    shape->selectAll();
+    QTest::keyClicks(shape, "128 x 256");
+    QTest::keyClick(shape, Qt::Key_Return);
+    QCOMPARE(doc()->node(t)->params.value("shape").toArray(), (QJsonArray{128, 256}));
+    shape->selectAll();
+    QTest::keyClicks(shape, "12, abc");
+    QTest::keyClick(shape, Qt::Key_Return);
+    QCOMPARE(doc()->node(t)->params.value("shape").toArray(), (QJsonArray{128, 256}));
+    QVERIFY(w_->inspector()->errorFor("shape").contains("abc"));
+  }
+
+  void undoRedoSequenceWithPaste() {
+    QList<QByteArray> states{testing::normalized(*doc())};
+    const QString dev = add("Device", {0, 0});
+    states << testing::normalized(*doc());
+    const QString t = add("Tensor", {300, 0});
+    states << testing::normalized(*doc());
+    QTest::qWait(20);
+    testing::drag(vp(), testing::portPoint(view(), dev, true, "device"),
+                  testing::portPoint(view(), t, false, "device"));
+    states << testing::normalized(*doc());
+    // Move by dragging the title bar; two consecutive drags of the same node merge into one step.
+    const QPoint title = nodeTitle(t);
+    testing::drag(vp(), title, title + QPoint(40, 30));
+    testing::drag(vp(), title + QPoint(40, 30), title + QPoint(80, 60));
+    QCOMPARE(doc()->node(t)->position, QPointF(380, 60));
+    states << testing::normalized(*doc());
+    ed()->setParam(t, "seed", 7);
+    states << testing::normalized(*doc());
+    // Copy both and paste: one step, whatever the number of nodes.
+    w_->scene()->selectNodes({dev, t});
+    view()->setFocus();
+    QTest::keyClick(vp(), Qt::Key_C, Qt::ControlModifier);
+    QTest::keyClick(vp(), Qt::Key_V, Qt::ControlModifier);
+    QCOMPARE(doc()->nodes().size(), 4);
+    QCOMPARE(doc()->connections().size(), 2);
+    states << testing::normalized(*doc());
+    QCOMPARE(ed()->undoStack()->count(), states.size() - 1);
+
+    for (int i = states.size() - 2; i >= 0; --i) {
+      ed()->undoStack()->undo();
+      QCOMPARE(testing::normalized(*doc()), states[i]);
+      QCOMPARE(w_->scene()->nodeCount(), int(doc()->nodes().size()));
+      QCOMPARE(w_->scene()->wireCount(), int(doc()->connections().size()));
+    }
+    for (int i = 1; i < states.size(); ++i) {
+      ed()->undoStack()->redo();
+      QCOMPARE(testing::normalized(*doc()), states[i]);
+    }
+    QCOMPARE(w_->scene()->wireCount(), 2);
+  }
+
+  void copyPasteDuplicateDelete() {
+    const QString dev = add("Device", {0, 0});
+    const QString t = add("Tensor", {300, 0});
+    ed()->connect({dev, "device"}, {t, "device"});
+    ed()->setParam(t, "shape", QJsonArray{8, 8});
+    w_->scene()->selectNodes({dev, t});
+    view()->setFocus();
+    QTest::keyClick(vp(), Qt::Key_C, Qt::ControlModifier);
+    // The clipboard holds a graph document's JSON: the same format as files.
+    const QJsonObject clip = QJsonDocument::fromJson(QApplication::clipboard()->text().toUtf8()).object();
+    QCOMPARE(clip.value("format").toString(), QString("gpunodes-graph"));
+    QCOMPARE(clip.value("nodes").toArray().size(), 2);
+
+    QTest::keyClick(vp(), Qt::Key_V, Qt::ControlModifier);
+    QCOMPARE(doc()->nodes().size(), 4);
+    const QStringList pasted = w_->scene()->selectedNodeIds();
+    QCOMPARE(pasted.size(), 2);
+    QVERIFY(!pasted.contains(dev) && !pasted.contains(t));
+    QString newDev, newT;
+    for (const QString& id : pasted) (doc()->node(id)->type == "Device" ? newDev : newT) = id;
+    QVERIFY(connected(newDev + ".device", newT + ".device"));
+    QCOMPARE(doc()->node(newT)->params.value("shape").toArray(), (QJsonArray{8, 8}));
+
+    // Ctrl+D duplicates the selection next to it.
+    w_->scene()->selectNodes({t});
+    QTest::keyClick(vp(), Qt::Key_D, Qt::ControlModifier);
+    QCOMPARE(doc()->nodes().size(), 5);
+    const QString dup = w_->scene()->selectedNodeIds().value(0);
+    QCOMPARE(doc()->node(dup)->position, doc()->node(t)->position + QPointF(40, 40));
+
+    // Delete removes the selection and its wires; undo brings both back.
+    w_->scene()->selectNodes({dev});
+    QTest::keyClick(vp(), Qt::Key_Delete);
+    QVERIFY(!doc()->hasNode(dev));
+    QVERIFY(!connected(dev + ".device", t + ".device"));
+    ed()->undoStack()->undo();
+    QVERIFY(doc()->hasNode(dev));
+    QVERIFY(connected(dev + ".device", t + ".device"));
+    QVERIFY(w_->scene()->wireItem({{dev, "device"}, {t, "device"}, {}}));
+  }
+
+  void navigation() {
+    add("Device", {0, 0});
+    add("Tensor", {2000, 1500});
+    QTest::qWait(10);
+    // Wheel zooms at the cursor: the scene point under it stays put.
+    const QPoint at(300, 200);
+    const QPointF before = view()->mapToScene(at);
+    QWheelEvent wheel(QPointF(at), QPointF(vp()->mapToGlobal(at)), {}, QPoint(0, 240), Qt::NoButton,
+                      Qt::NoModifier, Qt::NoScrollPhase, false);
+    QApplication::sendEvent(vp(), &wheel);
+    QVERIFY(view()->zoom() > 1.2);
+    QVERIFY(QLineF(view()->mapToScene(at), before).length() < 2);
+    // Middle-drag pans.
+    const QPointF c0 = view()->mapToScene(vp()->rect().center());
+    testing::drag(vp(), QPoint(400, 300), QPoint(300, 250), Qt::MiddleButton);
+    const QPointF c1 = view()->mapToScene(vp()->rect().center());
+    QVERIFY(c1.x() > c0.x() + 50 / view()->zoom());
+    // Space + left drag pans too, and does not start a rubber band.
+    view()->setFocus();
+    QTest::keyPress(vp(), Qt::Key_Space);
+    testing::drag(vp(), QPoint(300, 300), QPoint(400, 300));
+    QTest::keyRelease(vp(), Qt::Key_Space);
+    QVERIFY(view()->mapToScene(vp()->rect().center()).x() < c1.x() - 50 / view()->zoom());
+    // F frames everything.
+    QTest::keyClick(vp(), Qt::Key_F);
+    QVERIFY(view()->mapToScene(vp()->rect()).boundingRect().contains(w_->scene()->nodesRect(false)));
+    // Rubber band selects both nodes; dragging one moves both (one undo step).
+    w_->scene()->clearSelection();
+    testing::drag(vp(), QPoint(2, 2), QPoint(vp()->width() - 3, vp()->height() - 3));
+    QCOMPARE(w_->scene()->selectedNodeIds().size(), 2);
+    const QString first = doc()->nodes().first().id;
+    const QPointF p0 = doc()->nodes().first().position, p1 = doc()->nodes().last().position;
+    const QPoint title = nodeTitle(first);
+    const int steps = ed()->undoStack()->count();
+    testing::drag(vp(), title, title + QPoint(20, 10));
+    QVERIFY(doc()->nodes().first().position != p0);
+    QCOMPARE(doc()->nodes().last().position - p1, doc()->nodes().first().position - p0);
+    QCOMPARE(ed()->undoStack()->count(), steps + 1);
+  }
+
+  void deviceMismatchOffersInsertCopy() {
+    const QString d0 = add("Device", {0, 0}), d1 = add("Device", {0, 250});
+    const QString x = add("Tensor", {250, 0}), y = add("Tensor", {250, 250});
+    const QString e = add("Elementwise", {550, 100});
+    ed()->connect({d0, "device"}, {x, "device"});
+    ed()->connect({d1, "device"}, {y, "device"});
+    ed()->connect({x, "out"}, {e, "a"});
+    ed()->connect({y, "out"}, {e, "b"});
+    const QString msg =
+        "Expected all tensors to be on the same device, but found at least two devices, cpu:1 and cpu!";
+    w_->scene()->setRunStatus(e, editor::RunStatus::Failed, 0, msg);
+    editor::NodeItem* item = w_->scene()->nodeItem(e);
+    QVERIFY(item->errors().contains(msg));
+    // The error is on the node's tooltip, with the offer.
+    testing::sendMouse(vp(), QEvent::MouseMove, nodeTitle(e) + QPoint(1, 1), Qt::NoButton, Qt::NoButton);
+    testing::sendMouse(vp(), QEvent::MouseMove, nodeTitle(e), Qt::NoButton, Qt::NoButton);
+    QTRY_VERIFY(item->toolTip().contains("Insert Copy node"));
+    QVERIFY(item->toolTip().contains("same device"));
+
+    QString why;
+    QVERIFY2(ed()->insertCopyNode(e, msg, &why), qPrintable(why));
+    QString copy;
+    for (const core::GraphNode& n : doc()->nodes())
+      if (n.type == "Copy") copy = n.id;
+    QVERIFY(!copy.isEmpty());
+    QVERIFY(connected(y + ".out", copy + ".in"));
+    QVERIFY(connected(copy + ".out", e + ".b"));
+    QVERIFY(connected(d0 + ".device", copy + ".device"));  // the device of the first input
+    QVERIFY(!connected(y + ".out", e + ".b"));
+    ed()->undoStack()->undo();
+    QVERIFY(!doc()->hasNode(copy));
+    QVERIFY(connected(y + ".out", e + ".b"));
+  }
+
+  void validationErrorsArePainted() {
+    const QString mm = add("MatMul", {0, 0});
+    ed()->setParam(mm, "repeat", 0);
+    w_->validateNow();
+    editor::NodeItem* item = w_->scene()->nodeItem(mm);
+    QVERIFY(!item->errors().isEmpty());
+    bool range = false;
+    for (const QString& e : item->errors()) range = range || e.contains("repeat");
+    QVERIFY(range);
+    // Run refuses a graph with errors and says so, all at once.
+    QVERIFY(!w_->runGraph());
+    QVERIFY(w_->lastMessage().contains("problem"));
+  }
+
+  void commentFrames() {
+    const QString a = add("Device", {0, 0}), b = add("Tensor", {250, 0});
+    w_->scene()->selectNodes({a, b});
+    view()->setFocus();
+    QTest::keyClick(vp(), Qt::Key_C);
+    QCOMPARE(ed()->comments().size(), 1);
+    const editor::CommentFrame f = ed()->comments().first();
+    QVERIFY(f.rect.contains(w_->scene()->nodesRect(false)));
+    editor::CommentItem* item = w_->scene()->commentItem(f.id);
+    QVERIFY(item);
+    // Dragging the frame by its title carries the nodes inside, and undo puts both back in one step.
+    w_->scene()->clearSelection();
+    const QPoint title = testing::viewPoint(view(), f.rect.topLeft() + QPointF(60, 10));
+    const int steps = ed()->undoStack()->count();
+    testing::drag(vp(), title, title + QPoint(50, 40));
+    QTRY_COMPARE(ed()->comments().first().rect.topLeft(), f.rect.topLeft() + QPointF(50, 40));
+    QCOMPARE(doc()->node(a)->position, QPointF(50, 40));
+    QCOMPARE(doc()->node(b)->position, QPointF(300, 40));
+    QCOMPARE(ed()->undoStack()->count(), steps + 1);
+    ed()->undoStack()->undo();
+    QCOMPARE(doc()->node(a)->position, QPointF(0, 0));
+    QCOMPARE(ed()->comments().first().rect, f.rect);
+    // Frames are kept in the file (as the top-level "comments" field) and survive a round trip.
+    core::GraphDocument copy;
+    QString error;
+    QVERIFY2(core::serializer::load(core::serializer::save(*doc()), copy, &error), qPrintable(error));
+    QCOMPARE(copy.extra().value("comments").toArray().size(), 1);
+    // Delete removes a selected frame (and leaves the nodes).
+    w_->scene()->clearSelection();
+    w_->scene()->commentItem(f.id)->setSelected(true);
+    QTest::keyClick(vp(), Qt::Key_Delete);
+    QVERIFY(ed()->comments().isEmpty());
+    QCOMPARE(doc()->nodes().size(), 2);
+  }
+
+  void settingsAreUndoableEdits() {
+    auto* combo = w_->findChild<QComboBox*>("scheduleCombo");
+    auto* spin = w_->findChild<QSpinBox*>("cpuDevicesSpin");
+    QVERIFY(combo && spin);
+    combo->setFocus();
+    QTest::keyClick(combo, Qt::Key_Down);
+    QCOMPARE(doc()->settings().value("schedule").toString(), QString("sequential"));
+    spin->setValue(3);
+    QCOMPARE(doc()->settings().value("cpu_devices").toInt(), 3);
+    QVERIFY(w_->isDirty());
+    ed()->undoStack()->undo();
+    ed()->undoStack()->undo();
+    QCOMPARE(doc()->settings().value("schedule").toString(), QString("parallel"));
+    QCOMPARE(spin->value(), 2);
+    QCOMPARE(combo->currentText(), QString("parallel"));
+  }
+};
+
+QTEST_MAIN(TestCanvas)
+#include "test_canvas.moc"
