@@ -116,13 +116,9 @@ void NodeItem::rebuild() {
   layout();
   if (pos() != n->position) setPos(n->position);
   // Ports may have moved (a missing node gains ports from its wires): re-anchor the wires.
-  for (WireItem* w : wires_) {
-    const bool out = w->fromNode() == this;
-    const int from = w->fromNode()->portIndex(true, w->connection().from.port);
-    const int to = w->toNode()->portIndex(false, w->connection().to.port);
-    Q_UNUSED(out);
-    w->setPorts(from, to);
-  }
+  for (WireItem* w : wires_)
+    w->setPorts(w->fromNode()->portIndex(true, w->connection().from.port),
+                w->toNode()->portIndex(false, w->connection().to.port));
 }
 
 void NodeItem::layout() {

@@ -7,8 +7,11 @@
 #include <QPalette>
 #include <QStyleFactory>
 #include <QTimer>
+#include <functional>
+#include <memory>
 
 #include "gpunodes/core/registry.h"
+#include "graph_editor.h"
 #include "main_window.h"
 #include "run_controller.h"
 
@@ -86,13 +89,26 @@ int runEditor(int argc, char** argv, const QString& file) {
         app.quit();
       });
     };
-    if (qEnvironmentVariableIntValue("GPUNODES_EDITOR_RUN") == 1) {
-      QObject::connect(window.runner(), &gn::editor::RunController::finished, &app, grab);
-      QTimer::singleShot(400, &app, [&window, grab] {
-        if (!window.runGraph()) grab();
-      });
-    } else {
+    // "1" runs once; a list such as "sequential,parallel" runs under each schedule in turn, so the timing
+    // plot compares them and the timeline shows the last.
+    QStringList runs = qEnvironmentVariable("GPUNODES_EDITOR_RUN").split(',', Qt::SkipEmptyParts);
+    if (runs == QStringList{"1"}) runs = QStringList{QString()};
+    if (runs.isEmpty() || runs == QStringList{"0"}) {
       grab();
+    } else {
+      auto next = std::make_shared<std::function<void()>>();
+      *next = [&window, runs, grab, next, i = 0]() mutable {
+        if (i == runs.size()) {
+          grab();
+          return;
+        }
+        if (!runs[i].isEmpty()) window.editor()->setSetting("schedule", runs[i]);
+        ++i;
+        if (!window.runGraph()) grab();
+      };
+      QObject::connect(window.runner(), &gn::editor::RunController::finished, &app,
+                       [next] { QTimer::singleShot(100, [next] { (*next)(); }); });
+      QTimer::singleShot(400, &app, [next] { (*next)(); });
     }
   }
   return app.exec();

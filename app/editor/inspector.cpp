@@ -27,6 +27,12 @@ using core::ParamType;
 
 namespace {
 
+// Shows 0.5 as "0.5", not "0.500000", while still accepting six decimals.
+class CompactDoubleSpinBox : public QDoubleSpinBox {
+ public:
+  QString textFromValue(double v) const override { return locale().toString(v, 'g', 12); }
+};
+
 // "4000, 4000", "4000x4000" and "[4000, 4000]" all mean the same shape.
 std::optional<QJsonArray> parseShape(const QString& text, QString* error) {
   QString t = text.trimmed();
@@ -74,8 +80,15 @@ InspectorPanel::InspectorPanel(GraphEditor* editor, QWidget* parent) : QScrollAr
     }
   });
   connect(doc, &core::GraphDocument::reset, this, [this] { showNodes({}); });
-  connect(doc, &core::GraphDocument::metadataChanged, this, [this] {
+  // The graph summary (counts, settings) follows edits, coalesced: a paste of hundreds of nodes rebuilds
+  // once.
+  graphInfo_.setSingleShot(true);
+  graphInfo_.setInterval(100);
+  connect(&graphInfo_, &QTimer::timeout, this, [this] {
     if (selection_.isEmpty()) rebuild();
+  });
+  connect(doc, &core::GraphDocument::changed, this, [this] {
+    if (selection_.isEmpty()) graphInfo_.start();
   });
   rebuild();
 }
@@ -129,7 +142,7 @@ QWidget* InspectorPanel::makeEditor(const ParamSpec& ps) {
       break;
     }
     case ParamType::Float: {
-      auto* s = new QDoubleSpinBox;
+      auto* s = new CompactDoubleSpinBox;
       s->setDecimals(6);
       s->setRange(ps.min.value_or(-1e15), ps.max.value_or(1e15));
       s->setSingleStep(ps.max && ps.min && *ps.max - *ps.min <= 1 ? 0.01 : 0.1);

@@ -4,6 +4,7 @@
 #pragma once
 #include <QHash>
 #include <QScrollArea>
+#include <QTimer>
 
 #include "gpunodes/core/node_type.h"
 #include "gpunodes/core/validation.h"
@@ -47,6 +48,7 @@ class InspectorPanel : public QScrollArea {
   QHash<QString, QStringList> issues_;  // field -> messages, for the current node
   QLabel* nodeErrors_ = nullptr;
   core::ValidationReport report_;
+  QTimer graphInfo_;  // refreshes the graph summary shown when nothing is selected
 };
 
 }  // namespace gn::editor

@@ -326,6 +326,7 @@ void MainWindow::buildActions() {
 void MainWindow::buildStatusBar() {
   stateLabel_ = new QLabel("Idle", this);
   stateLabel_->setObjectName("runState");
+  stateLabel_->setMinimumWidth(90);
   wallLabel_ = new QLabel(this);
   wallLabel_->setObjectName("wallTime");
   devicesLabel_ = new QLabel(this);
@@ -397,7 +398,10 @@ void MainWindow::updateTitle() {
 }
 
 void MainWindow::setDocumentFrom(core::GraphDocument& loaded, const QString& file) {
-  if (run_->isRunning()) run_->cancel();
+  if (run_->isRunning()) {
+    run_->cancel();
+    staleRun_ = true;
+  }
   scene_->clearSelection();
   doc_.replaceAll(loaded);
   editor_->undoStack()->clear();
@@ -681,6 +685,7 @@ bool MainWindow::runGraph() {
     return false;
   }
   scene_->resetRunState();
+  staleRun_ = false;
   core::ValidationReport report;
   QString why;
   if (!run_->start(doc_, &report, &why)) {
@@ -725,6 +730,7 @@ void MainWindow::cancelRun() {
 
 void MainWindow::onBatch(const QList<core::RunEvent>& events) {
   using K = core::RunEvent::Kind;
+  if (staleRun_) return;
   QList<core::TraceSpan> spans;
   QList<core::MemorySampleEvent> memory;
   for (const core::RunEvent& e : events) {
@@ -788,6 +794,13 @@ void MainWindow::onBatch(const QList<core::RunEvent>& events) {
 }
 
 void MainWindow::onRunFinished(bool ok, bool cancelled, const QString& message) {
+  if (staleRun_) {
+    staleRun_ = false;
+    progress_->hide();
+    stateLabel_->setText("Idle");
+    updateRunActions();
+    return;
+  }
   const QJsonObject report = run_->report();
   const double wall = report.value("wall_ms").toDouble(run_->elapsedMs());
   plots_->setRunWall(wall);

@@ -140,7 +140,9 @@ class MainWindow : public QMainWindow {
   QProgressBar* progress_;
 
   QString file_;
-  bool forcedDirty_ = false;  // a restored recovery file is unsaved work though the undo stack is clean
+  bool forcedDirty_ = false;
+  bool staleRun_ = false;  // a run of a document that has since been replaced: its events are not painted  //
+                           // a restored recovery file is unsaved work though the undo stack is clean
   QTimer validateTimer_, autosaveTimer_, devicesTimer_;
   QString lastMessage_;
   QStringList devicesInUse_;

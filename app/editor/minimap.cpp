@@ -11,7 +11,7 @@ namespace gn::editor {
 
 Minimap::Minimap(GraphView* view) : QWidget(view->viewport()), view_(view) {
   setObjectName("minimap");
-  resize(200, 130);
+  resize(170, 105);
   setCursor(Qt::PointingHandCursor);
   setToolTip("Minimap: click or drag to move the view");
   // Coalesce bursts (a paste of hundreds of nodes, a run's status changes) into one repaint.
@@ -46,7 +46,7 @@ void Minimap::paintEvent(QPaintEvent*) {
   const QPoint corner(parentWidget()->width() - width() - 10, parentWidget()->height() - height() - 10);
   if (pos() != corner) move(corner);
   QPainter p(this);
-  p.fillRect(rect(), QColor(0x16, 0x18, 0x1b, 220));
+  p.fillRect(rect(), QColor(0x16, 0x18, 0x1b, 170));
   p.setPen(QColor(0x3a, 0x3f, 0x46));
   p.drawRect(rect().adjusted(0, 0, -1, -1));
   const QRectF w = world();

@@ -51,13 +51,17 @@ PlotsPanel::PlotsPanel(QWidget* parent) : QTabWidget(parent) {
 
   memory_->xAxis->setLabel("time (ms)");
   memory_->yAxis->setLabel("MiB");
-  memory_->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignLeft);
+  // Three curves per device make a long legend: beside the plot, not over the curves.
+  for (QCustomPlot* p : {memory_, metrics_}) {
+    p->plotLayout()->addElement(0, 1, p->legend);
+    p->plotLayout()->setColumnStretchFactor(1, 0.001);
+    p->legend->setMargins(QMargins(4, 2, 4, 2));
+  }
 
   metrics_->xAxis->setLabel("step / epoch");
   metrics_->yAxis->setLabel("value");
   metrics_->yAxis2->setLabel("accuracy");
   metrics_->yAxis2->setRange(0, 1);
-  metrics_->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
 }
 
 QCustomPlot* PlotsPanel::makePlot(const QString& name) {

@@ -170,6 +170,8 @@ void TimelineView::paintEvent(QPaintEvent*) {
       const QRectF r(x0, top + kLanePad + spanRow_[si] * kSubRowH, qMax(1.0, x1 - x0), kSubRowH - 2);
       const QColor c = colorOf(s.node);
       p.fillRect(r, c);
+      // A darker left edge separates back-to-back spans of one node (50 matmuls in a row).
+      if (r.width() > 4) p.fillRect(QRectF(r.left(), r.top(), 1, r.height()), c.darker(170));
       if (s.hostBlocking) p.fillRect(QRectF(r.left(), r.top(), r.width(), 3), QColor(0xe5, 0x48, 0x48));
       if (r.width() > 28) {
         p.setPen(QColor(0x10, 0x10, 0x10));

@@ -1,9 +1,13 @@
-// Training benchmarks on the CPU, each against a peer measured in the same run. Not pass/fail: it prints tables.
+// Training benchmarks on the CPU, each against a peer measured in the same run. Not pass/fail: it prints
+// tables.
 //   1. images/second training MLP and LeNet (batch 256), and ResNet-18 step time, vs PyTorch (Debian's
 //      python3-torch for /usr/bin/python3) with the same model, batch and thread count.
 //   2. The convolution choice: oneDNN (what the CPU kernels use) vs im2col + OpenBLAS sgemm, forward plus
 //      backward, for the LeNet and ResNet-18 shapes.
-// Options: --threads N (default: all cores), --steps N (timed steps per model, default 40).
+//   3. With --gpu, where CUDA devices exist: one ResNet-18 epoch on Fashion-MNIST resized to 96 (the seed's
+//      setting: batch 256, lr 0.1; and batch 512, lr 0.2 on two GPUs), seconds and test accuracy, next to
+//      PyTorch on the same GPU when a CUDA build of torch is installed.
+// Options: --threads N (default: all cores), --steps N (timed steps per model, default 40), --gpu, --no-cpu.
 #include <cblas.h>
 #include <omp.h>
 
@@ -25,7 +29,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -33,10 +39,10 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-void row(const std::string& measure, const std::string& ours, const std::string& peer, const std::string& ratio,
-         const char* goal) {
-  std::printf("| %-40s | %12s | %12s | %7s | %-7s |\n", measure.c_str(), ours.c_str(), peer.c_str(), ratio.c_str(),
-              goal);
+void row(const std::string& measure, const std::string& ours, const std::string& peer,
+         const std::string& ratio, const char* goal) {
+  std::printf("| %-40s | %12s | %12s | %7s | %-7s |\n", measure.c_str(), ours.c_str(), peer.c_str(),
+              ratio.c_str(), goal);
 }
 
 void rule() {
@@ -61,8 +67,14 @@ HostBatchPtr random_batch(int64_t n, int64_t c, int64_t side, uint64_t seed) {
 }
 
 // Seconds per training step of `arch` through the Trainer (forward, loss, backward, SGD), best of 3 runs.
-double our_step_seconds(Arch arch, int64_t batch, int steps) {
-  Runtime rt;
+// A runtime whose cpu:0 has `threads` cores: the machine split into cores/threads CPU devices.
+RuntimeOptions with_threads(int threads) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return {.cpu_devices = std::max(1, cores / std::max(1, threads))};
+}
+
+double our_step_seconds(Arch arch, int64_t batch, int steps, int threads) {
+  Runtime rt(with_threads(threads));
   ModelOptions o;
   o.arch = arch;
   auto model = Model::create(rt, o, Device::cpu());
@@ -131,8 +143,8 @@ print(bench(mlp, 256, steps), bench(lenet, 256, steps), bench(resnet, 32, rsteps
   } else {
     return {-1, -1, -1};
   }
-  const std::string cmd = "/usr/bin/python3 " + path + " " + std::to_string(threads) + " " + std::to_string(steps) +
-                          " " + std::to_string(resnet_steps) + " 2>/dev/null";
+  const std::string cmd = "/usr/bin/python3 " + path + " " + std::to_string(threads) + " " +
+                          std::to_string(steps) + " " + std::to_string(resnet_steps) + " 2>/dev/null";
   std::vector<double> out(3, -1);
   {
     std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
@@ -142,7 +154,8 @@ print(bench(mlp, 256, steps), bench(lenet, 256, steps), bench(resnet, 32, rsteps
   return out;
 }
 
-// --- the convolution choice ---------------------------------------------------------------------------------------
+// --- the convolution choice
+// ---------------------------------------------------------------------------------------
 
 struct ConvCase {
   const char* name;
@@ -154,7 +167,8 @@ struct ConvCase {
 double im2col_seconds(const ConvCase& cc, int reps) {
   const int64_t oh = (cc.hw + 2 * cc.pad - cc.r) / cc.stride + 1, p = oh * oh, kk = cc.c * cc.r * cc.r;
   const int64_t np = cc.n * p;
-  std::vector<float> x(cc.n * cc.c * cc.hw * cc.hw, 0.5f), w(cc.k * kk, 0.1f), y(cc.n * cc.k * p), dy(y.size(), 0.2f);
+  std::vector<float> x(cc.n * cc.c * cc.hw * cc.hw, 0.5f), w(cc.k * kk, 0.1f), y(cc.n * cc.k * p),
+      dy(y.size(), 0.2f);
   std::vector<float> cols(kk * np), ymat(cc.k * np), dx(x.size()), dw(w.size());
   auto im2col = [&] {
 #pragma omp parallel for collapse(2)
@@ -168,7 +182,8 @@ double im2col_seconds(const ConvCase& cc, int reps) {
               const int64_t iy = oy * cc.stride - cc.pad + ky;
               for (int64_t ox = 0; ox < oh; ++ox) {
                 const int64_t ix = ox * cc.stride - cc.pad + kx;
-                dst[oy * oh + ox] = iy >= 0 && iy < cc.hw && ix >= 0 && ix < cc.hw ? src[iy * cc.hw + ix] : 0.0f;
+                dst[oy * oh + ox] =
+                    iy >= 0 && iy < cc.hw && ix >= 0 && ix < cc.hw ? src[iy * cc.hw + ix] : 0.0f;
               }
             }
           }
@@ -179,11 +194,13 @@ double im2col_seconds(const ConvCase& cc, int reps) {
                 ymat.data(), np);
 #pragma omp parallel for collapse(2)
     for (int64_t i = 0; i < cc.n; ++i)
-      for (int64_t o = 0; o < cc.k; ++o) std::memcpy(&y[(i * cc.k + o) * p], &ymat[o * np + i * p], p * sizeof(float));
-    // backward: dy to [K, N*P], dW = dy cols^T, dcols = W^T dy, col2im
+      for (int64_t o = 0; o < cc.k; ++o)
+        std::memcpy(&y[(i * cc.k + o) * p], &ymat[o * np + i * p], p * sizeof(float));
+        // backward: dy to [K, N*P], dW = dy cols^T, dcols = W^T dy, col2im
 #pragma omp parallel for collapse(2)
     for (int64_t i = 0; i < cc.n; ++i)
-      for (int64_t o = 0; o < cc.k; ++o) std::memcpy(&ymat[o * np + i * p], &dy[(i * cc.k + o) * p], p * sizeof(float));
+      for (int64_t o = 0; o < cc.k; ++o)
+        std::memcpy(&ymat[o * np + i * p], &dy[(i * cc.k + o) * p], p * sizeof(float));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, cc.k, kk, np, 1, ymat.data(), np, cols.data(), np, 0,
                 dw.data(), kk);
     if (!cc.need_dx) return;
@@ -237,28 +254,155 @@ double onednn_seconds(Runtime& rt, const ConvCase& cc, int reps) {
   return best;
 }
 
+// PyTorch's seconds for one ResNet-18 epoch and its test accuracy on cuda:0, or {-1, -1} without torch+CUDA.
+// The images are resized on the GPU (F.interpolate, bilinear), cuDNN autotuning on, as our Find.
+std::pair<double, double> torch_gpu_epoch(int64_t batch, double lr) {
+  const std::string script = R"PY(
+import sys, time, gzip
+import numpy as np, torch
+from torch import nn
+from torch.nn import functional as F
+if not torch.cuda.is_available(): sys.exit(1)
+batch, lr = int(sys.argv[1]), float(sys.argv[2])
+torch.backends.cudnn.benchmark = True
+dev = torch.device('cuda:0')
+def load(p):
+    d = '/usr/share/datasets/fashion-mnist/'
+    l = np.frombuffer(gzip.open(d + p + '-labels-idx1-ubyte.gz').read()[8:], dtype=np.uint8)
+    x = np.frombuffer(gzip.open(d + p + '-images-idx3-ubyte.gz').read()[16:], dtype=np.uint8)
+    return (torch.tensor(x.reshape(-1, 1, 28, 28).copy(), device=dev).float() / 255,
+            torch.tensor(l.astype(np.int64), device=dev))
+Xtr, ytr = load('train'); Xte, yte = load('t10k')
+class Residual(nn.Module):
+    def __init__(self, i, o, use_1x1conv=False, strides=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(i, o, 3, padding=1, stride=strides)
+        self.conv2 = nn.Conv2d(o, o, 3, padding=1)
+        self.conv3 = nn.Conv2d(i, o, 1, stride=strides) if use_1x1conv else None
+        self.bn1 = nn.BatchNorm2d(o); self.bn2 = nn.BatchNorm2d(o)
+    def forward(self, X):
+        Y = F.relu(self.bn1(self.conv1(X))); Y = self.bn2(self.conv2(Y))
+        if self.conv3: X = self.conv3(X)
+        return F.relu(Y + X)
+def stage(i, o, first):
+    return nn.Sequential(Residual(i, o, not first, 1 if first else 2), Residual(o, o))
+net = nn.Sequential(nn.Conv2d(1, 64, 3, 1, 1), nn.BatchNorm2d(64), nn.ReLU(), stage(64, 64, True),
+    stage(64, 128, False), stage(128, 256, False), stage(256, 512, False), nn.AdaptiveAvgPool2d((1, 1)),
+    nn.Flatten(), nn.Linear(512, 10)).to(dev)
+for m in net.modules():
+    if type(m) in [nn.Linear, nn.Conv2d]: nn.init.normal_(m.weight, std=0.01)
+opt = torch.optim.SGD(net.parameters(), lr=lr); loss = nn.CrossEntropyLoss()
+big = lambda x: F.interpolate(x, size=96, mode='bilinear', align_corners=False)
+net.train(); torch.cuda.synchronize(); t = time.perf_counter()
+perm = torch.randperm(60000, device=dev)
+for i in range(0, 60000, batch):
+    idx = perm[i:i + batch]
+    opt.zero_grad(); l = loss(net(big(Xtr[idx])), ytr[idx]); l.backward(); opt.step()
+torch.cuda.synchronize(); secs = time.perf_counter() - t
+net.eval(); hit = 0
+with torch.no_grad():
+    for i in range(0, 10000, batch): hit += (net(big(Xte[i:i + batch])).argmax(1) == yte[i:i + batch]).sum().item()
+print(secs, hit / 10000)
+)PY";
+  const std::string path = "/tmp/gn_train_bench_gpu_" + std::to_string(getpid()) + ".py";
+  if (FILE* f = std::fopen(path.c_str(), "w")) {
+    std::fputs(script.c_str(), f);
+    std::fclose(f);
+  } else {
+    return {-1, -1};
+  }
+  std::pair<double, double> out{-1, -1};
+  // A CUDA build of torch may live in the python3 on PATH rather than Debian's.
+  for (const char* py : {"python3", "/usr/bin/python3"}) {
+    const std::string cmd =
+        std::string(py) + " " + path + " " + std::to_string(batch) + " " + fmt("%g", lr) + " 2>/dev/null";
+    std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+    if (p && std::fscanf(p.get(), "%lf %lf", &out.first, &out.second) == 2) break;
+    out = {-1, -1};
+  }
+  std::remove(path.c_str());
+  return out;
+}
+
+void gpu_section() {
+  Runtime rt;
+  const int gpus = rt.cuda_device_count();
+  if (gpus == 0) {
+    std::printf("\n(no CUDA device: the GPU section is skipped)\n");
+    return;
+  }
+  std::printf("\nResNet-18, one epoch of Fashion-MNIST at 96x96 on %s (%s)\n\n", "cuda:0",
+              rt.info(Device::cuda(0)).name.c_str());
+  row("measure", "gpunodes", "PyTorch", "ratio", "");
+  rule();
+  DatasetPtr train = load_fashion_mnist(Split::Train), test = load_fashion_mnist(Split::Test);
+  for (int n = 1; n <= std::min(gpus, 2); ++n) {
+    ModelOptions mo;
+    mo.arch = Arch::ResNet18;
+    auto model = Model::create(rt, mo, Device::cuda(0));
+    TrainOptions o;
+    o.epochs = 1;
+    o.batch_size = 256 * n;
+    o.sgd.lr = 0.1f * static_cast<float>(n);
+    o.resize = 96;
+    o.log_every = 0;
+    std::vector<Device> devs;
+    for (int i = 0; i < n; ++i) devs.push_back(Device::cuda(i));
+    Trainer t(*model, devs, o);
+    TrainResult r = t.fit(train, test);
+    const EpochResult& e = r.epochs.back();
+    std::pair<double, double> peer = n == 1 ? torch_gpu_epoch(256, 0.1) : std::pair<double, double>{-1, -1};
+    const std::string label = std::to_string(n) + " GPU" + (n > 1 ? "s (" + t.reducer_name() + ")" : "");
+    row("epoch seconds, " + label, fmt("%.2f", e.seconds), peer.first > 0 ? fmt("%.2f", peer.first) : "n/a",
+        peer.first > 0 ? fmt("%.2f", peer.first / e.seconds) : "-", "");
+    row("test accuracy after 1 epoch, " + label, fmt("%.4f", e.test_acc),
+        peer.second > 0 ? fmt("%.4f", peer.second) : "n/a", "-", "");
+    row("images/s, " + label, fmt("%.0f", e.images_per_second),
+        peer.first > 0 ? fmt("%.0f", 60000 / peer.first) : "n/a",
+        peer.first > 0 ? fmt("%.2f", e.images_per_second / (60000 / peer.first)) : "-", "");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int steps = 40;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
+  bool gpu = false, cpu = true;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc)
+      steps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--gpu"))
+      gpu = true;
+    else if (!std::strcmp(argv[i], "--no-cpu"))
+      cpu = false;
+    else {
+      std::fprintf(stderr, "usage: train_bench [--threads N] [--steps N] [--gpu] [--no-cpu]\n");
+      return 2;
+    }
   }
-  // One CPU device gets every core the process may use; PyTorch gets the same count.
-  setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+  if (!cpu) {
+    if (gpu) gpu_section();
+    return 0;
+  }
+  // Our cpu:0 gets `threads` cores (its worker's OpenMP count), PyTorch set_num_threads(threads), and the
+  // im2col peer runs on this thread with omp_set_num_threads(threads).
   const int resnet_steps = std::max(3, steps / 8);
-  std::printf("gpunodes training benchmark (CPU, %d threads, batch 256; ResNet-18 batch 32 at 28x28)\n\n", threads);
+  std::printf("gpunodes training benchmark (CPU, %d threads, batch 256; ResNet-18 batch 32 at 28x28)\n\n",
+              threads);
   row("measure", "gpunodes", "PyTorch", "ratio", "goal");
   rule();
-  const double mlp = our_step_seconds(Arch::Mlp, 256, steps);
-  const double lenet = our_step_seconds(Arch::LeNet, 256, steps);
-  const double resnet = our_step_seconds(Arch::ResNet18, 32, resnet_steps);
+  const double mlp = our_step_seconds(Arch::Mlp, 256, steps, threads);
+  const double lenet = our_step_seconds(Arch::LeNet, 256, steps, threads);
+  const double resnet = our_step_seconds(Arch::ResNet18, 32, resnet_steps, threads);
   const auto torch = torch_step_seconds(threads, steps, resnet_steps);
   auto ips = [](double s, int64_t n) { return s > 0 ? static_cast<double>(n) / s : -1.0; };
   auto cell = [](double v, const char* f) { return v > 0 ? fmt(f, v) : std::string("n/a"); };
-  auto ratio = [](double ours, double peer) { return ours > 0 && peer > 0 ? fmt("%.2f", ours / peer) : std::string("-"); };
+  auto ratio = [](double ours, double peer) {
+    return ours > 0 && peer > 0 ? fmt("%.2f", ours / peer) : std::string("-");
+  };
   row("MLP training, images/s", cell(ips(mlp, 256), "%.0f"), cell(ips(torch[0], 256), "%.0f"),
       ratio(ips(mlp, 256), ips(torch[0], 256)), ">= 1.0");
   row("LeNet training, images/s", cell(ips(lenet, 256), "%.0f"), cell(ips(torch[1], 256), "%.0f"),
@@ -266,13 +410,14 @@ int main(int argc, char** argv) {
   // For step time lower is better: the ratio is PyTorch's time over ours, so >= 1 means at least as fast.
   row("ResNet-18 step (batch 32), ms", cell(resnet * 1e3, "%.1f"), cell(torch[2] * 1e3, "%.1f"),
       ratio(torch[2], resnet), "-");
-  if (torch[0] < 0) std::printf("\n(PyTorch not found for /usr/bin/python3: apt-get install python3-torch)\n");
+  if (torch[0] < 0)
+    std::printf("\n(PyTorch not found for /usr/bin/python3: apt-get install python3-torch)\n");
 
   std::printf("\nConvolution, forward + backward (ms): oneDNN (used) vs im2col + OpenBLAS sgemm\n\n");
   row("shape", "oneDNN", "im2col+gemm", "speedup", "");
   rule();
   omp_set_num_threads(threads);
-  Runtime rt;
+  Runtime rt(with_threads(threads));
   const ConvCase cases[] = {
       {"LeNet conv1 1->6 5x5 p2 28^2 (no dx)", 256, 1, 28, 6, 5, 1, 2, false},
       {"LeNet conv2 6->16 5x5 14^2", 256, 6, 14, 16, 5, 1, 0, true},
@@ -286,5 +431,6 @@ int main(int argc, char** argv) {
     const double a = onednn_seconds(rt, cc, 5), b = im2col_seconds(cc, 5);
     row(cc.name, fmt("%.2f", a * 1e3), fmt("%.2f", b * 1e3), fmt("%.2f", b / a), "");
   }
+  if (gpu) gpu_section();
   return 0;
 }

@@ -17,6 +17,7 @@
 #include "main_window.h"
 #include "node_search.h"
 #include "palette.h"
+#include "timeline.h"
 
 using namespace gn;
 using editor::GraphView;
@@ -430,6 +431,49 @@ class TestCanvas : public QObject {
     QTest::keyClick(vp(), Qt::Key_Delete);
     QVERIFY(ed()->comments().isEmpty());
     QCOMPARE(doc()->nodes().size(), 2);
+  }
+
+  void logClickSelectsNode() {
+    const QString mm = add("MatMul", {800, 600});
+    w_->scene()->clearSelection();
+    w_->logMessage(MainWindow::LogLevel::Error, "something failed", mm);
+    QListWidget* log = w_->log();
+    QListWidgetItem* item = log->item(log->count() - 1);
+    log->scrollToItem(item);
+    QTest::mouseClick(log->viewport(), Qt::LeftButton, {}, log->visualItemRect(item).center());
+    QCOMPARE(w_->scene()->selectedNodeIds(), QStringList{mm});
+    QVERIFY(view()
+                ->mapToScene(vp()->rect())
+                .boundingRect()
+                .contains(w_->scene()->nodeItem(mm)->sceneBoundingRect().center()));
+  }
+
+  void timelineLanesZoomAndHover() {
+    editor::TimelineView* tl = w_->timeline();
+    tl->resize(800, 200);
+    QList<core::TraceSpan> spans;
+    spans << core::TraceSpan{"mm1", "matmul", "cpu", "compute", 0, 1000, 4096, 2e6, false}
+          << core::TraceSpan{"mm2", "matmul", "cpu:1", "compute", 100, 900, 0, 0, false}
+          << core::TraceSpan{"c1", "copy", "cpu", "copy", 200, 300, 1 << 20, 0, false}
+          << core::TraceSpan{"done", "synchronize", "cpu", "compute", 0, 1000, 0, 0, true};
+    tl->addSpans(spans);
+    QCOMPARE(tl->laneNames(), (QStringList{"cpu · compute", "cpu · copy", "cpu:1 · compute"}));
+    // Overlapping spans in one lane stack instead of hiding each other.
+    QVERIFY(tl->spanAt(tl->spanCenter(0)) == 0);
+    QVERIFY(tl->spanAt(tl->spanCenter(3)) == 3);
+    QVERIFY(tl->describe(2).contains("1.0 MiB"));
+    QVERIFY(tl->describe(1).contains("cpu:1"));
+    // Wheel zooms in at the cursor; a drag pans; a double-click fits again.
+    const double span0 = tl->viewEndUs() - tl->viewStartUs();
+    QWheelEvent wheel(QPointF(400, 60), QPointF(tl->mapToGlobal(QPoint(400, 60))), {}, QPoint(0, 480),
+                      Qt::NoButton, Qt::NoModifier, Qt::NoScrollPhase, false);
+    QApplication::sendEvent(tl, &wheel);
+    QVERIFY(tl->viewEndUs() - tl->viewStartUs() < span0 / 1.5);
+    const double start = tl->viewStartUs();
+    testing::drag(tl, QPoint(500, 60), QPoint(300, 60));
+    QVERIFY(tl->viewStartUs() > start);
+    QTest::mouseDClick(tl, Qt::LeftButton, {}, QPoint(400, 60));
+    QCOMPARE(tl->viewStartUs(), 0.0);
   }
 
   void settingsAreUndoableEdits() {

@@ -1,7 +1,6 @@
-// The training layer on CUDA (cuDNN, cuBLAS, NCCL) against the CPU. The whole suite skips where there is no GPU;
-// the layer-by-layer checks are test_nn_layers_cuda.
+// The training layer on CUDA (cuDNN, cuBLAS, NCCL) against the CPU. The whole suite skips where there is no
+// GPU; the layer-by-layer checks are test_nn_layers_cuda.
 #include <QtTest>
-
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -34,7 +33,8 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 double max_rel_diff(const Model& a, const Model& b) {
   double worst = 0;
   auto sa = a.state(), sb = b.state();
-  for (size_t i = 0; i < sa.size(); ++i) worst = std::max(worst, max_rel_diff(to_host(sa[i]->value), to_host(sb[i]->value)));
+  for (size_t i = 0; i < sa.size(); ++i)
+    worst = std::max(worst, max_rel_diff(to_host(sa[i]->value), to_host(sb[i]->value)));
   return worst;
 }
 
@@ -58,7 +58,8 @@ class NnCudaTest : public QObject {
       auto c = Model::create(*rt_, opts(a, 5), Device::cpu());
       auto g = Model::create(*rt_, opts(a, 5), gpu_);
       QCOMPARE(g->describe()[0].device, gpu_);
-      for (size_t i = 0; i < c->state().size(); ++i) QCOMPARE(to_host(g->state()[i]->value), to_host(c->state()[i]->value));
+      for (size_t i = 0; i < c->state().size(); ++i)
+        QCOMPARE(to_host(g->state()[i]->value), to_host(c->state()[i]->value));
     }
   }
 
@@ -88,7 +89,8 @@ class NnCudaTest : public QObject {
       for (float v : a) scale = std::max(scale, double(std::abs(v)));
       for (size_t j = 0; j < a.size(); ++j)
         if (std::abs(a[j] - b[j]) > 1e-3 * scale + 1e-7)
-          QFAIL(qPrintable(QString::fromStdString(pc[i]->name) + " gradient differs at " + QString::number(j)));
+          QFAIL(
+              qPrintable(QString::fromStdString(pc[i]->name) + " gradient differs at " + QString::number(j)));
     }
   }
 
@@ -118,7 +120,8 @@ class NnCudaTest : public QObject {
     const std::string path = (std::filesystem::temp_directory_path() / "gn_nn_cuda_test.gnparams").string();
     save_params(*g, path);
     auto c = load_model(*rt_, path, Device::cpu());
-    for (size_t i = 0; i < c->state().size(); ++i) QCOMPARE(to_host(c->state()[i]->value), to_host(g->state()[i]->value));
+    for (size_t i = 0; i < c->state().size(); ++i)
+      QCOMPARE(to_host(c->state()[i]->value), to_host(g->state()[i]->value));
     auto back = Model::create(*rt_, opts(Arch::ResNet18, 4), gpu_);
     load_params(*back, path);
     QCOMPARE(to_host(back->state().back()->value), to_host(c->state().back()->value));

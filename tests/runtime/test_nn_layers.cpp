@@ -2,7 +2,6 @@
 // finite differences of that reference. Runs on the device named by GN_TEST_DEVICE (default cpu); CTest runs
 // it again as test_nn_layers_cuda on cuda:0 (cuDNN with TF32 off), which skips where there is no GPU.
 #include <QtTest>
-
 #include <cmath>
 #include <functional>
 #include <random>
@@ -22,14 +21,21 @@ Vec random_vec(size_t n, uint32_t seed, double lo = -1, double hi = 1) {
   std::mt19937 g(seed);
   std::uniform_real_distribution<double> d(lo, hi);
   Vec v(n);
-  for (auto& x : v) x = static_cast<float>(d(g));  // representable in float, so both sides see the same values
+  for (auto& x : v)
+    x = static_cast<float>(d(g));  // representable in float, so both sides see the same values
   return v;
 }
 
-std::vector<float> to_f(const Vec& v) { return {v.begin(), v.end()}; }
-Vec to_d(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+std::vector<float> to_f(const Vec& v) {
+  return {v.begin(), v.end()};
+}
+Vec to_d(const std::vector<float>& v) {
+  return {v.begin(), v.end()};
+}
 
-Tensor make(Runtime& rt, Device d, const Shape& s, const Vec& v) { return from_values(rt, s, d, to_f(v)); }
+Tensor make(Runtime& rt, Device d, const Shape& s, const Vec& v) {
+  return from_values(rt, s, d, to_f(v));
+}
 
 double dot(const Vec& a, const Vec& b) {
   double s = 0;
@@ -42,7 +48,11 @@ void expect_close(const Vec& got, const Vec& want, double atol, double rtol, con
   QCOMPARE(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)
     if (!(std::abs(got[i] - want[i]) <= atol + rtol * std::abs(want[i])))
-      QFAIL(qPrintable(QString("%1: element %2 is %3, expected %4").arg(what).arg(i).arg(got[i], 0, 'g', 9).arg(want[i], 0, 'g', 9)));
+      QFAIL(qPrintable(QString("%1: element %2 is %3, expected %4")
+                           .arg(what)
+                           .arg(i)
+                           .arg(got[i], 0, 'g', 9)
+                           .arg(want[i], 0, 'g', 9)));
 }
 
 // The gradient of L = <f(inputs), r> with respect to inputs[k], by central differences on the float64
@@ -67,12 +77,16 @@ void check_grad(const std::function<Vec(const std::vector<Vec>&)>& f, std::vecto
     inputs[k][i] = x0;
     const double num = (lp - lm) / (2 * h);
     if (!(std::abs(analytic[i] - num) <= atol + rtol * std::abs(num)))
-      QFAIL(qPrintable(QString("%1: d/d[%2] analytic %3, finite differences %4").arg(what).arg(i)
-                           .arg(analytic[i], 0, 'g', 9).arg(num, 0, 'g', 9)));
+      QFAIL(qPrintable(QString("%1: d/d[%2] analytic %3, finite differences %4")
+                           .arg(what)
+                           .arg(i)
+                           .arg(analytic[i], 0, 'g', 9)
+                           .arg(num, 0, 'g', 9)));
   }
 }
 
-// --- float64 references ------------------------------------------------------------------------------------------
+// --- float64 references
+// ------------------------------------------------------------------------------------------
 
 Vec ref_linear(const Vec& x, const Vec& w, const Vec& b, int64_t n, int64_t in, int64_t out) {
   Vec y(n * out);
@@ -133,7 +147,8 @@ Vec ref_bn_train(const Vec& x, const Vec& g, const Vec& b, int64_t n, int64_t c,
 }
 
 Vec ref_pool(const Vec& x, int64_t planes, int64_t h, int64_t w, const Pool2dOptions& o) {
-  const int64_t oh = (h + 2 * o.padding - o.kernel) / o.stride + 1, ow = (w + 2 * o.padding - o.kernel) / o.stride + 1;
+  const int64_t oh = (h + 2 * o.padding - o.kernel) / o.stride + 1,
+                ow = (w + 2 * o.padding - o.kernel) / o.stride + 1;
   Vec y(planes * oh * ow);
   for (int64_t p = 0; p < planes; ++p)
     for (int64_t oy = 0; oy < oh; ++oy)
@@ -146,12 +161,14 @@ Vec ref_pool(const Vec& x, int64_t planes, int64_t h, int64_t w, const Pool2dOpt
             const double v = x[(p * h + iy) * w + ix];
             acc = o.kind == PoolKind::Max ? std::max(acc, v) : acc + v;
           }
-        y[(p * oh + oy) * ow + ox] = o.kind == PoolKind::Max ? acc : acc / static_cast<double>(o.kernel * o.kernel);
+        y[(p * oh + oy) * ow + ox] =
+            o.kind == PoolKind::Max ? acc : acc / static_cast<double>(o.kernel * o.kernel);
       }
   return y;
 }
 
-double ref_ce(const Vec& z, const std::vector<int>& labels, int64_t classes, Vec* grad = nullptr, int* correct = nullptr) {
+double ref_ce(const Vec& z, const std::vector<int>& labels, int64_t classes, Vec* grad = nullptr,
+              int* correct = nullptr) {
   const int64_t n = static_cast<int64_t>(labels.size());
   double loss = 0;
   if (correct) *correct = 0;
@@ -167,7 +184,8 @@ double ref_ce(const Vec& z, const std::vector<int>& labels, int64_t classes, Vec
     if (correct && arg == labels[i]) ++*correct;
     if (grad)
       for (int64_t j = 0; j < classes; ++j)
-        (*grad)[i * classes + j] = (std::exp(z[i * classes + j] - lse) - (j == labels[i])) / static_cast<double>(n);
+        (*grad)[i * classes + j] =
+            (std::exp(z[i * classes + j] - lse) - (j == labels[i])) / static_cast<double>(n);
   }
   return loss / static_cast<double>(n);
 }
@@ -199,7 +217,8 @@ class NnLayersTest : public QObject {
   void linear_forward_and_gradients() {
     const Device d = device_;
     const int64_t n = 5, in = 7, out = 4;
-    Vec x = random_vec(n * in, 1), w = random_vec(out * in, 2), b = random_vec(out, 3), r = random_vec(n * out, 4);
+    Vec x = random_vec(n * in, 1), w = random_vec(out * in, 2), b = random_vec(out, 3),
+        r = random_vec(n * out, 4);
     Tensor tx = make(*rt_, d, {n, in}, x), tw = make(*rt_, d, {out, in}, w), tb = make(*rt_, d, {out}, b);
     Tensor y = linear(tx, tw, tb);
     QCOMPARE(y.shape(), (Shape{n, out}));
@@ -236,9 +255,11 @@ class NnLayersTest : public QObject {
     QFETCH(int, pad);
     QFETCH(int, hw);
     ConvDims cd{2, c, hw, hw, k, r, stride, pad};
-    Vec x = random_vec(cd.n * c * hw * hw, 11), w = random_vec(k * c * r * r, 12, -0.5, 0.5), b = random_vec(k, 13);
+    Vec x = random_vec(cd.n * c * hw * hw, 11), w = random_vec(k * c * r * r, 12, -0.5, 0.5),
+        b = random_vec(k, 13);
     Vec rr = random_vec(cd.n * k * cd.oh() * cd.ow(), 14);
-    Tensor tx = make(*rt_, d, {cd.n, c, hw, hw}, x), tw = make(*rt_, d, {k, c, r, r}, w), tb = make(*rt_, d, {k}, b);
+    Tensor tx = make(*rt_, d, {cd.n, c, hw, hw}, x), tw = make(*rt_, d, {k, c, r, r}, w),
+           tb = make(*rt_, d, {k}, b);
     Conv2dOptions o{stride, pad};
     Tensor y = conv2d(tx, tw, tb, o);
     QCOMPARE(y.shape(), (Shape{cd.n, k, cd.oh(), cd.ow()}));
@@ -260,7 +281,8 @@ class NnLayersTest : public QObject {
     Tensor tx = make(*rt_, d, {n, c, h, w}, x), tg = make(*rt_, d, {c}, g);
     BatchNormResult res = batchnorm2d(tx, tg, make(*rt_, d, {c}, b), rm, rv, o);
     Vec mean(c), var(c);
-    expect_close(to_d(to_host(res.y)), ref_bn_train(x, g, b, n, c, hw, o.eps, &mean, &var), 1e-5, 1e-4, "bn forward");
+    expect_close(to_d(to_host(res.y)), ref_bn_train(x, g, b, n, c, hw, o.eps, &mean, &var), 1e-5, 1e-4,
+                 "bn forward");
     // PyTorch's update: the unbiased batch variance goes into running_var.
     Vec want_rm(c), want_rv(c);
     for (int64_t i = 0; i < c; ++i) {
@@ -269,7 +291,8 @@ class NnLayersTest : public QObject {
     }
     expect_close(to_d(to_host(rm)), want_rm, 1e-6, 1e-5, "running_mean");
     expect_close(to_d(to_host(rv)), want_rv, 1e-6, 1e-5, "running_var");
-    BatchNormGrads gr = batchnorm2d_backward(tx, make(*rt_, d, {n, c, h, w}, r), tg, res.save_mean, res.save_invstd);
+    BatchNormGrads gr =
+        batchnorm2d_backward(tx, make(*rt_, d, {n, c, h, w}, r), tg, res.save_mean, res.save_invstd);
     auto f = [&](const std::vector<Vec>& v) { return ref_bn_train(v[0], v[1], v[2], n, c, hw, o.eps); };
     check_grad(f, {x, g, b}, 0, r, to_d(to_host(gr.dx)), "bn dx");
     check_grad(f, {x, g, b}, 1, r, to_d(to_host(gr.dgamma)), "bn dgamma");
@@ -279,10 +302,11 @@ class NnLayersTest : public QObject {
   void batchnorm2d_eval_uses_running_stats() {
     const Device d = device_;
     const int64_t n = 2, c = 3, hw = 4;
-    Vec x = random_vec(n * c * hw, 31), g = {1.0, 2.0, 0.5}, b = {0.0, 1.0, -1.0}, m = {0.5, -0.25, 1.0}, v = {1.0, 4.0, 0.25};
+    Vec x = random_vec(n * c * hw, 31), g = {1.0, 2.0, 0.5}, b = {0.0, 1.0, -1.0}, m = {0.5, -0.25, 1.0},
+        v = {1.0, 4.0, 0.25};
     Tensor rm = make(*rt_, d, {c}, m), rv = make(*rt_, d, {c}, v);
-    BatchNormResult res = batchnorm2d(make(*rt_, d, {n, c, 2, 2}, x), make(*rt_, d, {c}, g), make(*rt_, d, {c}, b), rm, rv,
-                                      {.training = false});
+    BatchNormResult res = batchnorm2d(make(*rt_, d, {n, c, 2, 2}, x), make(*rt_, d, {c}, g),
+                                      make(*rt_, d, {c}, b), rm, rv, {.training = false});
     QVERIFY(!res.save_mean.defined());
     Vec want(x.size());
     for (int64_t i = 0; i < n; ++i)
@@ -464,9 +488,12 @@ class NnLayersTest : public QObject {
     } catch (const DeviceMismatchError& e) {
       QVERIFY(QString(e.what()).startsWith("Expected all tensors to be on the same device"));
     }
-    QVERIFY_THROWS_EXCEPTION(DeviceMismatchError, linear(zeros(*rt_, {2, 3}, d), zeros(*rt_, {4, 3}, other), zeros(*rt_, {4}, d)));
-    QVERIFY_THROWS_EXCEPTION(ShapeError, linear(zeros(*rt_, {2, 3}, d), zeros(*rt_, {4, 5}, d), zeros(*rt_, {4}, d)));
-    QVERIFY_THROWS_EXCEPTION(ShapeError, conv2d(zeros(*rt_, {2, 3, 2, 2}, d), zeros(*rt_, {4, 3, 5, 5}, d), zeros(*rt_, {4}, d)));
+    QVERIFY_THROWS_EXCEPTION(DeviceMismatchError,
+                             linear(zeros(*rt_, {2, 3}, d), zeros(*rt_, {4, 3}, other), zeros(*rt_, {4}, d)));
+    QVERIFY_THROWS_EXCEPTION(ShapeError,
+                             linear(zeros(*rt_, {2, 3}, d), zeros(*rt_, {4, 5}, d), zeros(*rt_, {4}, d)));
+    QVERIFY_THROWS_EXCEPTION(
+        ShapeError, conv2d(zeros(*rt_, {2, 3, 2, 2}, d), zeros(*rt_, {4, 3, 5, 5}, d), zeros(*rt_, {4}, d)));
   }
 
   void layer_ops_show_in_the_profiler_with_flops() {
@@ -474,7 +501,8 @@ class NnLayersTest : public QObject {
     const size_t from = rt_->profiler().span_count();
     {
       ScopedOpTag tag("layer-test");
-      Tensor y = conv2d(zeros(*rt_, {2, 3, 8, 8}, d), zeros(*rt_, {4, 3, 3, 3}, d), zeros(*rt_, {4}, d), {1, 1});
+      Tensor y =
+          conv2d(zeros(*rt_, {2, 3, 8, 8}, d), zeros(*rt_, {4, 3, 3, 3}, d), zeros(*rt_, {4}, d), {1, 1});
       to_host(y);
     }
     bool found = false;

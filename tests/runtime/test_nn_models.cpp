@@ -1,7 +1,6 @@
 // Models, data and parameter files: parameter names, shapes and devices; seeded initialisation; a ResNet-18
 // step; save/load across devices and its failures; the Fashion-MNIST reader and the loader.
 #include <QtTest>
-
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -36,7 +35,8 @@ double stddev(const std::vector<float>& v) {
 struct TempDir {
   fs::path path;
   TempDir() {
-    path = fs::temp_directory_path() / ("gn_nn_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+    path = fs::temp_directory_path() /
+           ("gn_nn_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
     fs::create_directories(path);
   }
   ~TempDir() {
@@ -133,7 +133,11 @@ class NnModelsTest : public QObject {
     Tensor big = forward(*resnet, uniform(rt, {1, 1, 96, 96}, Device::cpu(), 1));  // the seed's resize
     QCOMPARE(big.shape(), (Shape{1, 10}));
     for (float v : to_host(big)) QVERIFY(std::isfinite(v));
-    expect_error([&] { forward(*mlp, zeros(rt, {2, 1, 32, 32}, Device::cpu())); }, {"mlp expects input [N, 1, 28, 28]"});
+    expect_error(
+        [&] {
+          forward(*mlp, zeros(rt, {2, 1, 32, 32}, Device::cpu()));
+        },
+        {"mlp expects input [N, 1, 28, 28]"});
     expect_error([] { parse_arch("vgg"); }, {"vgg", "resnet18"});
   }
 
@@ -190,7 +194,8 @@ class NnModelsTest : public QObject {
       trainer.step(batch);
       losses.push_back(trainer.totals().loss());
     }
-    qInfo("ResNet-18 loss over 5 steps: %.4f %.4f %.4f %.4f %.4f", losses[0], losses[1], losses[2], losses[3], losses[4]);
+    qInfo("ResNet-18 loss over 5 steps: %.4f %.4f %.4f %.4f %.4f", losses[0], losses[1], losses[2], losses[3],
+          losses[4]);
     for (double l : losses) QVERIFY(std::isfinite(l));
     QVERIFY(losses.back() < losses.front() * 0.8);
     // Train mode moved the BatchNorm running statistics off their start.
@@ -268,8 +273,11 @@ class NnModelsTest : public QObject {
     expect_error([&] { load_params(*lenet, write("flipped", flipped)); }, {"corrupt", "checksum"});
     std::vector<char> cut(bytes.begin(), bytes.begin() + static_cast<long>(bytes.size() / 3));
     expect_error([&] { load_params(*lenet, write("cut", cut)); }, {"corrupt"});
-    expect_error([&] { load_params(*lenet, write("tiny", std::vector<char>(bytes.begin(), bytes.begin() + 10))); }, {"corrupt"});
-    expect_error([&] { load_params(*lenet, write("garbage", std::vector<char>(500, 'x'))); }, {"not a gpunodes parameter file"});
+    expect_error(
+        [&] { load_params(*lenet, write("tiny", std::vector<char>(bytes.begin(), bytes.begin() + 10))); },
+        {"corrupt"});
+    expect_error([&] { load_params(*lenet, write("garbage", std::vector<char>(500, 'x'))); },
+                 {"not a gpunodes parameter file"});
     expect_error([&] { load_params(*lenet, dir.file("missing")); }, {"cannot open", "missing"});
     expect_error([] { options_from_signature("mlp classes=ten"); }, {"malformed"});
   }
@@ -301,18 +309,21 @@ class NnModelsTest : public QObject {
       std::ofstream f(dir.file("train-images-idx3-ubyte.gz"), std::ios::binary);
       f << "this is not an IDX file at all";
     }
-    fs::copy_file(fs::path(default_fashion_mnist_dir()) / "train-labels-idx1-ubyte.gz", dir.file("train-labels-idx1-ubyte.gz"));
+    fs::copy_file(fs::path(default_fashion_mnist_dir()) / "train-labels-idx1-ubyte.gz",
+                  dir.file("train-labels-idx1-ubyte.gz"));
     expect_error([&] { load_fashion_mnist(Split::Train, dir.path.string()); },
                  {"train-images-idx3-ubyte.gz", "corrupt", "magic", "apt-get install dataset-fashion-mnist"});
     // A truncated download: a valid gzip stream cut short.
     {
-      std::ifstream in(fs::path(default_fashion_mnist_dir()) / "train-images-idx3-ubyte.gz", std::ios::binary);
+      std::ifstream in(fs::path(default_fashion_mnist_dir()) / "train-images-idx3-ubyte.gz",
+                       std::ios::binary);
       std::vector<char> head(200000);
       in.read(head.data(), static_cast<std::streamsize>(head.size()));
       std::ofstream out(dir.file("train-images-idx3-ubyte.gz"), std::ios::binary | std::ios::trunc);
       out.write(head.data(), in.gcount());
     }
-    expect_error([&] { load_fashion_mnist(Split::Train, dir.path.string()); }, {"train-images-idx3-ubyte.gz", "corrupt", "ends inside"});
+    expect_error([&] { load_fashion_mnist(Split::Train, dir.path.string()); },
+                 {"train-images-idx3-ubyte.gz", "corrupt", "ends inside"});
   }
 
   void loader_batches_shuffles_and_resizes() {

@@ -1,7 +1,7 @@
 // Training: the MLP learns the real Fashion-MNIST on the CPU; data parallel over two CPU devices equals one
-// device with the same total batch; cancel mid-epoch returns quickly and gives the memory back; metrics stream.
+// device with the same total batch; cancel mid-epoch returns quickly and gives the memory back; metrics
+// stream.
 #include <QtTest>
-
 #include <atomic>
 #include <chrono>
 #include <cmath>

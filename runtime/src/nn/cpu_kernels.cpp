@@ -20,11 +20,10 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <tuple>
 #include <vector>
-
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include "gpunodes/errors.h"
 #include "kernels.h"
@@ -36,10 +35,12 @@ using dnnl::memory;
 using Tag = memory::format_tag;
 using Dt = memory::data_type;
 
-// Loops go parallel only when the work pays for waking the team.
-constexpr int64_t kParallelMin = 1 << 14;
+// Loops go parallel only when the work pays for waking the team: memory-bound loops of fewer elements finish
+// in about the time a parallel region costs, and far faster than one costs on a busy machine.
+constexpr int64_t kParallelMin = 1 << 17;
 
-// --- per-thread oneDNN state ------------------------------------------------------------------------------------
+// --- per-thread oneDNN state
+// ------------------------------------------------------------------------------------
 
 // Scratch buffers that grow to the largest request and stay: reorders and oneDNN's scratchpad would otherwise
 // allocate (and page-fault) fresh megabytes on every call.
@@ -131,13 +132,17 @@ memory scratchpad(const memory::desc& d) {
   return memory(d, t.engine, t.scratch.get(kScratchpad, std::max<size_t>(d.get_size(), 64)));
 }
 
-// --- convolution ----------------------------------------------------------------------------------------------
+// --- convolution
+// ----------------------------------------------------------------------------------------------
 
 using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
-ConvKey key_of(const ConvShape& s) { return {s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad}; }
+ConvKey key_of(const ConvShape& s) {
+  return {s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad};
+}
 
 struct ConvPrims {
   memory::dims src, wei, bias, dst, strides, padding;
+  bool plain_layout = false;
   dnnl::convolution_forward::primitive_desc fwd_pd;
   dnnl::convolution_forward fwd;
   Staged f_src, f_wei, f_dst;
@@ -157,7 +162,11 @@ struct ConvPrims {
     strides = {s.stride, s.stride};
     padding = {s.pad, s.pad};
     auto& e = tdnnl().engine;
-    memory::desc any_src(src, Dt::f32, Tag::any), any_wei(wei, Dt::f32, Tag::any), any_dst(dst, Dt::f32, Tag::any);
+    // 1x1 convolutions are GEMMs: oneDNN's GEMM path on our plain layout beats its blocked direct kernel plus
+    // the reorders there. Everything else takes the layout oneDNN prefers.
+    plain_layout = s.r == 1 && s.s == 1;
+    memory::desc any_src = desc(src, Tag::nchw), any_wei = desc(wei, Tag::oihw),
+                 any_dst = desc(dst, Tag::nchw);
     memory::desc bias_d(bias, Dt::f32, Tag::x);
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
                                       any_src, any_wei, bias_d, any_dst, strides, padding, padding);
@@ -168,13 +177,18 @@ struct ConvPrims {
     f_dst = Staged(plain(dst), fwd_pd.dst_desc(), kDst, false, true);
   }
 
+  // The layout asked of oneDNN: ours for 1x1, otherwise whatever it prefers.
+  memory::desc desc(const memory::dims& d, Tag ours) const {
+    return memory::desc(d, Dt::f32, plain_layout ? ours : Tag::any);
+  }
   static memory::desc plain(const memory::dims& d) { return memory::desc(d, Dt::f32, Tag::nchw); }
   static memory::desc plain_w(const memory::dims& d) { return memory::desc(d, Dt::f32, Tag::oihw); }
 
   void make_backward() {
     if (have_bwd) return;
     auto& e = tdnnl().engine;
-    memory::desc any_src(src, Dt::f32, Tag::any), any_wei(wei, Dt::f32, Tag::any), any_dst(dst, Dt::f32, Tag::any);
+    memory::desc any_src = desc(src, Tag::nchw), any_wei = desc(wei, Tag::oihw),
+                 any_dst = desc(dst, Tag::nchw);
     memory::desc bias_d(bias, Dt::f32, Tag::x);
     dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, any_src, any_wei, any_dst,
                                              strides, padding, padding);
@@ -201,7 +215,8 @@ ConvPrims& conv_prims(const ConvShape& s) {
   return *slot;
 }
 
-// --- eltwise ----------------------------------------------------------------------------------------------------
+// --- eltwise
+// ----------------------------------------------------------------------------------------------------
 
 struct EltPrims {
   dnnl::eltwise_forward::primitive_desc fwd_pd;
@@ -231,27 +246,28 @@ EltPrims& elt_prims(Activation kind, int64_t n) {
   return *slot;
 }
 
-// --- the kernels ------------------------------------------------------------------------------------------------
+// --- the kernels
+// ------------------------------------------------------------------------------------------------
 
 class CpuNnKernels final : public NnKernels {
  public:
-  void linear_forward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* b, float* y,
-                      KernelContext&) override {
+  void linear_forward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* b,
+                      float* y, KernelContext&) override {
     // y = b broadcast, then y += x W^T in one sgemm.
 #pragma omp parallel for if (n * out > kParallelMin)
     for (int64_t i = 0; i < n; ++i) std::memcpy(y + i * out, b, static_cast<size_t>(out) * sizeof(float));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i32(n), i32(out), i32(in), 1.0f, x, i32(in), w, i32(in),
-                1.0f, y, i32(out));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i32(n), i32(out), i32(in), 1.0f, x, i32(in), w,
+                i32(in), 1.0f, y, i32(out));
   }
 
-  void linear_backward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* dy, float* dx,
-                       float* dw, float* db, KernelContext&) override {
+  void linear_backward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* dy,
+                       float* dx, float* dw, float* db, KernelContext&) override {
     if (dx)  // dx = dy W
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i32(n), i32(in), i32(out), 1.0f, dy, i32(out), w,
                   i32(in), 0.0f, dx, i32(in));
     // dW = dy^T x
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(out), i32(in), i32(n), 1.0f, dy, i32(out), x, i32(in),
-                0.0f, dw, i32(in));
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(out), i32(in), i32(n), 1.0f, dy, i32(out), x,
+                i32(in), 0.0f, dw, i32(in));
     // db = column sums of dy, accumulated in double
     std::vector<double> acc(static_cast<size_t>(out), 0.0);
     for (int64_t i = 0; i < n; ++i) {
@@ -271,8 +287,11 @@ class CpuNnKernels final : public NnKernels {
       memory wei = p.f_wei.bind(const_cast<float*>(w));
       memory bias(memory::desc(p.bias, Dt::f32, Tag::x), t.engine, const_cast<float*>(b));
       memory dst = p.f_dst.bind(y);
-      p.fwd.execute(t.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_BIAS, bias},
-                               {DNNL_ARG_DST, dst}, {DNNL_ARG_SCRATCHPAD, scratchpad(p.fwd_pd.scratchpad_desc())}});
+      p.fwd.execute(t.stream, {{DNNL_ARG_SRC, src},
+                               {DNNL_ARG_WEIGHTS, wei},
+                               {DNNL_ARG_BIAS, bias},
+                               {DNNL_ARG_DST, dst},
+                               {DNNL_ARG_SCRATCHPAD, scratchpad(p.fwd_pd.scratchpad_desc())}});
       p.f_dst.finish(dst, y);
       t.stream.wait();
     } catch (const dnnl::error& e) {
@@ -280,8 +299,8 @@ class CpuNnKernels final : public NnKernels {
     }
   }
 
-  void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                       float* db, KernelContext& kc) override {
+  void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy, float* dx,
+                       float* dw, float* db, KernelContext& kc) override {
     kc.op.check_cancelled();
     try {
       ConvPrims& p = conv_prims(s);
@@ -291,15 +310,20 @@ class CpuNnKernels final : public NnKernels {
       memory ddst = p.bw_diff_dst.bind(const_cast<float*>(dy));
       memory dwei = p.bw_diff_wei.bind(dw);
       memory dbias(memory::desc(p.bias, Dt::f32, Tag::x), t.engine, db);
-      p.bw.execute(t.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_WEIGHTS, dwei},
-                              {DNNL_ARG_DIFF_BIAS, dbias}, {DNNL_ARG_SCRATCHPAD, scratchpad(p.bw_pd.scratchpad_desc())}});
+      p.bw.execute(t.stream, {{DNNL_ARG_SRC, src},
+                              {DNNL_ARG_DIFF_DST, ddst},
+                              {DNNL_ARG_DIFF_WEIGHTS, dwei},
+                              {DNNL_ARG_DIFF_BIAS, dbias},
+                              {DNNL_ARG_SCRATCHPAD, scratchpad(p.bw_pd.scratchpad_desc())}});
       p.bw_diff_wei.finish(dwei, dw);
       if (dx) {
         kc.op.check_cancelled();
         memory ddst2 = p.bd_diff_dst.bind(const_cast<float*>(dy));
         memory wei = p.bd_wei.bind(const_cast<float*>(w));
         memory dsrc = p.bd_diff_src.bind(dx);
-        p.bd.execute(t.stream, {{DNNL_ARG_DIFF_DST, ddst2}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc},
+        p.bd.execute(t.stream, {{DNNL_ARG_DIFF_DST, ddst2},
+                                {DNNL_ARG_WEIGHTS, wei},
+                                {DNNL_ARG_DIFF_SRC, dsrc},
                                 {DNNL_ARG_SCRATCHPAD, scratchpad(p.bd_pd.scratchpad_desc())}});
         p.bd_diff_src.finish(dsrc, dx);
       }
@@ -309,9 +333,10 @@ class CpuNnKernels final : public NnKernels {
     }
   }
 
-  void batchnorm_forward(const BnShape& s, const float* x, const float* gamma, const float* beta, float* running_mean,
-                         float* running_var, float* y, float* save_mean, float* save_invstd, bool training,
-                         float momentum, float eps, KernelContext&) override {
+  void batchnorm_forward(const BnShape& s, const float* x, const float* gamma, const float* beta,
+                         float* running_mean, float* running_var, float* y, float* save_mean,
+                         float* save_invstd, bool training, float momentum, float eps,
+                         KernelContext&) override {
     const int64_t m = s.n * s.hw;
 #pragma omp parallel for if (s.n * s.c * s.hw > kParallelMin)
     for (int64_t c = 0; c < s.c; ++c) {
@@ -353,8 +378,9 @@ class CpuNnKernels final : public NnKernels {
     }
   }
 
-  void batchnorm_backward(const BnShape& s, const float* x, const float* dy, const float* gamma, const float* save_mean,
-                          const float* save_invstd, float* dx, float* dgamma, float* dbeta, KernelContext&) override {
+  void batchnorm_backward(const BnShape& s, const float* x, const float* dy, const float* gamma,
+                          const float* save_mean, const float* save_invstd, float* dx, float* dgamma,
+                          float* dbeta, KernelContext&) override {
     const double m = static_cast<double>(s.n * s.hw);
 #pragma omp parallel for if (s.n * s.c * s.hw > kParallelMin)
     for (int64_t c = 0; c < s.c; ++c) {
@@ -391,7 +417,8 @@ class CpuNnKernels final : public NnKernels {
       EltPrims& p = elt_prims(kind, n);
       auto& t = tdnnl();
       memory src(p.desc, t.engine, const_cast<float*>(x)), dst(p.desc, t.engine, y);
-      p.fwd.execute(t.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst},
+      p.fwd.execute(t.stream, {{DNNL_ARG_SRC, src},
+                               {DNNL_ARG_DST, dst},
                                {DNNL_ARG_SCRATCHPAD, scratchpad(p.fwd_pd.scratchpad_desc())}});
       t.stream.wait();
     } catch (const dnnl::error& e) {
@@ -407,7 +434,9 @@ class CpuNnKernels final : public NnKernels {
       auto& t = tdnnl();
       memory dst(p.desc, t.engine, const_cast<float*>(y)), ddst(p.desc, t.engine, const_cast<float*>(dy)),
           dsrc(p.desc, t.engine, dx);
-      p.bwd.execute(t.stream, {{DNNL_ARG_DST, dst}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_SRC, dsrc},
+      p.bwd.execute(t.stream, {{DNNL_ARG_DST, dst},
+                               {DNNL_ARG_DIFF_DST, ddst},
+                               {DNNL_ARG_DIFF_SRC, dsrc},
                                {DNNL_ARG_SCRATCHPAD, scratchpad(p.bwd_pd.scratchpad_desc())}});
       t.stream.wait();
     } catch (const dnnl::error& e) {
@@ -417,6 +446,25 @@ class CpuNnKernels final : public NnKernels {
 
   void pool_forward(const PoolShape& s, const float* x, float* y, KernelContext&) override {
     const int64_t planes = s.n * s.c;
+    if (is_2x2(s)) {
+      // LeNet's pooling: non-overlapping 2x2 windows, written out so the compiler can vectorise it.
+      const bool is_max = s.kind == PoolKind::Max;
+#pragma omp parallel for if (planes * s.h * s.w > kParallelMin)
+      for (int64_t pl = 0; pl < planes; ++pl)
+        for (int64_t oy = 0; oy < s.oh; ++oy) {
+          const float* r0 = x + (pl * s.h + 2 * oy) * s.w;
+          const float* r1 = r0 + s.w;
+          float* out = y + (pl * s.oh + oy) * s.ow;
+          if (is_max) {
+            for (int64_t ox = 0; ox < s.ow; ++ox)
+              out[ox] = std::max(std::max(r0[2 * ox], r0[2 * ox + 1]), std::max(r1[2 * ox], r1[2 * ox + 1]));
+          } else {
+            for (int64_t ox = 0; ox < s.ow; ++ox)
+              out[ox] = ((r0[2 * ox] + r0[2 * ox + 1]) + (r1[2 * ox] + r1[2 * ox + 1])) * 0.25f;
+          }
+        }
+      return;
+    }
     const float inv_area = 1.0f / static_cast<float>(s.kernel * s.kernel);
     const bool is_max = s.kind == PoolKind::Max;
 #pragma omp parallel for if (planes * s.h * s.w > kParallelMin)
@@ -444,6 +492,24 @@ class CpuNnKernels final : public NnKernels {
   void pool_backward(const PoolShape& s, const float* x, const float* y, const float* dy, float* dx,
                      KernelContext&) override {
     const int64_t planes = s.n * s.c;
+    if (is_2x2(s) && s.kind == PoolKind::Avg) {
+#pragma omp parallel for if (planes * s.h * s.w > kParallelMin)
+      for (int64_t pl = 0; pl < planes; ++pl) {
+        float* d = dx + pl * s.h * s.w;
+        // Rows or columns beyond the last window (odd sizes) get no gradient.
+        if (s.h != 2 * s.oh || s.w != 2 * s.ow) std::fill(d, d + s.h * s.w, 0.0f);
+        for (int64_t oy = 0; oy < s.oh; ++oy) {
+          const float* g = dy + (pl * s.oh + oy) * s.ow;
+          float* d0 = d + 2 * oy * s.w;
+          float* d1 = d0 + s.w;
+          for (int64_t ox = 0; ox < s.ow; ++ox) {
+            const float v = g[ox] * 0.25f;
+            d0[2 * ox] = d0[2 * ox + 1] = d1[2 * ox] = d1[2 * ox + 1] = v;
+          }
+        }
+      }
+      return;
+    }
     const float inv_area = 1.0f / static_cast<float>(s.kernel * s.kernel);
     const bool is_max = s.kind == PoolKind::Max;
 #pragma omp parallel for if (planes * s.h * s.w > kParallelMin)
@@ -481,7 +547,8 @@ class CpuNnKernels final : public NnKernels {
     }
   }
 
-  void global_avg_pool_forward(int64_t planes, int64_t hw, const float* x, float* y, KernelContext&) override {
+  void global_avg_pool_forward(int64_t planes, int64_t hw, const float* x, float* y,
+                               KernelContext&) override {
 #pragma omp parallel for if (planes * hw > kParallelMin)
     for (int64_t p = 0; p < planes; ++p) {
       double acc = 0;
@@ -490,7 +557,8 @@ class CpuNnKernels final : public NnKernels {
     }
   }
 
-  void global_avg_pool_backward(int64_t planes, int64_t hw, const float* dy, float* dx, KernelContext&) override {
+  void global_avg_pool_backward(int64_t planes, int64_t hw, const float* dy, float* dx,
+                                KernelContext&) override {
     const float inv = 1.0f / static_cast<float>(hw);
 #pragma omp parallel for if (planes * hw > kParallelMin)
     for (int64_t p = 0; p < planes; ++p) {
@@ -499,8 +567,9 @@ class CpuNnKernels final : public NnKernels {
     }
   }
 
-  void softmax_cross_entropy(int64_t n, int64_t classes, const float* logits, const float* labels, float* loss,
-                             float* stats, float* dlogits, float grad_scale, KernelContext&) override {
+  void softmax_cross_entropy(int64_t n, int64_t classes, const float* logits, const float* labels,
+                             float* loss, float* stats, float* dlogits, float grad_scale,
+                             KernelContext&) override {
     // Labels are checked before anything is written, so a bad label leaves no half-made gradient behind.
     for (int64_t i = 0; i < n; ++i) {
       const float l = labels[i];
@@ -551,8 +620,10 @@ class CpuNnKernels final : public NnKernels {
   }
 
  private:
+  static bool is_2x2(const PoolShape& s) { return s.kernel == 2 && s.stride == 2 && s.pad == 0; }
   static int i32(int64_t v) {
-    if (v > std::numeric_limits<int>::max()) throw ShapeError("a linear layer dimension exceeds 2^31-1, which BLAS takes");
+    if (v > std::numeric_limits<int>::max())
+      throw ShapeError("a linear layer dimension exceeds 2^31-1, which BLAS takes");
     return static_cast<int>(v);
   }
 };

@@ -44,7 +44,8 @@ void read_exact(GzFile& gz, const std::string& path, void* dst, size_t n, const 
       int err = 0;
       const char* msg = gzerror(gz.f, &err);
       corrupt(path, std::string("it ends inside the ") + what +
-                        (err != Z_OK && err != Z_STREAM_END && msg ? std::string(" (") + msg + ")" : std::string()));
+                        (err != Z_OK && err != Z_STREAM_END && msg ? std::string(" (") + msg + ")"
+                                                                   : std::string()));
     }
     p += got;
     n -= static_cast<size_t>(got);
@@ -72,7 +73,8 @@ std::string find_file(const std::string& dir, const std::string& name) {
 std::vector<uint8_t> read_idx(const std::string& path, int want_dims, std::vector<uint32_t>& dims) {
   GzFile gz;
   gz.f = gzopen(path.c_str(), "rb");
-  if (!gz.f) throw Error("Fashion-MNIST: cannot open " + path + ": " + std::strerror(errno) + ". " + kInstallHint);
+  if (!gz.f)
+    throw Error("Fashion-MNIST: cannot open " + path + ": " + std::strerror(errno) + ". " + kInstallHint);
   unsigned char head[4];
   read_exact(gz, path, head, 4, "header");
   const uint32_t magic = big_endian(head);
@@ -104,15 +106,19 @@ std::shared_ptr<Dataset> read_fashion_mnist(Split split, const std::string& dir)
   d->images = read_idx(img_path, 3, idims);
   d->labels = read_idx(lbl_path, 1, ldims);
   if (idims[1] != 28 || idims[2] != 28)
-    corrupt(img_path, "images are " + std::to_string(idims[1]) + "x" + std::to_string(idims[2]) + ", not 28x28");
+    corrupt(img_path,
+            "images are " + std::to_string(idims[1]) + "x" + std::to_string(idims[2]) + ", not 28x28");
   if (idims[0] != ldims[0])
-    corrupt(lbl_path, std::to_string(ldims[0]) + " labels for " + std::to_string(idims[0]) + " images in " + img_path);
+    corrupt(lbl_path,
+            std::to_string(ldims[0]) + " labels for " + std::to_string(idims[0]) + " images in " + img_path);
   for (size_t i = 0; i < d->labels.size(); ++i)
-    if (d->labels[i] >= 10) corrupt(lbl_path, "label " + std::to_string(d->labels[i]) + " at " + std::to_string(i));
+    if (d->labels[i] >= 10)
+      corrupt(lbl_path, "label " + std::to_string(d->labels[i]) + " at " + std::to_string(i));
   d->name = std::string("fashion-mnist/") + (split == Split::Train ? "train" : "test");
   d->count = idims[0];
   d->channels = 1, d->height = 28, d->width = 28, d->classes = 10;
-  d->class_names = {"t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot"};
+  d->class_names = {"t-shirt", "trouser", "pullover", "dress", "coat",
+                    "sandal",  "shirt",   "sneaker",  "bag",   "ankle boot"};
   return d;
 }
 
@@ -143,14 +149,17 @@ std::vector<Tap> taps(int64_t in, int64_t out) {
 
 }  // namespace
 
-const char* default_fashion_mnist_dir() { return "/usr/share/datasets/fashion-mnist"; }
+const char* default_fashion_mnist_dir() {
+  return "/usr/share/datasets/fashion-mnist";
+}
 
 DatasetPtr load_fashion_mnist(Split split, const std::string& dir_in) {
   const std::string dir = dir_in.empty() ? default_fashion_mnist_dir() : dir_in;
   static std::mutex mutex;
   static std::map<std::pair<std::string, int>, std::weak_ptr<const Dataset>> cache;
   std::lock_guard lock(mutex);
-  auto key = std::make_pair(std::filesystem::absolute(dir).lexically_normal().string(), static_cast<int>(split));
+  auto key =
+      std::make_pair(std::filesystem::absolute(dir).lexically_normal().string(), static_cast<int>(split));
   if (auto hit = cache[key].lock()) return hit;
   DatasetPtr d = read_fashion_mnist(split, dir);
   cache[key] = d;
@@ -205,7 +214,8 @@ std::vector<int64_t> shuffled_indices(int64_t n, uint64_t seed, int64_t epoch) {
   return order;
 }
 
-// --- the loader ----------------------------------------------------------------------------------------------
+// --- the loader
+// ----------------------------------------------------------------------------------------------
 
 // Batch buffers of one size, reused: page-locked allocation costs milliseconds. Buffers come back when the
 // last holder of a batch (often an op that copies it to a device) lets go, so the pool outlives the loader.
@@ -219,8 +229,10 @@ struct DataLoader::Pool {
     for (void* p : free) release(p);
   }
   void release(void* p) const {
-    if (pinned) pinned_free(p);
-    else std::free(p);
+    if (pinned)
+      pinned_free(p);
+    else
+      std::free(p);
   }
   void* get() {
     {
@@ -232,7 +244,9 @@ struct DataLoader::Pool {
       }
     }
     void* p = pinned ? pinned_alloc(bytes) : std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (!p) throw Error("data loader: out of host memory for a batch of " + format_bytes(static_cast<int64_t>(bytes)));
+    if (!p)
+      throw Error("data loader: out of host memory for a batch of " +
+                  format_bytes(static_cast<int64_t>(bytes)));
     return p;
   }
   void put(void* p) {
@@ -249,7 +263,8 @@ DataLoader::DataLoader(DatasetPtr data, LoaderOptions options) : data_(std::move
   out_h_ = options_.resize ? options_.resize : data_->height;
   out_w_ = options_.resize ? options_.resize : data_->width;
   pool_ = std::make_shared<Pool>();
-  pool_->bytes = static_cast<size_t>(options_.batch_size * (data_->channels * out_h_ * out_w_ + 1)) * sizeof(float);
+  pool_->bytes =
+      static_cast<size_t>(options_.batch_size * (data_->channels * out_h_ * out_w_ + 1)) * sizeof(float);
   // Page-locked only where CUDA can give it; the probe buffer becomes the pool's first.
   if (options_.pinned) {
     if (void* p = pinned_alloc(pool_->bytes)) {
@@ -259,7 +274,9 @@ DataLoader::DataLoader(DatasetPtr data, LoaderOptions options) : data_(std::move
   }
 }
 
-DataLoader::~DataLoader() { stop(); }
+DataLoader::~DataLoader() {
+  stop();
+}
 
 int64_t DataLoader::batches_per_epoch() const {
   const int64_t b = options_.batch_size;
@@ -389,8 +406,8 @@ HostBatchPtr DataLoader::next() {
 DeviceBatch to_device(Runtime& rt, const HostBatchPtr& batch, int64_t begin, int64_t end, Device device) {
   if (!batch) throw Error("to_device: no batch");
   if (begin < 0 || end > batch->size || begin >= end)
-    throw Error("to_device: rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") of a batch of " +
-                std::to_string(batch->size));
+    throw Error("to_device: rows [" + std::to_string(begin) + ", " + std::to_string(end) +
+                ") of a batch of " + std::to_string(batch->size));
   const int64_t n = end - begin, numel = batch->sample_numel();
   DeviceBatch out{Tensor(rt, {n, batch->channels, batch->height, batch->width}, device, StreamKind::Copy),
                   Tensor(rt, {n}, device, StreamKind::Copy)};
@@ -402,10 +419,13 @@ DeviceBatch to_device(Runtime& rt, const HostBatchPtr& batch, int64_t begin, int
   const bool staging = !batch->pinned;
   rt.engine().push(
       [be, batch, img, lbl, images, labels, staging](OpContext& c) {
-        be->copy({images.data(), images.device()}, {const_cast<float*>(img), Device::cpu()}, images.bytes(), staging, c);
-        be->copy({labels.data(), labels.device()}, {const_cast<float*>(lbl), Device::cpu()}, labels.bytes(), staging, c);
+        be->copy({images.data(), images.device()}, {const_cast<float*>(img), Device::cpu()}, images.bytes(),
+                 staging, c);
+        be->copy({labels.data(), labels.device()}, {const_cast<float*>(lbl), Device::cpu()}, labels.bytes(),
+                 staging, c);
       },
-      {}, {images.var(), labels.var()}, device, StreamKind::Copy, {"batch to device", "", images.bytes() + labels.bytes(), 0});
+      {}, {images.var(), labels.var()}, device, StreamKind::Copy,
+      {"batch to device", "", images.bytes() + labels.bytes(), 0});
   return out;
 }
 

@@ -42,11 +42,11 @@ class NnKernels {
  public:
   virtual ~NnKernels() = default;
 
-  virtual void linear_forward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* b,
-                              float* y, KernelContext& kc) = 0;
+  virtual void linear_forward(int64_t n, int64_t in, int64_t out, const float* x, const float* w,
+                              const float* b, float* y, KernelContext& kc) = 0;
   // dx may be null (not wanted).
-  virtual void linear_backward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* dy,
-                               float* dx, float* dw, float* db, KernelContext& kc) = 0;
+  virtual void linear_backward(int64_t n, int64_t in, int64_t out, const float* x, const float* w,
+                               const float* dy, float* dx, float* dw, float* db, KernelContext& kc) = 0;
 
   virtual void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* b, float* y,
                               KernelContext& kc) = 0;
@@ -57,12 +57,14 @@ class NnKernels {
   // training: batch statistics, updates running_mean/var, writes save_mean/save_invstd. Eval: running stats.
   virtual void batchnorm_forward(const BnShape& s, const float* x, const float* gamma, const float* beta,
                                  float* running_mean, float* running_var, float* y, float* save_mean,
-                                 float* save_invstd, bool training, float momentum, float eps, KernelContext& kc) = 0;
+                                 float* save_invstd, bool training, float momentum, float eps,
+                                 KernelContext& kc) = 0;
   virtual void batchnorm_backward(const BnShape& s, const float* x, const float* dy, const float* gamma,
                                   const float* save_mean, const float* save_invstd, float* dx, float* dgamma,
                                   float* dbeta, KernelContext& kc) = 0;
 
-  virtual void activation_forward(Activation kind, const float* x, float* y, int64_t n, KernelContext& kc) = 0;
+  virtual void activation_forward(Activation kind, const float* x, float* y, int64_t n,
+                                  KernelContext& kc) = 0;
   virtual void activation_backward(Activation kind, const float* y, const float* dy, float* dx, int64_t n,
                                    KernelContext& kc) = 0;
 
@@ -71,7 +73,8 @@ class NnKernels {
                              KernelContext& kc) = 0;
 
   // planes = N*C planes of hw values each.
-  virtual void global_avg_pool_forward(int64_t planes, int64_t hw, const float* x, float* y, KernelContext& kc) = 0;
+  virtual void global_avg_pool_forward(int64_t planes, int64_t hw, const float* x, float* y,
+                                       KernelContext& kc) = 0;
   virtual void global_avg_pool_backward(int64_t planes, int64_t hw, const float* dy, float* dx,
                                         KernelContext& kc) = 0;
 
@@ -81,8 +84,8 @@ class NnKernels {
                                      KernelContext& kc) = 0;
 
   // momentum_buf may be null when momentum == 0.
-  virtual void sgd_step(int64_t n, float* param, const float* grad, float* momentum_buf, float lr, float momentum,
-                        float weight_decay, KernelContext& kc) = 0;
+  virtual void sgd_step(int64_t n, float* param, const float* grad, float* momentum_buf, float lr,
+                        float momentum, float weight_decay, KernelContext& kc) = 0;
 };
 
 NnKernels& cpu_nn_kernels();

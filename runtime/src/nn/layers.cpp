@@ -18,8 +18,8 @@ std::atomic<bool> g_allow_tf32{true};
 
 // Runs `body` with the kernels of `device` on its compute stream: it reads `reads` and writes `writes`.
 template <class Body>
-void push_kernel(Runtime& rt, Device device, std::vector<VarPtr> reads, std::vector<VarPtr> writes, OpInfo info,
-                 Body body) {
+void push_kernel(Runtime& rt, Device device, std::vector<VarPtr> reads, std::vector<VarPtr> writes,
+                 OpInfo info, Body body) {
   NnKernels* kernels = &nn_kernels(device);
   Allocator* alloc = &rt.allocator(device);
   rt.engine().push(
@@ -33,8 +33,8 @@ void push_kernel(Runtime& rt, Device device, std::vector<VarPtr> reads, std::vec
 void need_rank(const char* op, const char* what, const Tensor& t, size_t rank) {
   if (!t.defined()) throw Error(std::string(op) + ": " + what + " is undefined");
   if (t.shape().size() != rank)
-    throw ShapeError(std::string(op) + ": " + what + " must have " + std::to_string(rank) + " dimensions, got " +
-                     shape_str(t.shape()));
+    throw ShapeError(std::string(op) + ": " + what + " must have " + std::to_string(rank) +
+                     " dimensions, got " + shape_str(t.shape()));
 }
 
 void need_shape(const char* op, const char* what, const Tensor& t, const Shape& shape) {
@@ -44,12 +44,15 @@ void need_shape(const char* op, const char* what, const Tensor& t, const Shape& 
                      shape_str(t.shape()));
 }
 
-double dbl(int64_t v) { return static_cast<double>(v); }
+double dbl(int64_t v) {
+  return static_cast<double>(v);
+}
 
 ConvShape conv_shape(const char* op, const Tensor& x, const Tensor& w, const Conv2dOptions& o) {
   need_rank(op, "input", x, 4);
   need_rank(op, "weight", w, 4);
-  if (o.stride < 1) throw Error(std::string(op) + ": stride must be at least 1, got " + std::to_string(o.stride));
+  if (o.stride < 1)
+    throw Error(std::string(op) + ": stride must be at least 1, got " + std::to_string(o.stride));
   if (o.padding < 0) throw Error(std::string(op) + ": padding must not be negative");
   ConvShape s{};
   s.n = x.shape()[0], s.c = x.shape()[1], s.h = x.shape()[2], s.w = x.shape()[3];
@@ -57,7 +60,8 @@ ConvShape conv_shape(const char* op, const Tensor& x, const Tensor& w, const Con
   s.stride = o.stride, s.pad = o.padding;
   if (w.shape()[1] != s.c)
     throw ShapeError(std::string(op) + ": input " + shape_str(x.shape()) + " has " + std::to_string(s.c) +
-                     " channels but the weight " + shape_str(w.shape()) + " expects " + std::to_string(w.shape()[1]));
+                     " channels but the weight " + shape_str(w.shape()) + " expects " +
+                     std::to_string(w.shape()[1]));
   s.oh = (s.h + 2 * s.pad - s.r) / s.stride + 1;
   s.ow = (s.w + 2 * s.pad - s.s) / s.stride + 1;
   if (s.h + 2 * s.pad < s.r || s.w + 2 * s.pad < s.s || s.oh < 1 || s.ow < 1)
@@ -66,7 +70,9 @@ ConvShape conv_shape(const char* op, const Tensor& x, const Tensor& w, const Con
   return s;
 }
 
-double conv_flops(const ConvShape& s) { return 2.0 * dbl(s.n) * dbl(s.k) * dbl(s.oh * s.ow) * dbl(s.c * s.r * s.s); }
+double conv_flops(const ConvShape& s) {
+  return 2.0 * dbl(s.n) * dbl(s.k) * dbl(s.oh * s.ow) * dbl(s.c * s.r * s.s);
+}
 
 PoolShape pool_shape(const char* op, const Tensor& x, const Pool2dOptions& o) {
   need_rank(op, "input", x, 4);
@@ -85,8 +91,12 @@ PoolShape pool_shape(const char* op, const Tensor& x, const Pool2dOptions& o) {
 
 }  // namespace
 
-void set_cudnn_allow_tf32(bool allow) { g_allow_tf32 = allow; }
-bool cudnn_allow_tf32() { return g_allow_tf32; }
+void set_cudnn_allow_tf32(bool allow) {
+  g_allow_tf32 = allow;
+}
+bool cudnn_allow_tf32() {
+  return g_allow_tf32;
+}
 
 NnKernels& nn_kernels(Device device) {
   if (device.is_cpu()) return cpu_nn_kernels();
@@ -103,12 +113,16 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   const int64_t n = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
   if (w.shape()[1] != in)
     throw ShapeError("linear: input " + shape_str(x.shape()) + " has " + std::to_string(in) +
-                     " features but the weight " + shape_str(w.shape()) + " expects " + std::to_string(w.shape()[1]));
+                     " features but the weight " + shape_str(w.shape()) + " expects " +
+                     std::to_string(w.shape()[1]));
   need_shape("linear", "bias", b, {out});
   Tensor y(x.runtime(), {n, out}, x.device());
-  push_kernel(x.runtime(), x.device(), {x.var(), w.var(), b.var()}, {y.var()},
-              {"linear", "", x.bytes() + w.bytes() + b.bytes() + y.bytes(), 2.0 * dbl(n) * dbl(in) * dbl(out)},
-              [=](NnKernels& k, KernelContext& kc) { k.linear_forward(n, in, out, x.data(), w.data(), b.data(), y.data(), kc); });
+  push_kernel(
+      x.runtime(), x.device(), {x.var(), w.var(), b.var()}, {y.var()},
+      {"linear", "", x.bytes() + w.bytes() + b.bytes() + y.bytes(), 2.0 * dbl(n) * dbl(in) * dbl(out)},
+      [=](NnKernels& k, KernelContext& kc) {
+        k.linear_forward(n, in, out, x.data(), w.data(), b.data(), y.data(), kc);
+      });
   return y;
 }
 
@@ -131,10 +145,11 @@ LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
   const double flops = (need_dx ? 4.0 : 2.0) * dbl(n) * dbl(in) * dbl(out);
   Tensor dx = g.dx, dw = g.dw, db = g.db;
   push_kernel(rt, x.device(), {x.var(), w.var(), dy.var()}, writes,
-              {"linear backward", "", x.bytes() + w.bytes() + 2 * dy.bytes() + dw.bytes() + (need_dx ? x.bytes() : 0), flops},
+              {"linear backward", "",
+               x.bytes() + w.bytes() + 2 * dy.bytes() + dw.bytes() + (need_dx ? x.bytes() : 0), flops},
               [=](NnKernels& k, KernelContext& kc) {
-                k.linear_backward(n, in, out, x.data(), w.data(), dy.data(), dx.defined() ? dx.data() : nullptr,
-                                  dw.data(), db.data(), kc);
+                k.linear_backward(n, in, out, x.data(), w.data(), dy.data(),
+                                  dx.defined() ? dx.data() : nullptr, dw.data(), db.data(), kc);
               });
   return g;
 }
@@ -148,7 +163,9 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
   Tensor y(x.runtime(), {s.n, s.k, s.oh, s.ow}, x.device());
   push_kernel(x.runtime(), x.device(), {x.var(), w.var(), b.var()}, {y.var()},
               {"conv2d", "", x.bytes() + w.bytes() + y.bytes(), conv_flops(s)},
-              [=](NnKernels& k, KernelContext& kc) { k.conv2d_forward(s, x.data(), w.data(), b.data(), y.data(), kc); });
+              [=](NnKernels& k, KernelContext& kc) {
+                k.conv2d_forward(s, x.data(), w.data(), b.data(), y.data(), kc);
+              });
   return y;
 }
 
@@ -167,24 +184,28 @@ Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
     writes.push_back(g.dx.var());
   }
   Tensor dx = g.dx, dw = g.dw, db = g.db;
-  push_kernel(rt, x.device(), {x.var(), w.var(), dy.var()}, writes,
-              {"conv2d backward", "", x.bytes() + w.bytes() + 2 * dy.bytes() + dw.bytes() + (need_dx ? x.bytes() : 0),
-               (need_dx ? 2.0 : 1.0) * conv_flops(s)},
-              [=](NnKernels& k, KernelContext& kc) {
-                k.conv2d_backward(s, x.data(), w.data(), dy.data(), dx.defined() ? dx.data() : nullptr, dw.data(),
-                                  db.data(), kc);
-              });
+  push_kernel(
+      rt, x.device(), {x.var(), w.var(), dy.var()}, writes,
+      {"conv2d backward", "", x.bytes() + w.bytes() + 2 * dy.bytes() + dw.bytes() + (need_dx ? x.bytes() : 0),
+       (need_dx ? 2.0 : 1.0) * conv_flops(s)},
+      [=](NnKernels& k, KernelContext& kc) {
+        k.conv2d_backward(s, x.data(), w.data(), dy.data(), dx.defined() ? dx.data() : nullptr, dw.data(),
+                          db.data(), kc);
+      });
   return g;
 }
 
-// --- batchnorm2d ---------------------------------------------------------------------------------------------
+// --- batchnorm2d
+// ---------------------------------------------------------------------------------------------
 
-BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                            const Tensor& running_var, const BatchNormOptions& o) {
+BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                            const Tensor& running_mean, const Tensor& running_var,
+                            const BatchNormOptions& o) {
   check_same_device({&x, &gamma, &beta, &running_mean, &running_var});
   need_rank("batchnorm2d", "input", x, 4);
   const int64_t c = x.shape()[1];
-  for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var}) need_shape("batchnorm2d", "a parameter", *t, {c});
+  for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var})
+    need_shape("batchnorm2d", "a parameter", *t, {c});
   if (o.training && x.shape()[0] * x.shape()[2] * x.shape()[3] < 2)
     throw ShapeError("batchnorm2d: training needs more than one value per channel, got input " +
                      shape_str(x.shape()));
@@ -197,7 +218,8 @@ BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& 
   if (o.training) {
     r.save_mean = Tensor(rt, {c}, x.device());
     r.save_invstd = Tensor(rt, {c}, x.device());
-    writes.insert(writes.end(), {r.save_mean.var(), r.save_invstd.var(), running_mean.var(), running_var.var()});
+    writes.insert(writes.end(),
+                  {r.save_mean.var(), r.save_invstd.var(), running_mean.var(), running_var.var()});
   } else {
     reads.insert(reads.end(), {running_mean.var(), running_var.var()});
   }
@@ -205,43 +227,50 @@ BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& 
   const bool training = o.training;
   const float momentum = o.momentum, eps = o.eps;
   push_kernel(rt, x.device(), reads, writes,
-              {training ? "batchnorm2d" : "batchnorm2d (eval)", "", (training ? 3 : 2) * x.bytes(), 5.0 * dbl(x.numel())},
+              {training ? "batchnorm2d" : "batchnorm2d (eval)", "", (training ? 3 : 2) * x.bytes(),
+               5.0 * dbl(x.numel())},
               [=](NnKernels& k, KernelContext& kc) {
-                k.batchnorm_forward(s, x.data(), gamma.data(), beta.data(), running_mean.data(), running_var.data(),
-                                    y.data(), training ? sm.data() : nullptr, training ? si.data() : nullptr, training,
-                                    momentum, eps, kc);
+                k.batchnorm_forward(s, x.data(), gamma.data(), beta.data(), running_mean.data(),
+                                    running_var.data(), y.data(), training ? sm.data() : nullptr,
+                                    training ? si.data() : nullptr, training, momentum, eps, kc);
               });
   return r;
 }
 
-BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
-                                    const Tensor& save_invstd) {
+BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                    const Tensor& save_mean, const Tensor& save_invstd) {
   check_same_device({&x, &dy, &gamma, &save_mean, &save_invstd});
   need_rank("batchnorm2d backward", "input", x, 4);
   need_shape("batchnorm2d backward", "output gradient", dy, x.shape());
   const int64_t c = x.shape()[1];
-  for (const Tensor* t : {&gamma, &save_mean, &save_invstd}) need_shape("batchnorm2d backward", "a parameter", *t, {c});
+  for (const Tensor* t : {&gamma, &save_mean, &save_invstd})
+    need_shape("batchnorm2d backward", "a parameter", *t, {c});
   BnShape s{x.shape()[0], c, x.shape()[2] * x.shape()[3]};
   Runtime& rt = x.runtime();
-  BatchNormGrads g{Tensor(rt, x.shape(), x.device()), Tensor(rt, {c}, x.device()), Tensor(rt, {c}, x.device())};
+  BatchNormGrads g{Tensor(rt, x.shape(), x.device()), Tensor(rt, {c}, x.device()),
+                   Tensor(rt, {c}, x.device())};
   Tensor dx = g.dx, dg = g.dgamma, dbt = g.dbeta;
   push_kernel(rt, x.device(), {x.var(), dy.var(), gamma.var(), save_mean.var(), save_invstd.var()},
-              {dx.var(), dg.var(), dbt.var()}, {"batchnorm2d backward", "", 3 * x.bytes(), 8.0 * dbl(x.numel())},
+              {dx.var(), dg.var(), dbt.var()},
+              {"batchnorm2d backward", "", 3 * x.bytes(), 8.0 * dbl(x.numel())},
               [=](NnKernels& k, KernelContext& kc) {
-                k.batchnorm_backward(s, x.data(), dy.data(), gamma.data(), save_mean.data(), save_invstd.data(),
-                                     dx.data(), dg.data(), dbt.data(), kc);
+                k.batchnorm_backward(s, x.data(), dy.data(), gamma.data(), save_mean.data(),
+                                     save_invstd.data(), dx.data(), dg.data(), dbt.data(), kc);
               });
   return g;
 }
 
-// --- activations ---------------------------------------------------------------------------------------------
+// --- activations
+// ---------------------------------------------------------------------------------------------
 
 Tensor activation(Activation kind, const Tensor& x) {
   if (!x.defined()) throw Error("activation: the input is undefined");
   Tensor y(x.runtime(), x.shape(), x.device());
   const char* name = kind == Activation::Relu ? "relu" : "sigmoid";
   push_kernel(x.runtime(), x.device(), {x.var()}, {y.var()}, {name, "", 2 * x.bytes(), dbl(x.numel())},
-              [=](NnKernels& k, KernelContext& kc) { k.activation_forward(kind, x.data(), y.data(), x.numel(), kc); });
+              [=](NnKernels& k, KernelContext& kc) {
+                k.activation_forward(kind, x.data(), y.data(), x.numel(), kc);
+              });
   return y;
 }
 
@@ -252,8 +281,10 @@ Tensor activation_backward(Activation kind, const Tensor& y, const Tensor& dy) {
                      shape_str(dy.shape()) + " differ");
   Tensor dx(y.runtime(), y.shape(), y.device());
   const char* name = kind == Activation::Relu ? "relu backward" : "sigmoid backward";
-  push_kernel(y.runtime(), y.device(), {y.var(), dy.var()}, {dx.var()}, {name, "", 3 * y.bytes(), 2.0 * dbl(y.numel())},
-              [=](NnKernels& k, KernelContext& kc) { k.activation_backward(kind, y.data(), dy.data(), dx.data(), y.numel(), kc); });
+  push_kernel(y.runtime(), y.device(), {y.var(), dy.var()}, {dx.var()},
+              {name, "", 3 * y.bytes(), 2.0 * dbl(y.numel())}, [=](NnKernels& k, KernelContext& kc) {
+                k.activation_backward(kind, y.data(), dy.data(), dx.data(), y.numel(), kc);
+              });
   return dx;
 }
 
@@ -277,9 +308,11 @@ Tensor pool2d_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const
   need_shape("pool2d backward", "output gradient", dy, y.shape());
   Tensor dx(x.runtime(), x.shape(), x.device());
   push_kernel(x.runtime(), x.device(), {x.var(), y.var(), dy.var()}, {dx.var()},
-              {o.kind == PoolKind::Max ? "max pool backward" : "avg pool backward", "", 2 * x.bytes() + 2 * y.bytes(),
-               dbl(y.numel()) * dbl(s.kernel * s.kernel)},
-              [=](NnKernels& k, KernelContext& kc) { k.pool_backward(s, x.data(), y.data(), dy.data(), dx.data(), kc); });
+              {o.kind == PoolKind::Max ? "max pool backward" : "avg pool backward", "",
+               2 * x.bytes() + 2 * y.bytes(), dbl(y.numel()) * dbl(s.kernel * s.kernel)},
+              [=](NnKernels& k, KernelContext& kc) {
+                k.pool_backward(s, x.data(), y.data(), dy.data(), dx.data(), kc);
+              });
   return dx;
 }
 
@@ -288,8 +321,11 @@ Tensor global_avg_pool(const Tensor& x) {
   const int64_t planes = x.shape()[0] * x.shape()[1], hw = x.shape()[2] * x.shape()[3];
   if (hw < 1) throw ShapeError("global_avg_pool: empty planes in " + shape_str(x.shape()));
   Tensor y(x.runtime(), {x.shape()[0], x.shape()[1], 1, 1}, x.device());
-  push_kernel(x.runtime(), x.device(), {x.var()}, {y.var()}, {"global avg pool", "", x.bytes() + y.bytes(), dbl(x.numel())},
-              [=](NnKernels& k, KernelContext& kc) { k.global_avg_pool_forward(planes, hw, x.data(), y.data(), kc); });
+  push_kernel(x.runtime(), x.device(), {x.var()}, {y.var()},
+              {"global avg pool", "", x.bytes() + y.bytes(), dbl(x.numel())},
+              [=](NnKernels& k, KernelContext& kc) {
+                k.global_avg_pool_forward(planes, hw, x.data(), y.data(), kc);
+              });
   return y;
 }
 
@@ -300,11 +336,14 @@ Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape) {
   Tensor dx(dy.runtime(), x_shape, dy.device());
   push_kernel(dy.runtime(), dy.device(), {dy.var()}, {dx.var()},
               {"global avg pool backward", "", dy.bytes() + dx.bytes(), dbl(dx.numel())},
-              [=](NnKernels& k, KernelContext& kc) { k.global_avg_pool_backward(planes, hw, dy.data(), dx.data(), kc); });
+              [=](NnKernels& k, KernelContext& kc) {
+                k.global_avg_pool_backward(planes, hw, dy.data(), dx.data(), kc);
+              });
   return dx;
 }
 
-// --- shape ----------------------------------------------------------------------------------------------------
+// --- shape
+// ----------------------------------------------------------------------------------------------------
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
   if (!x.defined()) throw Error("reshape: the input is undefined");
@@ -321,14 +360,17 @@ Tensor flatten(const Tensor& x) {
   return reshape(x, {n, n ? x.numel() / n : 0});
 }
 
-// --- loss -------------------------------------------------------------------------------------------------------
+// --- loss
+// -------------------------------------------------------------------------------------------------------
 
-CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool want_grad, float grad_scale) {
+CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool want_grad,
+                                   float grad_scale) {
   check_same_device({&logits, &labels});
   need_rank("softmax_cross_entropy", "logits", logits, 2);
   const int64_t n = logits.shape()[0], classes = logits.shape()[1];
   need_shape("softmax_cross_entropy", "labels", labels, {n});
-  if (n < 1 || classes < 1) throw ShapeError("softmax_cross_entropy: empty logits " + shape_str(logits.shape()));
+  if (n < 1 || classes < 1)
+    throw ShapeError("softmax_cross_entropy: empty logits " + shape_str(logits.shape()));
   Runtime& rt = logits.runtime();
   CrossEntropy r;
   r.loss = Tensor(rt, {}, logits.device());
@@ -341,7 +383,8 @@ CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, b
   const float scale = grad_scale != 0 ? grad_scale : 1.0f / static_cast<float>(n);
   Tensor loss = r.loss, stats = r.stats, dl = r.dlogits;
   push_kernel(rt, logits.device(), {logits.var(), labels.var()}, writes,
-              {"softmax cross-entropy", "", (want_grad ? 2 : 1) * logits.bytes() + labels.bytes(), 4.0 * dbl(logits.numel())},
+              {"softmax cross-entropy", "", (want_grad ? 2 : 1) * logits.bytes() + labels.bytes(),
+               4.0 * dbl(logits.numel())},
               [=](NnKernels& k, KernelContext& kc) {
                 k.softmax_cross_entropy(n, classes, logits.data(), labels.data(), loss.data(), stats.data(),
                                         dl.defined() ? dl.data() : nullptr, scale, kc);
@@ -349,13 +392,14 @@ CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, b
   return r;
 }
 
-// --- optimiser --------------------------------------------------------------------------------------------------
+// --- optimiser
+// --------------------------------------------------------------------------------------------------
 
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdOptions& o) {
   check_same_device({&param, &grad});
   if (param.shape() != grad.shape())
-    throw ShapeError("sgd: parameter " + shape_str(param.shape()) + " and gradient " + shape_str(grad.shape()) +
-                     " differ");
+    throw ShapeError("sgd: parameter " + shape_str(param.shape()) + " and gradient " +
+                     shape_str(grad.shape()) + " differ");
   const bool use_buf = o.momentum != 0;
   if (use_buf) {
     check_same_device({&param, &momentum_buf});
@@ -373,7 +417,8 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
               });
 }
 
-// --- helpers ------------------------------------------------------------------------------------------------------
+// --- helpers
+// ------------------------------------------------------------------------------------------------------
 
 void copy_into(const Tensor& dst, const Tensor& src) {
   if (!dst.defined() || !src.defined()) throw Error("copy_into: a tensor is undefined");
@@ -394,7 +439,8 @@ void copy_into(const Tensor& dst, const Tensor& src) {
 void write_values(const Tensor& dst, std::vector<float> values) {
   if (!dst.defined()) throw Error("write_values: the tensor is undefined");
   if (static_cast<int64_t>(values.size()) != dst.numel())
-    throw ShapeError("write_values: " + std::to_string(values.size()) + " values for " + shape_str(dst.shape()));
+    throw ShapeError("write_values: " + std::to_string(values.size()) + " values for " +
+                     shape_str(dst.shape()));
   Runtime& rt = dst.runtime();
   Backend* be = &rt.backend(dst.device());
   auto host = std::make_shared<std::vector<float>>(std::move(values));

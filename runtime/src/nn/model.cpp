@@ -10,7 +10,8 @@
 
 namespace gn::nn {
 
-// --- modules --------------------------------------------------------------------------------------------------
+// --- modules
+// --------------------------------------------------------------------------------------------------
 
 class Module {
  public:
@@ -19,6 +20,8 @@ class Module {
   // Returns dx, undefined when !need_dx. Releases what forward kept.
   virtual Tensor backward(const Tensor& dy, bool need_dx) = 0;
   virtual void collect(const std::string& prefix, std::vector<Parameter*>& out) { (void)prefix, (void)out; }
+  // Whether backward produces parameter gradients: only then does what comes before need an input gradient.
+  virtual bool has_params() const { return false; }
   virtual void clear() {}
   virtual Shape out_shape(const Shape& in) const = 0;
   virtual std::string describe() const = 0;
@@ -46,12 +49,14 @@ class Builder {
   Tensor weight(const Shape& shape, int64_t fan_in, int64_t fan_out) {
     const uint64_t seed = splitmix64(o_.seed ^ splitmix64(static_cast<uint64_t>(counter_++)));
     switch (o_.init) {
-      case Init::Normal: return normal(rt_, shape, device_, seed, 0.0f, o_.init_std);
+      case Init::Normal:
+        return normal(rt_, shape, device_, seed, 0.0f, o_.init_std);
       case Init::Xavier: {
         const float a = std::sqrt(6.0f / static_cast<float>(fan_in + fan_out));
         return uniform(rt_, shape, device_, seed, -a, a);
       }
-      case Init::Kaiming: return normal(rt_, shape, device_, seed, 0.0f, std::sqrt(2.0f / static_cast<float>(fan_in)));
+      case Init::Kaiming:
+        return normal(rt_, shape, device_, seed, 0.0f, std::sqrt(2.0f / static_cast<float>(fan_in)));
     }
     throw Error("unknown initialiser");
   }
@@ -90,6 +95,7 @@ class LinearM final : public Module {
     push_param(out, prefix, w_, "weight");
     push_param(out, prefix, b_, "bias");
   }
+  bool has_params() const override { return true; }
   void clear() override { x_ = Tensor(); }
   Shape out_shape(const Shape& in) const override { return {in[0], out_}; }
   std::string describe() const override {
@@ -124,14 +130,15 @@ class Conv2dM final : public Module {
     push_param(out, prefix, w_, "weight");
     push_param(out, prefix, b_, "bias");
   }
+  bool has_params() const override { return true; }
   void clear() override { x_ = Tensor(); }
   Shape out_shape(const Shape& in) const override {
     return {in[0], out_, (in[2] + 2 * opts_.padding - kernel_) / opts_.stride + 1,
             (in[3] + 2 * opts_.padding - kernel_) / opts_.stride + 1};
   }
   std::string describe() const override {
-    return "Conv2d(" + std::to_string(in_) + ", " + std::to_string(out_) + ", kernel_size=" +
-           std::to_string(kernel_) + ", stride=" + std::to_string(opts_.stride) +
+    return "Conv2d(" + std::to_string(in_) + ", " + std::to_string(out_) +
+           ", kernel_size=" + std::to_string(kernel_) + ", stride=" + std::to_string(opts_.stride) +
            ", padding=" + std::to_string(opts_.padding) + ")";
   }
 
@@ -175,6 +182,7 @@ class BatchNorm2dM final : public Module {
     push_param(out, prefix, mean_, "running_mean");
     push_param(out, prefix, var_, "running_var");
   }
+  bool has_params() const override { return true; }
   void clear() override { x_ = save_mean_ = save_invstd_ = Tensor(); }
   Shape out_shape(const Shape& in) const override { return in; }
   std::string describe() const override { return "BatchNorm2d(" + std::to_string(c_) + ")"; }
@@ -226,8 +234,8 @@ class PoolM final : public Module {
             (in[3] + 2 * o_.padding - o_.kernel) / o_.stride + 1};
   }
   std::string describe() const override {
-    return std::string(o_.kind == PoolKind::Max ? "MaxPool2d" : "AvgPool2d") + "(kernel_size=" +
-           std::to_string(o_.kernel) + ", stride=" + std::to_string(o_.stride) + ")";
+    return std::string(o_.kind == PoolKind::Max ? "MaxPool2d" : "AvgPool2d") +
+           "(kernel_size=" + std::to_string(o_.kernel) + ", stride=" + std::to_string(o_.stride) + ")";
   }
 
  private:
@@ -255,7 +263,9 @@ class FlattenM final : public Module {
     if (mode == Mode::Train) in_shape_ = x.shape();
     return flatten(x);
   }
-  Tensor backward(const Tensor& dy, bool need_dx) override { return need_dx ? reshape(dy, in_shape_) : Tensor(); }
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    return need_dx ? reshape(dy, in_shape_) : Tensor();
+  }
   Shape out_shape(const Shape& in) const override {
     int64_t rest = 1;
     for (size_t i = 1; i < in.size(); ++i) rest *= in[i];
@@ -269,16 +279,37 @@ class FlattenM final : public Module {
 
 class SequentialM final : public Module {
  public:
-  void add(std::string name, std::unique_ptr<Module> m) { children_.emplace_back(std::move(name), std::move(m)); }
+  void add(std::string name, std::unique_ptr<Module> m) {
+    children_.emplace_back(std::move(name), std::move(m));
+  }
   Tensor forward(const Tensor& x, Mode mode) override {
     Tensor h = x;
     for (auto& [name, m] : children_) h = m->forward(h, mode);
     return h;
   }
   Tensor backward(const Tensor& dy, bool need_dx) override {
+    // Child i needs its input gradient only if something before it has parameters (or the caller wants dx):
+    // the MLP's first Linear, behind a Flatten, must not compute a gradient for the images.
+    std::vector<bool> need(children_.size());
+    bool before = need_dx;
+    for (size_t i = 0; i < children_.size(); ++i) {
+      need[i] = before;
+      before = before || children_[i].second->has_params();
+    }
     Tensor g = dy;
-    for (size_t i = children_.size(); i-- > 0;) g = children_[i].second->backward(g, need_dx || i > 0);
+    for (size_t i = children_.size(); i-- > 0;) {
+      if (!need[i] && !children_[i].second->has_params()) {
+        children_[i].second->clear();  // nothing before or in it needs a gradient
+        continue;
+      }
+      g = children_[i].second->backward(g, need[i]);
+    }
     return g;
+  }
+  bool has_params() const override {
+    for (auto& [name, m] : children_)
+      if (m->has_params()) return true;
+    return false;
   }
   void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
     for (auto& [name, m] : children_) m->collect(prefix + name + ".", out);
@@ -300,7 +331,8 @@ class SequentialM final : public Module {
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
 };
 
-// d2l's Residual: Y = relu(bn1(conv1(X))); Y = bn2(conv2(Y)); out = relu(Y + (conv3(X) if use_1x1conv else X)).
+// d2l's Residual: Y = relu(bn1(conv1(X))); Y = bn2(conv2(Y)); out = relu(Y + (conv3(X) if use_1x1conv else
+// X)).
 class ResidualM final : public Module {
  public:
   ResidualM(Builder& b, int64_t in, int64_t out, bool use_1x1conv, int64_t stride)
@@ -335,6 +367,7 @@ class ResidualM final : public Module {
     conv1_.clear(), conv2_.clear(), bn1_->clear(), bn2_->clear(), relu1_.clear(), relu2_.clear();
     if (conv3_) conv3_->clear();
   }
+  bool has_params() const override { return true; }
   Shape out_shape(const Shape& in) const override { return conv2_.out_shape(conv1_.out_shape(in)); }
   std::string describe() const override {
     return std::string("Residual(") + conv1_.describe() + (conv3_ ? ", 1x1 projection" : "") + ")";
@@ -404,14 +437,19 @@ std::unique_ptr<Module> build(Builder& b, const ModelOptions& o) {
 
 }  // namespace
 
-// --- names -------------------------------------------------------------------------------------------------------
+// --- names
+// -------------------------------------------------------------------------------------------------------
 
 const char* arch_name(Arch a) {
   switch (a) {
-    case Arch::Linear: return "linear";
-    case Arch::Mlp: return "mlp";
-    case Arch::LeNet: return "lenet";
-    case Arch::ResNet18: return "resnet18";
+    case Arch::Linear:
+      return "linear";
+    case Arch::Mlp:
+      return "mlp";
+    case Arch::LeNet:
+      return "lenet";
+    case Arch::ResNet18:
+      return "resnet18";
   }
   return "unknown";
 }
@@ -424,9 +462,12 @@ Arch parse_arch(const std::string& name) {
 
 const char* init_name(Init i) {
   switch (i) {
-    case Init::Normal: return "normal";
-    case Init::Xavier: return "xavier";
-    case Init::Kaiming: return "kaiming";
+    case Init::Normal:
+      return "normal";
+    case Init::Xavier:
+      return "xavier";
+    case Init::Kaiming:
+      return "kaiming";
   }
   return "unknown";
 }
@@ -437,9 +478,11 @@ Init parse_init(const std::string& name) {
   throw Error("unknown initialiser '" + name + "': expected normal, xavier or kaiming");
 }
 
-// --- Model ---------------------------------------------------------------------------------------------------------
+// --- Model
+// ---------------------------------------------------------------------------------------------------------
 
-Model::Model(Runtime& rt, ModelOptions options, Device device) : rt_(rt), options_(options), device_(device) {}
+Model::Model(Runtime& rt, ModelOptions options, Device device)
+    : rt_(rt), options_(options), device_(device) {}
 Model::~Model() = default;
 
 std::unique_ptr<Model> Model::create(Runtime& rt, const ModelOptions& o, Device device) {
@@ -470,8 +513,12 @@ Shape Model::input_shape(int64_t n) const {
   return {n, options_.in_channels, options_.image_size, options_.image_size};
 }
 
-std::vector<Parameter*> Model::state() { return state_; }
-std::vector<const Parameter*> Model::state() const { return {state_.begin(), state_.end()}; }
+std::vector<Parameter*> Model::state() {
+  return state_;
+}
+std::vector<const Parameter*> Model::state() const {
+  return {state_.begin(), state_.end()};
+}
 
 std::vector<Parameter*> Model::parameters() {
   std::vector<Parameter*> out;
@@ -482,7 +529,8 @@ std::vector<Parameter*> Model::parameters() {
 
 std::vector<ParameterInfo> Model::describe() const {
   std::vector<ParameterInfo> out;
-  for (const Parameter* p : state_) out.push_back({p->name, p->value.shape(), p->value.device(), p->trainable});
+  for (const Parameter* p : state_)
+    out.push_back({p->name, p->value.shape(), p->value.device(), p->trainable});
   return out;
 }
 
@@ -509,10 +557,10 @@ Tensor Model::forward(const Tensor& x, Mode mode) {
   const bool resnet = options_.arch == Arch::ResNet18;
   // ResNet-18 ends in a global average pool and takes any image size (the seed resizes to 96).
   const bool ok = resnet ? x.shape().size() == 4 && x.shape()[1] == want[1] : x.shape() == want;
-  if (!ok || x.shape()[0] < 1)
-  {
+  if (!ok || x.shape()[0] < 1) {
     std::string expect = "[N";
-    for (size_t i = 1; i < want.size(); ++i) expect += ", " + (resnet && i >= 2 ? std::string(i == 2 ? "H" : "W") : std::to_string(want[i]));
+    for (size_t i = 1; i < want.size(); ++i)
+      expect += ", " + (resnet && i >= 2 ? std::string(i == 2 ? "H" : "W") : std::to_string(want[i]));
     throw ShapeError(std::string(arch_name(options_.arch)) + " expects input " + expect + "], got " +
                      shape_str(x.shape()));
   }
@@ -542,7 +590,8 @@ void Model::clear_cache() {
 void Model::copy_state_from(const Model& other) {
   if (&other == this) return;
   if (other.signature() != signature())
-    throw Error("cannot copy parameters of a " + other.signature() + " model into a " + signature() + " model");
+    throw Error("cannot copy parameters of a " + other.signature() + " model into a " + signature() +
+                " model");
   auto src = other.state();
   for (size_t i = 0; i < state_.size(); ++i) copy_into(state_[i]->value, src[i]->value);
 }
@@ -553,6 +602,8 @@ std::unique_ptr<Model> Model::replicate(Device device) const {
   return m;
 }
 
-Tensor forward(Model& model, const Tensor& x) { return model.forward(x, Mode::Eval); }
+Tensor forward(Model& model, const Tensor& x) {
+  return model.forward(x, Mode::Eval);
+}
 
 }  // namespace gn::nn

@@ -4,9 +4,15 @@
 
 namespace gn::nn {
 
-NnKernels* cuda_nn_kernels() { return nullptr; }
-void* pinned_alloc(size_t) { return nullptr; }
+NnKernels* cuda_nn_kernels() {
+  return nullptr;
+}
+void* pinned_alloc(size_t) {
+  return nullptr;
+}
 void pinned_free(void*) {}
-std::unique_ptr<GradientReducer> make_nccl_reducer(Runtime&, const std::vector<Device>&) { return nullptr; }
+std::unique_ptr<GradientReducer> make_nccl_reducer(Runtime&, const std::vector<Device>&) {
+  return nullptr;
+}
 
 }  // namespace gn::nn

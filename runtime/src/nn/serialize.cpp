@@ -41,7 +41,8 @@ class Writer {
 
 class Reader {
  public:
-  Reader(const std::vector<char>& buf, size_t end, std::string path) : buf_(buf), end_(end), path_(std::move(path)) {}
+  Reader(const std::vector<char>& buf, size_t end, std::string path)
+      : buf_(buf), end_(end), path_(std::move(path)) {}
   void bytes(void* p, size_t n, const char* what) {
     if (n > end_ - pos_) fail(std::string("it ends inside the ") + what);
     std::memcpy(p, buf_.data() + pos_, n);
@@ -89,8 +90,8 @@ ParamsFileInfo parse(const std::vector<char>& buf, const std::string& path, std:
   const size_t body = buf.size() - 4;
   uint32_t stored_crc;
   std::memcpy(&stored_crc, buf.data() + body, 4);
-  const uint32_t crc = static_cast<uint32_t>(
-      crc32(0L, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(body)));
+  const uint32_t crc =
+      static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(body)));
   Reader r(buf, body, path);
   char magic[8];
   r.bytes(magic, 8, "magic");
@@ -113,7 +114,8 @@ ParamsFileInfo parse(const std::vector<char>& buf, const std::string& path, std:
     int64_t numel = 1;
     for (uint32_t d = 0; d < rank; ++d) {
       const int64_t dim = r.pod<int64_t>("entry shape");
-      if (dim < 0 || (dim > 0 && numel > (int64_t(1) << 40) / dim)) r.fail("entry " + e.name + " has a bad shape");
+      if (dim < 0 || (dim > 0 && numel > (int64_t(1) << 40) / dim))
+        r.fail("entry " + e.name + " has a bad shape");
       e.shape.push_back(dim);
       numel *= dim;
     }
@@ -148,10 +150,14 @@ ModelOptions options_from_signature(const std::string& signature) {
     } catch (const std::exception&) {
       throw Error("malformed model signature '" + signature + "': " + key + " is not a number");
     }
-    if (key == "classes") o.classes = v;
-    else if (key == "in_channels") o.in_channels = v;
-    else if (key == "image_size") o.image_size = v;
-    else throw Error("malformed model signature '" + signature + "': unknown key " + key);
+    if (key == "classes")
+      o.classes = v;
+    else if (key == "in_channels")
+      o.in_channels = v;
+    else if (key == "image_size")
+      o.image_size = v;
+    else
+      throw Error("malformed model signature '" + signature + "': unknown key " + key);
   }
   return o;
 }
@@ -174,8 +180,8 @@ void save_params(const Model& model, const std::string& path) {
     w.bytes(v.data(), v.size() * sizeof(float));
   }
   auto& buf = w.buffer();
-  const uint32_t crc =
-      static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(buf.size())));
+  const uint32_t crc = static_cast<uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(buf.size())));
   w.pod(crc);
   const std::string tmp = path + ".tmp";
   {
@@ -196,19 +202,21 @@ void save_params(const Model& model, const std::string& path) {
   }
 }
 
-ParamsFileInfo read_params_info(const std::string& path) { return parse(read_file(path), path, nullptr); }
+ParamsFileInfo read_params_info(const std::string& path) {
+  return parse(read_file(path), path, nullptr);
+}
 
 void load_params(Model& model, const std::string& path) {
   const std::vector<char> buf = read_file(path);
   std::vector<size_t> at;
   ParamsFileInfo info = parse(buf, path, &at);
   if (info.signature != model.signature())
-    throw Error("parameter file " + path + " holds a '" + info.signature + "' model, not the '" + model.signature() +
-                "' it is loaded into");
+    throw Error("parameter file " + path + " holds a '" + info.signature + "' model, not the '" +
+                model.signature() + "' it is loaded into");
   auto state = model.state();
   if (info.entries.size() != state.size())
-    throw Error("parameter file " + path + " has " + std::to_string(info.entries.size()) + " entries; the model has " +
-                std::to_string(state.size()));
+    throw Error("parameter file " + path + " has " + std::to_string(info.entries.size()) +
+                " entries; the model has " + std::to_string(state.size()));
   for (size_t i = 0; i < state.size(); ++i) {
     const ParamsFileEntry& e = info.entries[i];
     if (e.name != state[i]->name || e.shape != state[i]->value.shape())

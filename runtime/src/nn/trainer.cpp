@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <set>
 
@@ -15,7 +16,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // Sums each gradient over the replicas on the host, in replica order, so every replica gets the very same
 // sum. CPU devices share host memory, so their gradients are summed in place by one op; GPU gradients (a GPU
@@ -38,7 +41,7 @@ class HostReducer final : public GradientReducer {
           writes.push_back(g.var());
         } else {
           host[r].push_back(copy(g, Device::cpu(), /*non_blocking=*/true));
-          reads.push_back(host[r].back().var());
+          writes.push_back(host[r].back().var());  // only replica 0's is written, but nobody else uses them
           any_gpu = true;
         }
       }
@@ -56,15 +59,17 @@ class HostReducer final : public GradientReducer {
         [host, sums, on_cpu](OpContext& ctx) {
           ctx.check_cancelled();
           for (size_t i = 0; i < host[0].size(); ++i) {
-            const int64_t n = host[0][i].numel();
-            float* out = sums.empty() ? nullptr : sums[i].data();
-            for (int64_t j = 0; j < n; ++j) {
-              float s = host[0][i].data()[j];
-              for (size_t r = 1; r < host.size(); ++r) s += host[r][i].data()[j];
-              for (size_t r = 0; r < host.size(); ++r)
-                if (on_cpu[r]) host[r][i].data()[j] = s;
-              if (out) out[j] = s;
+            // ((g0 + g1) + g2) ... accumulated into replica 0's buffer, then copied out: the same sum
+            // everywhere.
+            const size_t n = static_cast<size_t>(host[0][i].numel());
+            float* acc = host[0][i].data();
+            for (size_t r = 1; r < host.size(); ++r) {
+              const float* src = host[r][i].data();
+              for (size_t j = 0; j < n; ++j) acc[j] += src[j];
             }
+            for (size_t r = 1; r < host.size(); ++r)
+              if (on_cpu[r]) std::memcpy(host[r][i].data(), acc, n * sizeof(float));
+            if (!sums.empty()) std::memcpy(sums[i].data(), acc, n * sizeof(float));
           }
         },
         reads, writes, Device::cpu(), StreamKind::Copy, {"all-reduce (host)", "", bytes, 0});
@@ -80,7 +85,8 @@ class HostReducer final : public GradientReducer {
 
 }  // namespace
 
-// --- Trainer ---------------------------------------------------------------------------------------------------
+// --- Trainer
+// ---------------------------------------------------------------------------------------------------
 
 Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options)
     : rt_(model.runtime()), model_(model), devices_(std::move(devices)), options_(options) {
@@ -113,8 +119,8 @@ Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options
   samples_.assign(devices_.size(), 0);
   shares_.assign(devices_.size(), 1.0 / static_cast<double>(devices_.size()));
 
-  // Buckets of about 8 MiB in backward order: the last layers' gradients are ready first and are reduced while
-  // earlier layers still run backward.
+  // Buckets of about 8 MiB in backward order: the last layers' gradients are ready first and are reduced
+  // while earlier layers still run backward.
   auto params = model_.parameters();
   std::vector<size_t> bucket;
   int64_t bucket_bytes = 0;
@@ -152,7 +158,9 @@ Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options
 }
 
 // Queued ops hold their tensors themselves, so nothing here needs to wait for them.
-Trainer::~Trainer() { release_step_state(); }
+Trainer::~Trainer() {
+  release_step_state();
+}
 
 void Trainer::release_step_state() noexcept {
   in_flight_.clear();
@@ -210,7 +218,8 @@ void Trainer::broadcast() {
 void Trainer::step(const HostBatchPtr& batch) {
   if (!batch || batch->size < 1) throw Error("training step: empty batch");
   const std::vector<int64_t> sizes = split(batch->size);
-  // Every replica's loss gradient is scaled by 1/(whole batch), so the summed gradients are the whole batch's.
+  // Every replica's loss gradient is scaled by 1/(whole batch), so the summed gradients are the whole
+  // batch's.
   const float scale = 1.0f / static_cast<float>(batch->size);
   const size_t replicas = replicas_.size();
   std::vector<std::vector<Tensor>> grads(replicas);
@@ -248,12 +257,14 @@ void Trainer::step(const HostBatchPtr& batch) {
       auto params = replicas_[r]->parameters();
       std::vector<VarPtr> reads;
       for (size_t i = 0; i < params.size(); ++i) {
-        sgd_step(params[i]->value, grads[r][i], momentum_[r].empty() ? Tensor() : momentum_[r][i], options_.sgd);
+        sgd_step(params[i]->value, grads[r][i], momentum_[r].empty() ? Tensor() : momentum_[r][i],
+                 options_.sgd);
         reads.push_back(params[i]->value.var());
       }
       // Marks the end of this step on this device: the host waits on it to stay steps_in_flight ahead.
       VarPtr done = new_var();
-      rt_.engine().push([](OpContext&) {}, reads, {done}, devices_[r], StreamKind::Compute, {"step done", "", 0, 0});
+      rt_.engine().push([](OpContext&) {}, reads, {done}, devices_[r], StreamKind::Compute,
+                        {"step done", "", 0, 0});
       markers.push_back(done);
     }
     in_flight_.push_back(std::move(markers));

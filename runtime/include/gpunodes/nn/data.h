@@ -1,5 +1,5 @@
-// Data: Fashion-MNIST from its gzipped IDX files, a synthetic set for tests, and a loader that shuffles with a
-// seed and prepares batches on a background thread (into page-locked memory when they go to a GPU).
+// Data: Fashion-MNIST from its gzipped IDX files, a synthetic set for tests, and a loader that shuffles with
+// a seed and prepares batches on a background thread (into page-locked memory when they go to a GPU).
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -55,11 +55,11 @@ DatasetPtr take(const DatasetPtr& data, int64_t limit);
 struct LoaderOptions {
   int64_t batch_size = 256;
   bool shuffle = true;
-  uint64_t seed = 0;     // the permutation of epoch e comes from (seed, e)
-  int64_t resize = 0;    // 0: keep the size; else bilinear resize to resize x resize (the seed's 96 for ResNet)
+  uint64_t seed = 0;   // the permutation of epoch e comes from (seed, e)
+  int64_t resize = 0;  // 0: keep the size; else bilinear resize to resize x resize (the seed's 96 for ResNet)
   bool drop_last = false;
-  int prefetch = 3;      // batches prepared ahead
-  bool pinned = false;   // page-locked buffers, for copies to a GPU; ignored without CUDA
+  int prefetch = 3;     // batches prepared ahead
+  bool pinned = false;  // page-locked buffers, for copies to a GPU; ignored without CUDA
 };
 
 // One batch in host memory: images [size, C, H, W] scaled to [0, 1], labels [size] as floats.

@@ -28,13 +28,14 @@ struct Conv2dGrads {
   Tensor dx;  // undefined unless asked for
   Tensor dw, db;
 };
-Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Conv2dOptions& options = {},
-                            bool need_dx = true);
+Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                            const Conv2dOptions& options = {}, bool need_dx = true);
 
-// --- batchnorm2d over (N, H, W) per channel -----------------------------------------------------------------
-// Training: normalises with the batch's mean and biased variance, and updates the running statistics in place
-// as PyTorch does: running = (1 - momentum) * running + momentum * batch, with the unbiased variance.
-// Eval: normalises with the running statistics.
+// --- batchnorm2d over (N, H, W) per channel
+// ----------------------------------------------------------------- Training: normalises with the batch's
+// mean and biased variance, and updates the running statistics in place as PyTorch does: running = (1 -
+// momentum) * running + momentum * batch, with the unbiased variance. Eval: normalises with the running
+// statistics.
 struct BatchNormOptions {
   bool training = true;
   float momentum = 0.1f;
@@ -44,14 +45,15 @@ struct BatchNormResult {
   Tensor y;
   Tensor save_mean, save_invstd;  // [C], training only: what backward needs
 };
-BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                            const Tensor& running_var, const BatchNormOptions& options = {});
+BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                            const Tensor& running_mean, const Tensor& running_var,
+                            const BatchNormOptions& options = {});
 struct BatchNormGrads {
   Tensor dx, dgamma, dbeta;
 };
 // The training-mode gradient (the batch statistics depend on x).
-BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
-                                    const Tensor& save_invstd);
+BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                    const Tensor& save_mean, const Tensor& save_invstd);
 
 // --- activations -----------------------------------------------------------------------------------------
 enum class Activation { Relu, Sigmoid };
@@ -103,8 +105,9 @@ struct SgdOptions {
 };
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdOptions& options);
 
-// --- in-place helpers the trainer and loaders use ------------------------------------------------------------
-// dst <- src, between any two devices (same shape). Ordered after everything that reads or writes dst.
+// --- in-place helpers the trainer and loaders use
+// ------------------------------------------------------------ dst <- src, between any two devices (same
+// shape). Ordered after everything that reads or writes dst.
 void copy_into(const Tensor& dst, const Tensor& src);
 // dst <- host values, asynchronously: the values are captured.
 void write_values(const Tensor& dst, std::vector<float> values);

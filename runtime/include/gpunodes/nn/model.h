@@ -19,8 +19,8 @@ enum class Arch {
   LeNet,     // d2l: conv 6@5x5 pad 2, sigmoid, avgpool 2, conv 16@5x5, sigmoid, avgpool 2, 120, 84, classes
   ResNet18,  // seed 004: 3x3 stem (64, stride 1, BN, ReLU), 4 stages of 2 residual blocks, GAP, linear
 };
-const char* arch_name(Arch arch);                  // "linear", "mlp", "lenet", "resnet18"
-Arch parse_arch(const std::string& name);          // throws Error listing the names it knows
+const char* arch_name(Arch arch);          // "linear", "mlp", "lenet", "resnet18"
+Arch parse_arch(const std::string& name);  // throws Error listing the names it knows
 
 enum class Init {
   Normal,   // N(0, init_std) weights, the seed's nn.init.normal_(std=0.01)
@@ -32,12 +32,13 @@ Init parse_init(const std::string& name);
 
 struct ModelOptions {
   Arch arch = Arch::Mlp;
-  int64_t classes = 10;      // outputs (Linear: out_features)
-  int64_t in_channels = 1;   // image channels (Linear: in_features = in_channels)
-  int64_t image_size = 28;   // square input side; the MLP's input width is in_channels * image_size^2
+  int64_t classes = 10;     // outputs (Linear: out_features)
+  int64_t in_channels = 1;  // image channels (Linear: in_features = in_channels)
+  int64_t image_size = 28;  // square input side; the MLP's input width is in_channels * image_size^2
   Init init = Init::Normal;
-  float init_std = 0.01f;    // for Init::Normal
-  // Parameter k draws from Philox stream mix(seed, k): the same seed gives the same parameters on every device.
+  float init_std = 0.01f;  // for Init::Normal
+  // Parameter k draws from Philox stream mix(seed, k): the same seed gives the same parameters on every
+  // device.
   uint64_t seed = 0;
 };
 
@@ -46,9 +47,10 @@ enum class Mode { Eval, Train };
 // A named tensor of the model's state. Weights and biases are trainable; BatchNorm running statistics are
 // buffers: saved, loaded and broadcast, never trained.
 struct Parameter {
-  std::string name;  // PyTorch's name in the equivalent nn.Sequential: "0.weight", "resnet_block2.0.conv3.bias"
+  std::string
+      name;  // PyTorch's name in the equivalent nn.Sequential: "0.weight", "resnet_block2.0.conv3.bias"
   Tensor value;
-  Tensor grad;       // set by backward(); undefined before
+  Tensor grad;  // set by backward(); undefined before
   bool trainable = true;
 };
 

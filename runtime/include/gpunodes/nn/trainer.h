@@ -28,8 +28,8 @@ struct TrainOptions {
   int64_t batch_size = 256;  // the whole minibatch, split across the devices
   SgdOptions sgd;            // lr 0.1, no momentum or weight decay: the seed's torch.optim.SGD(lr=0.1)
   uint64_t shuffle_seed = 0;
-  int64_t resize = 0;           // images resized to resize x resize (the seed uses 96 for ResNet); 0: as stored
-  int64_t log_every = 50;       // loss and train accuracy every N batches; 0: per epoch only
+  int64_t resize = 0;      // images resized to resize x resize (the seed uses 96 for ResNet); 0: as stored
+  int64_t log_every = 50;  // loss and train accuracy every N batches; 0: per epoch only
   int64_t eval_batch_size = 0;  // 0: batch_size
   // Split each batch in proportion to each device's measured samples per second (re-measured every epoch)
   // instead of evenly: for a GPU and a CPU together, the seed's exercise 2.
@@ -42,9 +42,9 @@ struct TrainOptions {
 // "peak_memory_mb/<device>" (allocated bytes), and "share/<device>" (its fraction of each batch).
 struct MetricSample {
   std::string series;
-  double epoch = 0;     // x axis: epochs done, fractional inside an epoch
-  int64_t step = 0;     // batches done since fit() began
-  double seconds = 0;   // since fit() began
+  double epoch = 0;    // x axis: epochs done, fractional inside an epoch
+  int64_t step = 0;    // batches done since fit() began
+  double seconds = 0;  // since fit() began
   double value = 0;
 };
 using MetricCallback = std::function<void(const MetricSample&)>;
@@ -79,9 +79,10 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // Trains for options.epochs on `train`, evaluating on `test` (may be null) after each epoch, and leaves the
-  // trained state in the model (gradients are released at the end, as zero_grad(set_to_none) does). Blocks; call it from a thread of its own to keep a UI live. Throws
-  // CancelledError after cancel() or the engine's cancel, once every op it enqueued has drained (its
-  // temporaries are freed then; the engine's cancel flag is the caller's to reset).
+  // trained state in the model (gradients are released at the end, as zero_grad(set_to_none) does). Blocks;
+  // call it from a thread of its own to keep a UI live. Throws CancelledError after cancel() or the engine's
+  // cancel, once every op it enqueued has drained (its temporaries are freed then; the engine's cancel flag
+  // is the caller's to reset).
   TrainResult fit(const DatasetPtr& train, const DatasetPtr& test, const MetricCallback& on_metric = {});
 
   // One SGD step on a host batch: split, forward and backward on each device, all-reduce, update. Enqueued;
@@ -129,7 +130,7 @@ class Trainer {
   std::vector<Tensor> totals_;                 // per replica [2]: loss sum, correct
   std::vector<int64_t> samples_;               // per replica, since reset
   std::vector<double> shares_;
-  std::vector<std::vector<size_t>> buckets_;   // parameter indices reduced together, in backward order
+  std::vector<std::vector<size_t>> buckets_;  // parameter indices reduced together, in backward order
   std::unique_ptr<GradientReducer> reducer_;
   std::string reducer_name_;
   std::vector<std::vector<VarPtr>> in_flight_;  // per outstanding step: one marker per device

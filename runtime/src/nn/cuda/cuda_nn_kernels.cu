@@ -25,17 +25,21 @@ constexpr int64_t kMaxBlocks = 65536;
 // cuDNN's Find measures candidate algorithms with at most this much workspace.
 constexpr size_t kMaxFindWorkspace = size_t(1) << 30;
 
-int blocks_for(int64_t n) { return static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kMaxBlocks)); }
+int blocks_for(int64_t n) {
+  return static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kMaxBlocks));
+}
 
 int to_int(int64_t v, const char* what) {
-  if (v > INT_MAX || v < INT_MIN) throw ShapeError(std::string(what) + " exceeds 2^31-1, which cuDNN and cuBLAS take");
+  if (v > INT_MAX || v < INT_MIN)
+    throw ShapeError(std::string(what) + " exceeds 2^31-1, which cuDNN and cuBLAS take");
   return static_cast<int>(v);
 }
 
-// --- per-thread handles -------------------------------------------------------------------------------------------
+// --- per-thread handles
+// -------------------------------------------------------------------------------------------
 
-// cuDNN and cuBLAS handles must not be shared by threads that use them at once; each worker thread gets its own
-// per device, released when the thread exits.
+// cuDNN and cuBLAS handles must not be shared by threads that use them at once; each worker thread gets its
+// own per device, released when the thread exits.
 struct Handles {
   cudnnHandle_t cudnn = nullptr;
   cublasHandle_t cublas = nullptr;
@@ -131,14 +135,16 @@ class Workspace {
   void* ptr_ = nullptr;
 };
 
-// --- cuDNN descriptors -------------------------------------------------------------------------------------------
+// --- cuDNN descriptors
+// -------------------------------------------------------------------------------------------
 
 struct TensorDesc {
   cudnnTensorDescriptor_t d = nullptr;
   TensorDesc(int64_t n, int64_t c, int64_t h, int64_t w) {
     GN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
-    const cudnnStatus_t st = cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, to_int(n, "batch"),
-                                                        to_int(c, "channels"), to_int(h, "height"), to_int(w, "width"));
+    const cudnnStatus_t st =
+        cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, to_int(n, "batch"),
+                                   to_int(c, "channels"), to_int(h, "height"), to_int(w, "width"));
     if (st != CUDNN_STATUS_SUCCESS) {
       (void)cudnnDestroyTensorDescriptor(d);
       GN_CUDNN_CHECK(st);
@@ -160,8 +166,9 @@ struct FilterDesc {
   cudnnFilterDescriptor_t d = nullptr;
   FilterDesc(int64_t k, int64_t c, int64_t r, int64_t s) {
     GN_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d));
-    const cudnnStatus_t st = cudnnSetFilter4dDescriptor(d, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, to_int(k, "filters"),
-                                                        to_int(c, "channels"), to_int(r, "kernel"), to_int(s, "kernel"));
+    const cudnnStatus_t st =
+        cudnnSetFilter4dDescriptor(d, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, to_int(k, "filters"),
+                                   to_int(c, "channels"), to_int(r, "kernel"), to_int(s, "kernel"));
     if (st != CUDNN_STATUS_SUCCESS) {
       (void)cudnnDestroyFilterDescriptor(d);
       GN_CUDNN_CHECK(st);
@@ -177,10 +184,11 @@ struct ConvDesc {
   ConvDesc(int64_t pad, int64_t stride, bool tf32) {
     GN_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
     cudnnStatus_t st = cudnnSetConvolution2dDescriptor(d, to_int(pad, "padding"), to_int(pad, "padding"),
-                                                       to_int(stride, "stride"), to_int(stride, "stride"), 1, 1,
-                                                       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT);
+                                                       to_int(stride, "stride"), to_int(stride, "stride"), 1,
+                                                       1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT);
     // Default math lets cuDNN use TF32 tensor cores for fp32 data; FMA math keeps full fp32.
-    if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionMathType(d, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
+    if (st == CUDNN_STATUS_SUCCESS)
+      st = cudnnSetConvolutionMathType(d, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
     if (st != CUDNN_STATUS_SUCCESS) {
       (void)cudnnDestroyConvolutionDescriptor(d);
       GN_CUDNN_CHECK(st);
@@ -195,10 +203,11 @@ struct PoolDesc {
   cudnnPoolingDescriptor_t d = nullptr;
   explicit PoolDesc(const PoolShape& s) {
     GN_CUDNN_CHECK(cudnnCreatePoolingDescriptor(&d));
-    const cudnnPoolingMode_t mode =
-        s.kind == PoolKind::Max ? CUDNN_POOLING_MAX_DETERMINISTIC : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING;
+    const cudnnPoolingMode_t mode = s.kind == PoolKind::Max ? CUDNN_POOLING_MAX_DETERMINISTIC
+                                                            : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING;
     const int k = to_int(s.kernel, "window"), p = to_int(s.pad, "padding"), st = to_int(s.stride, "stride");
-    const cudnnStatus_t rc = cudnnSetPooling2dDescriptor(d, mode, CUDNN_NOT_PROPAGATE_NAN, k, k, p, p, st, st);
+    const cudnnStatus_t rc =
+        cudnnSetPooling2dDescriptor(d, mode, CUDNN_NOT_PROPAGATE_NAN, k, k, p, p, st, st);
     if (rc != CUDNN_STATUS_SUCCESS) {
       (void)cudnnDestroyPoolingDescriptor(d);
       GN_CUDNN_CHECK(rc);
@@ -214,7 +223,8 @@ struct ActDesc {
   explicit ActDesc(Activation kind) {
     GN_CUDNN_CHECK(cudnnCreateActivationDescriptor(&d));
     const cudnnStatus_t rc = cudnnSetActivationDescriptor(
-        d, kind == Activation::Relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_SIGMOID, CUDNN_NOT_PROPAGATE_NAN, 0.0);
+        d, kind == Activation::Relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_SIGMOID,
+        CUDNN_NOT_PROPAGATE_NAN, 0.0);
     if (rc != CUDNN_STATUS_SUCCESS) {
       (void)cudnnDestroyActivationDescriptor(d);
       GN_CUDNN_CHECK(rc);
@@ -225,11 +235,13 @@ struct ActDesc {
   ActDesc& operator=(const ActDesc&) = delete;
 };
 
-// --- convolution algorithms: found once per shape -----------------------------------------------------------------
+// --- convolution algorithms: found once per shape
+// -----------------------------------------------------------------
 
 enum class Pass { Forward, BackwardData, BackwardFilter };
 
-using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           int64_t, bool>;
 
 struct Algo {
   int algo = 0;
@@ -291,15 +303,19 @@ void* find_alloc(Allocator& alloc, size_t& bytes) {
   return nullptr;
 }
 
-// --- small kernels ----------------------------------------------------------------------------------------------------
+// --- small kernels
+// ----------------------------------------------------------------------------------------------------
 
-__global__ void bias_rows_kernel(float* __restrict__ y, const float* __restrict__ b, int64_t rows, int64_t cols) {
+__global__ void bias_rows_kernel(float* __restrict__ y, const float* __restrict__ b, int64_t rows,
+                                 int64_t cols) {
   const int64_t n = rows * cols, stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) y[i] = b[i % cols];
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    y[i] = b[i % cols];
 }
 
 // Column sums of a [rows, cols] matrix in double, one thread per column (coalesced across the threads).
-__global__ void column_sum_kernel(const float* __restrict__ x, float* __restrict__ out, int64_t rows, int64_t cols) {
+__global__ void column_sum_kernel(const float* __restrict__ x, float* __restrict__ out, int64_t rows,
+                                  int64_t cols) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < cols; j += stride) {
     double acc = 0;
@@ -309,7 +325,8 @@ __global__ void column_sum_kernel(const float* __restrict__ x, float* __restrict
 }
 
 // One block per plane, a shared-memory tree in double: deterministic.
-__global__ void plane_mean_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t planes, int64_t hw) {
+__global__ void plane_mean_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t planes,
+                                  int64_t hw) {
   __shared__ double shared[kThreads];
   for (int64_t p = blockIdx.x; p < planes; p += gridDim.x) {
     double acc = 0;
@@ -325,15 +342,17 @@ __global__ void plane_mean_kernel(const float* __restrict__ x, float* __restrict
   }
 }
 
-__global__ void plane_broadcast_kernel(const float* __restrict__ dy, float* __restrict__ dx, int64_t planes, int64_t hw) {
+__global__ void plane_broadcast_kernel(const float* __restrict__ dy, float* __restrict__ dx, int64_t planes,
+                                       int64_t hw) {
   const int64_t n = planes * hw, stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   const float inv = 1.0f / static_cast<float>(hw);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) dx[i] = dy[i / hw] * inv;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    dx[i] = dy[i / hw] * inv;
 }
 
 // (::exp and ::log: inside gn, plain exp would find gn::exp on tensors.)
-// The whole batch in one block: each thread takes rows, the block sums loss and hits in double in a fixed order,
-// so the result is the same on every run. `bad` gets the first invalid label's row, or stays -1.
+// The whole batch in one block: each thread takes rows, the block sums loss and hits in double in a fixed
+// order, so the result is the same on every run. `bad` gets the first invalid label's row, or stays -1.
 __global__ void softmax_ce_kernel(const float* __restrict__ z, const float* __restrict__ labels, int64_t n,
                                   int64_t classes, float* __restrict__ loss, float* __restrict__ stats,
                                   float* __restrict__ dz, float scale, long long* __restrict__ bad) {
@@ -380,8 +399,8 @@ __global__ void softmax_ce_kernel(const float* __restrict__ z, const float* __re
 
 // PyTorch's SGD update with explicit round-to-nearest operations, so that no FMA contraction makes it differ
 // from the CPU's in the last bit.
-__global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ buf, int64_t n,
-                           float lr, float momentum, float wd) {
+__global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ buf,
+                           int64_t n, float lr, float momentum, float wd) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float d = __fadd_rn(g[i], __fmul_rn(wd, p[i]));
@@ -395,32 +414,35 @@ __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, f
   }
 }
 
-// --- the kernels ----------------------------------------------------------------------------------------------------
+// --- the kernels
+// ----------------------------------------------------------------------------------------------------
 
 class CudaNnKernels final : public NnKernels {
  public:
-  void linear_forward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* b, float* y,
-                      KernelContext& kc) override {
+  void linear_forward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* b,
+                      float* y, KernelContext& kc) override {
     Stream s(kc);
     if (n == 0) return;
     bias_rows_kernel<<<blocks_for(n * out), kThreads, 0, s.get()>>>(y, b, n, out);
     GN_CUDA_CHECK_LAUNCH();
     // Row-major y[n,out] is column-major y^T[out,n] = W x^T, with W read column-major as W^T (hence OP_T).
     const float one = 1.0f;
-    GN_CUBLAS_CHECK(cublasSgemm(s.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, to_int(out, "features"), to_int(n, "batch"),
-                                to_int(in, "features"), &one, w, to_int(in, "features"), x, to_int(in, "features"),
-                                &one, y, to_int(out, "features")));
+    GN_CUBLAS_CHECK(cublasSgemm(s.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, to_int(out, "features"),
+                                to_int(n, "batch"), to_int(in, "features"), &one, w, to_int(in, "features"),
+                                x, to_int(in, "features"), &one, y, to_int(out, "features")));
   }
 
-  void linear_backward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* dy, float* dx,
-                       float* dw, float* db, KernelContext& kc) override {
+  void linear_backward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* dy,
+                       float* dx, float* dw, float* db, KernelContext& kc) override {
     Stream s(kc);
     const float one = 1.0f, zero = 0.0f;
     const int ni = to_int(n, "batch"), ii = to_int(in, "features"), oi = to_int(out, "features");
     if (dx)  // dx^T[in,n] = W^T[in,out] dy^T[out,n]
-      GN_CUBLAS_CHECK(cublasSgemm(s.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, ii, ni, oi, &one, w, ii, dy, oi, &zero, dx, ii));
+      GN_CUBLAS_CHECK(
+          cublasSgemm(s.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, ii, ni, oi, &one, w, ii, dy, oi, &zero, dx, ii));
     // dW^T[in,out] = x^T[in,n] dy[n,out]
-    GN_CUBLAS_CHECK(cublasSgemm(s.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, ii, oi, ni, &one, x, ii, dy, oi, &zero, dw, ii));
+    GN_CUBLAS_CHECK(
+        cublasSgemm(s.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, ii, oi, ni, &one, x, ii, dy, oi, &zero, dw, ii));
     column_sum_kernel<<<blocks_for(out), kThreads, 0, s.get()>>>(dy, db, n, out);
     GN_CUDA_CHECK_LAUNCH();
   }
@@ -442,8 +464,9 @@ class CudaNnKernels final : public NnKernels {
       void* ws = find_alloc(kc.allocator, bytes);
       cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
       int count = 0;
-      const cudnnStatus_t st = cudnnFindConvolutionForwardAlgorithmEx(
-          s.cudnn(), xd.d, x, wd.d, w, cd.d, yd.d, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf, ws, bytes);
+      const cudnnStatus_t st =
+          cudnnFindConvolutionForwardAlgorithmEx(s.cudnn(), xd.d, x, wd.d, w, cd.d, yd.d, y,
+                                                 CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf, ws, bytes);
       (void)cudaStreamSynchronize(s.get());
       if (ws) kc.allocator.deallocate(ws);
       GN_CUDNN_CHECK(st);
@@ -454,13 +477,13 @@ class CudaNnKernels final : public NnKernels {
     Workspace ws(kc.allocator, s, algo.workspace);
     const float one = 1.0f, zero = 0.0f;
     GN_CUDNN_CHECK(cudnnConvolutionForward(s.cudnn(), &one, xd.d, x, wd.d, w, cd.d,
-                                           static_cast<cudnnConvolutionFwdAlgo_t>(algo.algo), ws.get(), ws.size(),
-                                           &zero, yd.d, y));
+                                           static_cast<cudnnConvolutionFwdAlgo_t>(algo.algo), ws.get(),
+                                           ws.size(), &zero, yd.d, y));
     GN_CUDNN_CHECK(cudnnAddTensor(s.cudnn(), &one, bd.d, b, &one, yd.d, y));
   }
 
-  void conv2d_backward(const ConvShape& sh, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                       float* db, KernelContext& kc) override {
+  void conv2d_backward(const ConvShape& sh, const float* x, const float* w, const float* dy, float* dx,
+                       float* dw, float* db, KernelContext& kc) override {
     Stream s(kc);
     const bool tf32 = cudnn_allow_tf32();
     TensorDesc xd(sh.n, sh.c, sh.h, sh.w), yd(sh.n, sh.k, sh.oh, sh.ow), bd(1, sh.k, 1, 1);
@@ -473,14 +496,15 @@ class CudaNnKernels final : public NnKernels {
     Algo falgo;
     if (!cached_algo(fkey, falgo)) {
       size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, [&](int a, size_t* out) {
-        return cudnnGetConvolutionBackwardFilterWorkspaceSize(s.cudnn(), xd.d, yd.d, cd.d, wd.d,
-                                                              static_cast<cudnnConvolutionBwdFilterAlgo_t>(a), out);
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            s.cudnn(), xd.d, yd.d, cd.d, wd.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(a), out);
       });
       void* ws = find_alloc(kc.allocator, bytes);
       cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
       int count = 0;
       const cudnnStatus_t st = cudnnFindConvolutionBackwardFilterAlgorithmEx(
-          s.cudnn(), xd.d, x, yd.d, dy, cd.d, wd.d, dw, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf, ws, bytes);
+          s.cudnn(), xd.d, x, yd.d, dy, cd.d, wd.d, dw, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf,
+          ws, bytes);
       (void)cudaStreamSynchronize(s.get());
       if (ws) kc.allocator.deallocate(ws);
       GN_CUDNN_CHECK(st);
@@ -491,22 +515,23 @@ class CudaNnKernels final : public NnKernels {
       if (tf32) GN_CUDNN_CHECK(cudnnSetConvolutionMathType(cd.d, falgo.math));
       Workspace ws(kc.allocator, s, falgo.workspace);
       GN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(s.cudnn(), &one, xd.d, x, yd.d, dy, cd.d,
-                                                    static_cast<cudnnConvolutionBwdFilterAlgo_t>(falgo.algo), ws.get(),
-                                                    ws.size(), &zero, wd.d, dw));
+                                                    static_cast<cudnnConvolutionBwdFilterAlgo_t>(falgo.algo),
+                                                    ws.get(), ws.size(), &zero, wd.d, dw));
     }
     if (!dx) return;
     const AlgoKey dkey = algo_key(s.device(), Pass::BackwardData, sh, tf32);
     Algo dalgo;
     if (!cached_algo(dkey, dalgo)) {
       size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, [&](int a, size_t* out) {
-        return cudnnGetConvolutionBackwardDataWorkspaceSize(s.cudnn(), wd.d, yd.d, cd.d, xd.d,
-                                                            static_cast<cudnnConvolutionBwdDataAlgo_t>(a), out);
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(
+            s.cudnn(), wd.d, yd.d, cd.d, xd.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(a), out);
       });
       void* ws = find_alloc(kc.allocator, bytes);
       cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
       int count = 0;
       const cudnnStatus_t st = cudnnFindConvolutionBackwardDataAlgorithmEx(
-          s.cudnn(), wd.d, w, yd.d, dy, cd.d, xd.d, dx, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf, ws, bytes);
+          s.cudnn(), wd.d, w, yd.d, dy, cd.d, xd.d, dx, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf,
+          ws, bytes);
       (void)cudaStreamSynchronize(s.get());
       if (ws) kc.allocator.deallocate(ws);
       GN_CUDNN_CHECK(st);
@@ -516,37 +541,39 @@ class CudaNnKernels final : public NnKernels {
     if (tf32) GN_CUDNN_CHECK(cudnnSetConvolutionMathType(cd.d, dalgo.math));
     Workspace ws(kc.allocator, s, dalgo.workspace);
     GN_CUDNN_CHECK(cudnnConvolutionBackwardData(s.cudnn(), &one, wd.d, w, yd.d, dy, cd.d,
-                                                static_cast<cudnnConvolutionBwdDataAlgo_t>(dalgo.algo), ws.get(),
-                                                ws.size(), &zero, xd.d, dx));
+                                                static_cast<cudnnConvolutionBwdDataAlgo_t>(dalgo.algo),
+                                                ws.get(), ws.size(), &zero, xd.d, dx));
   }
 
-  void batchnorm_forward(const BnShape& sh, const float* x, const float* gamma, const float* beta, float* running_mean,
-                         float* running_var, float* y, float* save_mean, float* save_invstd, bool training,
-                         float momentum, float eps, KernelContext& kc) override {
+  void batchnorm_forward(const BnShape& sh, const float* x, const float* gamma, const float* beta,
+                         float* running_mean, float* running_var, float* y, float* save_mean,
+                         float* save_invstd, bool training, float momentum, float eps,
+                         KernelContext& kc) override {
     Stream s(kc);
     TensorDesc xd(sh.n, sh.c, sh.hw, 1), pd(1, sh.c, 1, 1);
     const float one = 1.0f, zero = 0.0f;
     const double e = std::max<double>(eps, CUDNN_BN_MIN_EPSILON);
     // cuDNN updates the running variance with the unbiased batch variance, as PyTorch does.
     if (training)
-      GN_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x,
-                                                            xd.d, y, pd.d, gamma, beta, momentum, running_mean,
-                                                            running_var, e, save_mean, save_invstd));
+      GN_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+          s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x, xd.d, y, pd.d, gamma, beta, momentum,
+          running_mean, running_var, e, save_mean, save_invstd));
     else
-      GN_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x,
-                                                             xd.d, y, pd.d, gamma, beta, running_mean, running_var, e));
+      GN_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                             xd.d, x, xd.d, y, pd.d, gamma, beta,
+                                                             running_mean, running_var, e));
   }
 
   void batchnorm_backward(const BnShape& sh, const float* x, const float* dy, const float* gamma,
-                          const float* save_mean, const float* save_invstd, float* dx, float* dgamma, float* dbeta,
-                          KernelContext& kc) override {
+                          const float* save_mean, const float* save_invstd, float* dx, float* dgamma,
+                          float* dbeta, KernelContext& kc) override {
     Stream s(kc);
     TensorDesc xd(sh.n, sh.c, sh.hw, 1), pd(1, sh.c, 1, 1);
     const float one = 1.0f, zero = 0.0f;
     // The saved mean and inverse deviation carry the forward's epsilon; cuDNN uses them as they are.
-    GN_CUDNN_CHECK(cudnnBatchNormalizationBackward(s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d,
-                                                   x, xd.d, dy, xd.d, dx, pd.d, gamma, dgamma, dbeta,
-                                                   std::max<double>(1e-5, CUDNN_BN_MIN_EPSILON), save_mean, save_invstd));
+    GN_CUDNN_CHECK(cudnnBatchNormalizationBackward(
+        s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d, x, xd.d, dy, xd.d, dx, pd.d,
+        gamma, dgamma, dbeta, std::max<double>(1e-5, CUDNN_BN_MIN_EPSILON), save_mean, save_invstd));
   }
 
   void activation_forward(Activation kind, const float* x, float* y, int64_t n, KernelContext& kc) override {
@@ -586,28 +613,33 @@ class CudaNnKernels final : public NnKernels {
     GN_CUDNN_CHECK(cudnnPoolingBackward(s.cudnn(), p.d, &one, yd.d, y, yd.d, dy, xd.d, x, &zero, xd.d, dx));
   }
 
-  void global_avg_pool_forward(int64_t planes, int64_t hw, const float* x, float* y, KernelContext& kc) override {
+  void global_avg_pool_forward(int64_t planes, int64_t hw, const float* x, float* y,
+                               KernelContext& kc) override {
     Stream s(kc);
     if (planes == 0) return;
-    plane_mean_kernel<<<static_cast<int>(std::min<int64_t>(planes, kMaxBlocks)), kThreads, 0, s.get()>>>(x, y, planes, hw);
+    plane_mean_kernel<<<static_cast<int>(std::min<int64_t>(planes, kMaxBlocks)), kThreads, 0, s.get()>>>(
+        x, y, planes, hw);
     GN_CUDA_CHECK_LAUNCH();
   }
 
-  void global_avg_pool_backward(int64_t planes, int64_t hw, const float* dy, float* dx, KernelContext& kc) override {
+  void global_avg_pool_backward(int64_t planes, int64_t hw, const float* dy, float* dx,
+                                KernelContext& kc) override {
     Stream s(kc);
     if (planes == 0) return;
     plane_broadcast_kernel<<<blocks_for(planes * hw), kThreads, 0, s.get()>>>(dy, dx, planes, hw);
     GN_CUDA_CHECK_LAUNCH();
   }
 
-  void softmax_cross_entropy(int64_t n, int64_t classes, const float* logits, const float* labels, float* loss,
-                             float* stats, float* dlogits, float grad_scale, KernelContext& kc) override {
+  void softmax_cross_entropy(int64_t n, int64_t classes, const float* logits, const float* labels,
+                             float* loss, float* stats, float* dlogits, float grad_scale,
+                             KernelContext& kc) override {
     Stream s(kc);
     Workspace flag(kc.allocator, s, sizeof(long long));
     auto* bad = static_cast<long long*>(flag.get());
     const long long none = LLONG_MAX;
     GN_CUDA_CHECK(cudaMemcpyAsync(bad, &none, sizeof none, cudaMemcpyHostToDevice, s.get()));
-    softmax_ce_kernel<<<1, kThreads, 0, s.get()>>>(logits, labels, n, classes, loss, stats, dlogits, grad_scale, bad);
+    softmax_ce_kernel<<<1, kThreads, 0, s.get()>>>(logits, labels, n, classes, loss, stats, dlogits,
+                                                   grad_scale, bad);
     GN_CUDA_CHECK_LAUNCH();
     // A bad label is the op's error: read the flag back (into pageable memory, so the copy completes first).
     long long first_bad = LLONG_MAX;
@@ -622,7 +654,8 @@ class CudaNnKernels final : public NnKernels {
                 float weight_decay, KernelContext& kc) override {
     Stream s(kc);
     if (n == 0) return;
-    sgd_kernel<<<blocks_for(n), kThreads, 0, s.get()>>>(param, grad, momentum_buf, n, lr, momentum, weight_decay);
+    sgd_kernel<<<blocks_for(n), kThreads, 0, s.get()>>>(param, grad, momentum_buf, n, lr, momentum,
+                                                        weight_decay);
     GN_CUDA_CHECK_LAUNCH();
   }
 };

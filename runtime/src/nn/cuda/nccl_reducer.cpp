@@ -17,7 +17,8 @@
 namespace gn::nn {
 namespace {
 
-// Communicators and streams, shared by the reducer and every op it enqueued: the last one to finish frees them.
+// Communicators and streams, shared by the reducer and every op it enqueued: the last one to finish frees
+// them.
 struct NcclComms {
   std::vector<int> devices;
   std::vector<ncclComm_t> comms;
@@ -32,8 +33,9 @@ struct NcclComms {
       GN_CUDA_CHECK(cudaGetDevice(&previous));
       for (int d : devices) {
         cudaStream_t s = nullptr;
-        const cudaError_t st = cudaSetDevice(d) == cudaSuccess ? cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)
-                                                               : cudaGetLastError();
+        const cudaError_t st = cudaSetDevice(d) == cudaSuccess
+                                   ? cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)
+                                   : cudaGetLastError();
         if (st != cudaSuccess) {
           (void)cudaSetDevice(previous);
           GN_CUDA_CHECK(st);
@@ -79,8 +81,8 @@ class NcclReducer final : public GradientReducer {
     for (size_t r = 0; r < grads.size(); ++r)
       for (const Tensor& g : grads[r]) {
         if (g.device() != devices_[r])
-          throw Error("all-reduce: a gradient of replica " + std::to_string(r) + " is on " + g.device().str() +
-                      ", not " + devices_[r].str());
+          throw Error("all-reduce: a gradient of replica " + std::to_string(r) + " is on " +
+                      g.device().str() + ", not " + devices_[r].str());
         vars.push_back(g.var());
         bytes += 2 * g.bytes();
       }
