@@ -28,7 +28,8 @@ bool hasDisplay() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && gn::cli::isCommand(QString::fromLocal8Bit(argv[1]))) return gn::cli::runCommand(argc, argv);
+  if (argc >= 2 && gn::cli::isCommand(QString::fromLocal8Bit(argv[1])))
+    return gn::cli::runCommand(argc, argv);
 
   const QString file = argc >= 2 ? QString::fromLocal8Bit(argv[1]) : QString();
   if (argc > 2 || file.startsWith(u'-')) {
@@ -39,9 +40,10 @@ int main(int argc, char** argv) {
   }
 #ifdef GPUNODES_HAS_EDITOR
   if (!hasDisplay()) {
-    print(stderr, QStringLiteral("gpunodes: no display (DISPLAY and WAYLAND_DISPLAY are unset), so the editor "
-                                 "cannot open.\nTo run a graph headless: gpunodes run %1\n")
-                      .arg(file.isEmpty() ? QStringLiteral("FILE") : file));
+    print(stderr,
+          QStringLiteral("gpunodes: no display (DISPLAY and WAYLAND_DISPLAY are unset), so the editor "
+                         "cannot open.\nTo run a graph headless: gpunodes run %1\n")
+              .arg(file.isEmpty() ? QStringLiteral("FILE") : file));
     return gn::cli::kUsage;
   }
   return runEditor(argc, argv, file);

@@ -1,5 +1,7 @@
 #include "cli/cli.h"
 
+#include <unistd.h>
+
 #include <QCommandLineParser>
 #include <QCoreApplication>
 #include <QDir>
@@ -15,7 +17,6 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <unistd.h>
 
 #include "gpunodes/core/executor.h"
 #include "gpunodes/core/graph_document.h"
@@ -36,8 +37,12 @@ void write(FILE* to, const QString& text) {
   std::fwrite(bytes.constData(), 1, size_t(bytes.size()), to);
   std::fflush(to);
 }
-void out(const QString& text) { write(stdout, text); }
-void err(const QString& text) { write(stderr, text); }
+void out(const QString& text) {
+  write(stdout, text);
+}
+void err(const QString& text) {
+  write(stderr, text);
+}
 
 int usageError(const QString& message) {
   err(QStringLiteral("gpunodes: %1\n\n%2").arg(message, usage()));
@@ -48,7 +53,9 @@ int usageError(const QString& message) {
 std::atomic<int> g_interrupted{0};
 static_assert(std::atomic<int>::is_always_lock_free);
 
-extern "C" void onInterrupt(int) { g_interrupted.store(1); }
+extern "C" void onInterrupt(int) {
+  g_interrupted.store(1);
+}
 
 void installInterruptHandler() {
   struct sigaction action {};
@@ -81,11 +88,11 @@ Parsed parse(QCommandLineParser& parser, const QString& command, const QStringLi
   }
   p.positional = parser.positionalArguments();
   if (p.positional.size() != positionals) {
-    p.exitCode = usageError(positionals == 0
-                                ? QStringLiteral("%1 takes no file (got \"%2\")").arg(command, p.positional.value(0))
-                            : p.positional.isEmpty()
-                                ? QStringLiteral("%1: missing FILE").arg(command)
-                                : QStringLiteral("%1 takes one FILE (got %2 arguments)").arg(command).arg(p.positional.size()));
+    p.exitCode = usageError(
+        positionals == 0 ? QStringLiteral("%1 takes no file (got \"%2\")").arg(command, p.positional.value(0))
+        : p.positional.isEmpty()
+            ? QStringLiteral("%1: missing FILE").arg(command)
+            : QStringLiteral("%1 takes one FILE (got %2 arguments)").arg(command).arg(p.positional.size()));
     return p;
   }
   p.ok = true;
@@ -111,7 +118,9 @@ std::optional<int> parseCpuDevices(const QString& text, QString* error) {
   return n;
 }
 
-QString shorten(const QString& s, int max = 60) { return s.size() > max ? s.left(max - 3) + "..." : s; }
+QString shorten(const QString& s, int max = 60) {
+  return s.size() > max ? s.left(max - 3) + "..." : s;
+}
 
 QString humanBytes(double bytes) {
   const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
@@ -195,12 +204,14 @@ class Progress {
           line(QStringLiteral("[%1] failed: %2").arg(e.node, e.message));
         break;
       case RunEvent::Kind::NodeWarning:
-        line(QStringLiteral("[%1] warning: %2").arg(e.node.isEmpty() ? QStringLiteral("graph") : e.node, e.message));
+        line(QStringLiteral("[%1] warning: %2")
+                 .arg(e.node.isEmpty() ? QStringLiteral("graph") : e.node, e.message));
         break;
       case RunEvent::Kind::Progress:
         if (e.node == current_) nodeProgress_ = e.value;
         break;
-      default: break;
+      default:
+        break;
     }
   }
 
@@ -210,7 +221,8 @@ class Progress {
     if (!force && lastDraw_.isValid() && lastDraw_.elapsed() < 100) return;
     lastDraw_.start();
     constexpr int kWidth = 24;
-    const double fraction = total_ > 0 ? std::min(1.0, (done_ + nodeProgress_ * (done_ < total_)) / total_) : 1.0;
+    const double fraction =
+        total_ > 0 ? std::min(1.0, (done_ + nodeProgress_ * (done_ < total_)) / total_) : 1.0;
     const int filled = int(std::lround(fraction * kWidth));
     QString bar = QStringLiteral("\r[%1%2] %3/%4 nodes  %5  %6 s")
                       .arg(QString(filled, u'#'), QString(kWidth - filled, u'-'))
@@ -250,7 +262,8 @@ QString cell(const QJsonValue& v, int precision) {
 }
 
 void printSummary(const GraphDocument& doc, const QJsonObject& report) {
-  const QStringList header{"node", "type", "device", "calls", "time (ms)", "GFLOP/s", "% peak", "bytes", "status"};
+  const QStringList header{"node",    "type",   "device", "calls", "time (ms)",
+                           "GFLOP/s", "% peak", "bytes",  "status"};
   QList<QStringList> rows;
   const QJsonObject nodes = report.value("nodes").toObject();
   QSet<QString> seen;
@@ -259,12 +272,14 @@ void printSummary(const GraphDocument& doc, const QJsonObject& report) {
     seen.insert(n.id);
     const QJsonObject o = nodes.value(n.id).toObject();
     const bool hasFlops = o.value("gflops").toDouble() > 0;
-    rows.append({n.id, n.type, o.value("device").toString().isEmpty() ? QStringLiteral("-") : o.value("device").toString(),
-                 QString::number(o.value("calls").toInteger()), cell(o.value("time_ms"), 2),
-                 hasFlops ? cell(o.value("gflops"), 1) : QStringLiteral("-"),
-                 hasFlops ? cell(o.value("pct_peak"), 1) : QStringLiteral("-"),
-                 o.value("bytes").toDouble() > 0 ? humanBytes(o.value("bytes").toDouble()) : QStringLiteral("-"),
-                 o.value("status").toString()});
+    rows.append(
+        {n.id, n.type,
+         o.value("device").toString().isEmpty() ? QStringLiteral("-") : o.value("device").toString(),
+         QString::number(o.value("calls").toInteger()), cell(o.value("time_ms"), 2),
+         hasFlops ? cell(o.value("gflops"), 1) : QStringLiteral("-"),
+         hasFlops ? cell(o.value("pct_peak"), 1) : QStringLiteral("-"),
+         o.value("bytes").toDouble() > 0 ? humanBytes(o.value("bytes").toDouble()) : QStringLiteral("-"),
+         o.value("status").toString()});
   }
   QList<int> width;
   for (const QString& h : header) width.append(int(h.size()));
@@ -284,7 +299,8 @@ void printSummary(const GraphDocument& doc, const QJsonObject& report) {
   for (const GraphNode& n : doc.nodes()) {
     const QJsonObject o = nodes.value(n.id).toObject();
     const QString error = o.value("error").toString();
-    if (!error.isEmpty() && o.value("status").toString() == "failed") table += QStringLiteral("%1: %2\n").arg(n.id, error);
+    if (!error.isEmpty() && o.value("status").toString() == "failed")
+      table += QStringLiteral("%1: %2\n").arg(n.id, error);
   }
   const double seconds = report.value("wall_ms").toDouble() / 1000.0;
   if (report.value("cancelled").toBool())
@@ -297,7 +313,8 @@ void printSummary(const GraphDocument& doc, const QJsonObject& report) {
 }
 
 // Applies one --set NODE.PARAM=VALUE; returns an error message, empty on success.
-QString applySet(GraphDocument& doc, const NodeTypeRegistry& registry, const QString& file, const QString& text) {
+QString applySet(GraphDocument& doc, const NodeTypeRegistry& registry, const QString& file,
+                 const QString& text) {
   const qsizetype eq = text.indexOf(u'=');
   const std::optional<Endpoint> target = eq > 0 ? Endpoint::parse(text.left(eq)) : std::nullopt;
   if (!target) return QStringLiteral("--set %1: expected NODE.PARAM=VALUE").arg(text);
@@ -318,19 +335,28 @@ QString applySet(GraphDocument& doc, const NodeTypeRegistry& registry, const QSt
     QStringList names;
     for (const ParamSpec& p : type->spec().params) names.append(p.name);
     return QStringLiteral("--set %1: %2 (%3) has no param \"%4\" (params: %5)")
-        .arg(text, node->id, node->type, target->port, names.isEmpty() ? QStringLiteral("none") : names.join(", "));
+        .arg(text, node->id, node->type, target->port,
+             names.isEmpty() ? QStringLiteral("none") : names.join(", "));
   }
   QString problem;
   const QJsonValue value = parseParamValue(*spec, text.mid(eq + 1), &problem);
-  if (value.isUndefined()) return QStringLiteral("--set %1: %2 (%3)").arg(text, problem, paramTypeName(spec->type));
+  if (value.isUndefined())
+    return QStringLiteral("--set %1: %2 (%3)").arg(text, problem, paramTypeName(spec->type));
   doc.setParam(node->id, spec->name, value);
   return {};
 }
 
 QJsonObject failedReport(const QString& file, const QString& error) {
-  return QJsonObject{{"file", file}, {"graph", QString()}, {"ok", false},   {"cancelled", false},
-                     {"error", error}, {"wall_ms", 0},       {"devices", QJsonArray()}, {"nodes", QJsonObject()},
-                     {"metrics", QJsonObject()}, {"memory", QJsonObject()}};
+  return QJsonObject{{"file", file},
+                     {"graph", QString()},
+                     {"ok", false},
+                     {"cancelled", false},
+                     {"error", error},
+                     {"wall_ms", 0},
+                     {"devices", QJsonArray()},
+                     {"nodes", QJsonObject()},
+                     {"metrics", QJsonObject()},
+                     {"memory", QJsonObject()}};
 }
 
 int commandRun(const QStringList& args) {
@@ -350,16 +376,21 @@ int commandRun(const QStringList& args) {
     cpus = parseCpuDevices(parser.value(cpuDevices), &problem);
     if (!cpus) return usageError(problem);
   }
-  if (parser.isSet(schedule) && parser.value(schedule) != "parallel" && parser.value(schedule) != "sequential")
-    return usageError(QStringLiteral("--schedule: expected parallel or sequential, got \"%1\"").arg(parser.value(schedule)));
+  if (parser.isSet(schedule) && parser.value(schedule) != "parallel" &&
+      parser.value(schedule) != "sequential")
+    return usageError(QStringLiteral("--schedule: expected parallel or sequential, got \"%1\"")
+                          .arg(parser.value(schedule)));
 
   NodeTypeRegistry registry;
   loadPlugins(registry);
 
-  auto writeOutputs = [&](const QJsonObject& r, const QList<TraceSpan>& spans, const QList<MemorySampleEvent>& memory) {
+  auto writeOutputs = [&](const QJsonObject& r, const QList<TraceSpan>& spans,
+                          const QList<MemorySampleEvent>& memory) {
     bool ok = true;
-    if (parser.isSet(report)) ok &= saveBytes(parser.value(report), QJsonDocument(r).toJson(QJsonDocument::Indented), "report");
-    if (parser.isSet(metrics)) ok &= saveBytes(parser.value(metrics), metricsCsv(r.value("metrics").toObject()), "metrics");
+    if (parser.isSet(report))
+      ok &= saveBytes(parser.value(report), QJsonDocument(r).toJson(QJsonDocument::Indented), "report");
+    if (parser.isSet(metrics))
+      ok &= saveBytes(parser.value(metrics), metricsCsv(r.value("metrics").toObject()), "metrics");
     if (parser.isSet(trace)) ok &= saveBytes(parser.value(trace), chromeTrace(spans, memory), "trace");
     return ok;
   };
@@ -478,15 +509,20 @@ int commandDevices(const QStringList& args) {
     try {
       env = plugin->environment(settings);
     } catch (const std::exception& e) {
-      err(QStringLiteral("gpunodes: warning: %1: listing devices failed: %2\n").arg(plugin->setName(), e.what()));
+      err(QStringLiteral("gpunodes: warning: %1: listing devices failed: %2\n")
+              .arg(plugin->setName(), e.what()));
       continue;
     }
     if (env.isEmpty()) continue;
     sets.insert(plugin->setName(), env);
     for (const QJsonValue& d : env.value("devices").toArray()) devices.append(d);
-    if (!env.value("table").toString().isEmpty()) {
+    QString table = env.value("table").toString();
+    if (table.isEmpty())  // a set that gives no table still gets its devices listed
+      for (const QJsonValue& d : env.value("devices").toArray())
+        table += QString::fromUtf8(QJsonDocument(d.toObject()).toJson(QJsonDocument::Compact)) + u'\n';
+    if (!table.isEmpty()) {
       if (!text.isEmpty()) text += u'\n';
-      text += env.value("table").toString();
+      text += table;
       if (!text.endsWith(u'\n')) text += u'\n';
     }
   }
@@ -495,7 +531,8 @@ int commandDevices(const QStringList& args) {
     return kFailed;
   }
   if (parser.isSet(json))
-    out(QString::fromUtf8(QJsonDocument(QJsonObject{{"devices", devices}, {"node_sets", sets}}).toJson(QJsonDocument::Indented)));
+    out(QString::fromUtf8(QJsonDocument(QJsonObject{{"devices", devices}, {"node_sets", sets}})
+                              .toJson(QJsonDocument::Indented)));
   else
     out(text);
   return kOk;
@@ -513,15 +550,17 @@ QJsonObject typeJson(const NodeTypeSpec& spec, const QString& plugin) {
   };
   QJsonArray params;
   for (const ParamSpec& p : spec.params) {
-    QJsonObject o{{"name", p.name}, {"type", paramTypeName(p.type)}, {"default", p.defaultValue}, {"doc", p.doc}};
+    QJsonObject o{
+        {"name", p.name}, {"type", paramTypeName(p.type)}, {"default", p.defaultValue}, {"doc", p.doc}};
     if (p.min) o.insert("min", *p.min);
     if (p.max) o.insert("max", *p.max);
     if (!p.enumValues.isEmpty()) o.insert("values", QJsonArray::fromStringList(p.enumValues));
     params.append(o);
   }
-  return QJsonObject{{"name", spec.name},         {"category", spec.category}, {"description", spec.description},
-                     {"plugin", plugin},           {"inputs", ports(spec.inputs, true)},
-                     {"outputs", ports(spec.outputs, false)}, {"params", params}};
+  return QJsonObject{
+      {"name", spec.name}, {"category", spec.category},          {"description", spec.description},
+      {"plugin", plugin},  {"inputs", ports(spec.inputs, true)}, {"outputs", ports(spec.outputs, false)},
+      {"params", params}};
 }
 
 QString valueText(const QJsonValue& v) {
@@ -563,8 +602,9 @@ int commandNodes(const QStringList& args) {
       if (list.isEmpty()) return;
       QStringList parts;
       for (const PortSpec& port : list)
-        parts.append(QStringLiteral("%1: %2%3").arg(port.name, portTypeName(port.type),
-                                                    inputs && !port.required ? QStringLiteral(" (optional)") : QString()));
+        parts.append(QStringLiteral("%1: %2%3")
+                         .arg(port.name, portTypeName(port.type),
+                              inputs && !port.required ? QStringLiteral(" (optional)") : QString()));
       text += QStringLiteral("    %1 %2\n").arg(QString::fromLatin1(label), parts.join(", "));
     };
     ports("inputs: ", s.inputs, true);
@@ -572,10 +612,11 @@ int commandNodes(const QStringList& args) {
     for (const ParamSpec& param : s.params) {
       QString kind = paramTypeName(param.type);
       if (param.min || param.max)
-        kind += QStringLiteral(" %1..%2")
-                    .arg(param.min ? valueText(*param.min) : QString(), param.max ? valueText(*param.max) : QString());
+        kind += QStringLiteral(" %1..%2").arg(param.min ? valueText(*param.min) : QString(),
+                                              param.max ? valueText(*param.max) : QString());
       if (!param.enumValues.isEmpty()) kind += QStringLiteral(" {%1}").arg(param.enumValues.join("|"));
-      text += QStringLiteral("    %1 (%2) = %3  %4\n").arg(param.name, kind, valueText(param.defaultValue), param.doc);
+      text += QStringLiteral("    %1 (%2) = %3  %4\n")
+                  .arg(param.name, kind, valueText(param.defaultValue), param.doc);
     }
   }
   if (text.isEmpty()) {
@@ -592,7 +633,8 @@ QString usage() {
   return QStringLiteral(
       "usage: gpunodes [FILE]                  open the editor (optionally a graph)\n"
       "       gpunodes run FILE [options]      run headless\n"
-      "           --set NODE.PARAM=VALUE       override a param (repeatable); shapes as 100x100 or [100,100]\n"
+      "           --set NODE.PARAM=VALUE       override a param (repeatable); shapes as 100x100 or "
+      "[100,100]\n"
       "           --report OUT.json            the run report\n"
       "           --metrics OUT.csv            metric samples: series,t,value\n"
       "           --trace OUT.json             Chrome trace (open in Perfetto or chrome://tracing)\n"
@@ -651,7 +693,9 @@ QJsonValue parseParamValue(const ParamSpec& spec, const QString& raw, QString* e
       break;
     }
     case ParamType::String:
-    case ParamType::Enum: value = raw; break;
+    case ParamType::Enum:
+      value = raw;
+      break;
     case ParamType::Shape: {
       QString t = text;
       if (t.startsWith(u'[') && t.endsWith(u']')) t = t.mid(1, t.size() - 2);
@@ -661,7 +705,8 @@ QJsonValue parseParamValue(const ParamSpec& spec, const QString& raw, QString* e
         for (const QString& part : t.split(separators)) {
           const std::optional<QJsonValue> v = integer(part);
           if (!v)
-            return fail(QStringLiteral("expected a shape like 100x100 or [100,100], got \"%1\"").arg(shorten(text)));
+            return fail(
+                QStringLiteral("expected a shape like 100x100 or [100,100], got \"%1\"").arg(shorten(text)));
           dims.append(*v);
         }
       }

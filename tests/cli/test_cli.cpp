@@ -15,6 +15,13 @@
 
 namespace {
 
+// Time bounds catch hangs, not speed; sanitizer builds run several times slower and get more room.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr int kTimeScale = 10;
+#else
+constexpr int kTimeScale = 1;
+#endif
+
 struct Result {
   int exitCode = -1;
   QString out, err;
@@ -27,7 +34,8 @@ QProcessEnvironment environment(const QString& pluginPath = QStringLiteral(GN_TE
   return env;
 }
 
-Result gpunodes(const QStringList& args, const QProcessEnvironment& env = environment(), int timeoutMs = 60000) {
+Result gpunodes(const QStringList& args, const QProcessEnvironment& env = environment(),
+                int timeoutMs = 60000) {
   QProcess p;
   p.setProcessEnvironment(env);
   QElapsedTimer timer;
@@ -36,15 +44,18 @@ Result gpunodes(const QStringList& args, const QProcessEnvironment& env = enviro
   if (!p.waitForFinished(timeoutMs)) {
     p.kill();
     p.waitForFinished();
-    return {-1, QString::fromUtf8(p.readAllStandardOutput()), "timed out: " + QString::fromUtf8(p.readAllStandardError()),
-            timer.elapsed()};
+    return {-1, QString::fromUtf8(p.readAllStandardOutput()),
+            "timed out: " + QString::fromUtf8(p.readAllStandardError()), timer.elapsed()};
   }
-  return {p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -2, QString::fromUtf8(p.readAllStandardOutput()),
-          QString::fromUtf8(p.readAllStandardError()), timer.elapsed()};
+  return {p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -2,
+          QString::fromUtf8(p.readAllStandardOutput()), QString::fromUtf8(p.readAllStandardError()),
+          timer.elapsed()};
 }
 
 QString describe(const Result& r) {
-  return QStringLiteral("exit %1\n--- stdout\n%2\n--- stderr\n%3").arg(r.exitCode).arg(r.out.left(3000), r.err.left(3000));
+  return QStringLiteral("exit %1\n--- stdout\n%2\n--- stderr\n%3")
+      .arg(r.exitCode)
+      .arg(r.out.left(3000), r.err.left(3000));
 }
 
 #define EXPECT_EXIT(result, code) QVERIFY2((result).exitCode == (code), qPrintable(describe(result)))
@@ -71,7 +82,9 @@ const QByteArray kGraph = R"({"format": "gpunodes-graph", "version": 1, "name": 
     {"id": "a2", "type": "TestAdd", "params": {"value": 10, "mode": "mul"}}],
   "connections": [{"from": "c1.out", "to": "a1.a"}, {"from": "c2.out", "to": "a1.b"}, {"from": "a1.out", "to": "a2.a"}]})";
 
-int lineCount(const QString& s) { return int(s.trimmed().split(u'\n', Qt::SkipEmptyParts).size()); }
+int lineCount(const QString& s) {
+  return int(s.trimmed().split(u'\n', Qt::SkipEmptyParts).size());
+}
 
 }  // namespace
 
@@ -93,11 +106,12 @@ class CliTest : public QObject {
     QVERIFY(r.out.contains("gpunodes run FILE"));
     QVERIFY(r.out.contains("130 cancelled"));
     EXPECT_EXIT(gpunodes({"run", "--help"}), 0);
-    for (const QStringList& args : {QStringList{"run"}, QStringList{"run", graph_, graph_}, QStringList{"run", graph_, "--frobnicate"},
-                                    QStringList{"run", graph_, "--schedule", "fast"}, QStringList{"run", graph_, "--cpu-devices", "0"},
-                                    QStringList{"run", graph_, "--cpu-devices", "x"}, QStringList{"run", graph_, "--report"},
-                                    QStringList{"validate"}, QStringList{"devices", "extra"}, QStringList{"nodes", "--nope"},
-                                    QStringList{"--nope"}, QStringList{graph_, graph_}}) {
+    for (const QStringList& args :
+         {QStringList{"run"}, QStringList{"run", graph_, graph_}, QStringList{"run", graph_, "--frobnicate"},
+          QStringList{"run", graph_, "--schedule", "fast"}, QStringList{"run", graph_, "--cpu-devices", "0"},
+          QStringList{"run", graph_, "--cpu-devices", "x"}, QStringList{"run", graph_, "--report"},
+          QStringList{"validate"}, QStringList{"devices", "extra"}, QStringList{"nodes", "--nope"},
+          QStringList{"--nope"}, QStringList{graph_, graph_}}) {
       r = gpunodes(args);
       QVERIFY2(r.exitCode == 2, qPrintable(args.join(' ') + "\n" + describe(r)));
       QVERIFY2(r.err.contains("usage: gpunodes"), qPrintable(args.join(' ') + "\n" + describe(r)));
@@ -118,12 +132,16 @@ class CliTest : public QObject {
     const Result r = gpunodes({"run", graph_});
     EXPECT_EXIT(r, 0);
     // Not a terminal: plain lines, no carriage returns.
-    QVERIFY2(r.err.contains("[a1] started\n") && r.err.contains(QRegularExpression(R"(\[a1\] finished in [0-9.]+ ms\n)")),
+    QVERIFY2(r.err.contains("[a1] started\n") &&
+                 r.err.contains(QRegularExpression(R"(\[a1\] finished in [0-9.]+ ms\n)")),
              qPrintable(describe(r)));
     QVERIFY(!r.err.contains(u'\r'));
-    QVERIFY2(r.out.contains(QRegularExpression(R"(node +type +device +calls +time \(ms\) +GFLOP/s +% peak +bytes +status)")),
+    QVERIFY2(r.out.contains(QRegularExpression(
+                 R"(node +type +device +calls +time \(ms\) +GFLOP/s +% peak +bytes +status)")),
              qPrintable(r.out));
-    QVERIFY2(r.out.contains(QRegularExpression(R"(a1 +TestAdd +test:0 +4 +[0-9.]+ +[0-9.]+ +[0-9.]+ +32.0 KB +ok)")), qPrintable(r.out));
+    QVERIFY2(r.out.contains(
+                 QRegularExpression(R"(a1 +TestAdd +test:0 +4 +[0-9.]+ +[0-9.]+ +[0-9.]+ +32.0 KB +ok)")),
+             qPrintable(r.out));
     QVERIFY(r.out.contains("ok in "));
   }
 
@@ -140,7 +158,8 @@ class CliTest : public QObject {
     QVERIFY2(!script.isEmpty(), "util-linux's script is needed to give the run a terminal");
     QProcess p;
     p.setProcessEnvironment(environment());
-    p.start(script, {"-qec", QStringLiteral("%1 run %2 --set c1.delay_ms=400").arg(GN_GPUNODES, graph_), "/dev/null"});
+    p.start(script, {"-qec", QStringLiteral("%1 run %2 --set c1.delay_ms=400").arg(GN_GPUNODES, graph_),
+                     "/dev/null"});
     QVERIFY(p.waitForFinished(60000));
     const QString all = QString::fromUtf8(p.readAllStandardOutput());
     QCOMPARE(p.exitCode(), 0);
@@ -158,9 +177,11 @@ class CliTest : public QObject {
     QCOMPARE(o.value("file").toString(), graph_);
     QVERIFY(o.value("ok").toBool());
     QVERIFY(o.value("wall_ms").toDouble() > 0);
-    QCOMPARE(o.value("devices").toArray().at(0).toObject().value("name").toString(), QStringLiteral("test:0"));
+    QCOMPARE(o.value("devices").toArray().at(0).toObject().value("name").toString(),
+             QStringLiteral("test:0"));
     const QJsonObject a1 = o.value("nodes").toObject().value("a1").toObject();
-    for (const char* key : {"type", "status", "device", "calls", "time_ms", "gflops", "pct_peak", "bytes", "error"})
+    for (const char* key :
+         {"type", "status", "device", "calls", "time_ms", "gflops", "pct_peak", "bytes", "error"})
       QVERIFY2(a1.contains(key), key);
     QCOMPARE(a1.value("status").toString(), QStringLiteral("ok"));
     QCOMPARE(a1.value("calls").toInt(), 4);
@@ -204,14 +225,16 @@ class CliTest : public QObject {
 
   void setOverridesParams() {
     const QString report = dir_.filePath("set.json");
-    EXPECT_EXIT(gpunodes({"run", graph_, "--quiet", "--report", report, "--set", "a1.value=10", "--set=a1.shape=2x3",
-                          "--set", "a2.mode=add", "--set", "c1.value=0.5"}),
+    EXPECT_EXIT(gpunodes({"run", graph_, "--quiet", "--report", report, "--set", "a1.value=10",
+                          "--set=a1.shape=2x3", "--set", "a2.mode=add", "--set", "c1.value=0.5"}),
                 0);
     QJsonObject nodes = readJson(report).value("nodes").toObject();
     QCOMPARE(nodes.value("a1").toObject().value("value").toDouble(), 14.5);
     QCOMPARE(nodes.value("a1").toObject().value("bytes").toInteger(), 4 * 8 * 6);
     QCOMPARE(nodes.value("a2").toObject().value("value").toDouble(), 24.5);
-    EXPECT_EXIT(gpunodes({"run", graph_, "--quiet", "--report", report, "--set", "a1.shape=[4, 5]", "--set", "a1.repeat=1e1"}), 0);
+    EXPECT_EXIT(gpunodes({"run", graph_, "--quiet", "--report", report, "--set", "a1.shape=[4, 5]", "--set",
+                          "a1.repeat=1e1"}),
+                0);
     nodes = readJson(report).value("nodes").toObject();
     QCOMPARE(nodes.value("a1").toObject().value("bytes").toInteger(), 10 * 8 * 20);
   }
@@ -219,7 +242,9 @@ class CliTest : public QObject {
   void setErrorsAreUsageErrors() {
     const QList<QPair<QString, QString>> cases{
         {"zz.value=1", "--set zz.value=1: no node \"zz\" in " + graph_ + " (nodes: c1, c2, a1, a2)"},
-        {"a1.colour=red", "--set a1.colour=red: a1 (TestAdd) has no param \"colour\" (params: value, repeat, delay_ms, throw, fail, label, mode, shape)"},
+        {"a1.colour=red",
+         "--set a1.colour=red: a1 (TestAdd) has no param \"colour\" (params: value, repeat, delay_ms, throw, "
+         "fail, label, mode, shape)"},
         {"a1.repeat=abc", "--set a1.repeat=abc: expected an integer, got \"abc\" (int)"},
         {"a1.repeat=2.5", "--set a1.repeat=2.5: expected an integer, got \"2.5\" (int)"},
         {"a1.repeat=0", "--set a1.repeat=0: 0 is below the minimum 1 (int)"},
@@ -227,9 +252,12 @@ class CliTest : public QObject {
         {"a1.value=", "--set a1.value=: expected a number, got \"\" (float)"},
         {"a1.throw=maybe", "--set a1.throw=maybe: expected true or false, got \"maybe\" (bool)"},
         {"a1.mode=div", "--set a1.mode=div: \"div\" is not one of: add, mul (enum)"},
-        {"a1.shape=2xq", "--set a1.shape=2xq: expected a shape like 100x100 or [100,100], got \"2xq\" (shape)"},
+        {"a1.shape=2xq",
+         "--set a1.shape=2xq: expected a shape like 100x100 or [100,100], got \"2xq\" (shape)"},
         {"a1.shape=0x5", "--set a1.shape=0x5: dimension 0: 0 is below the minimum 1 (shape)"},
-        {"a1.shape=1000000000x1000000000x1000000000", "--set a1.shape=1000000000x1000000000x1000000000: 3 dimensions multiply to more than 2^63 elements (shape)"},
+        {"a1.shape=1000000000x1000000000x1000000000",
+         "--set a1.shape=1000000000x1000000000x1000000000: 3 dimensions multiply to more than 2^63 elements "
+         "(shape)"},
         {"a1value", "--set a1value: expected NODE.PARAM=VALUE"},
     };
     for (const auto& [set, message] : cases) {
@@ -250,7 +278,8 @@ class CliTest : public QObject {
     QVERIFY(r.out.contains("FAILED in "));
     const QJsonObject o = readJson(report);
     QVERIFY(!o.value("ok").toBool());
-    QCOMPARE(o.value("nodes").toObject().value("a1").toObject().value("error").toString(), QStringLiteral("TestAdd threw as asked"));
+    QCOMPARE(o.value("nodes").toObject().value("a1").toObject().value("error").toString(),
+             QStringLiteral("TestAdd threw as asked"));
     EXPECT_EXIT(gpunodes({"run", graph_, "--quiet", "--set", "a1.fail=true"}), 1);
   }
 
@@ -264,12 +293,15 @@ class CliTest : public QObject {
       if (command == "run") args << "--report" << report;
       const Result r = gpunodes(args);
       EXPECT_EXIT(r, 1);
-      QCOMPARE(r.err, QStringLiteral("error: %1: c2: type: unknown node type \"Foo\" (no plugin provides it)\n"
-                                     "error: %1: a2: params.repeat: 0 is below the minimum 1\n").arg(file));
+      QCOMPARE(r.err,
+               QStringLiteral("error: %1: c2: type: unknown node type \"Foo\" (no plugin provides it)\n"
+                              "error: %1: a2: params.repeat: 0 is below the minimum 1\n")
+                   .arg(file));
     }
     const QJsonObject o = readJson(report);
     QVERIFY(!o.value("ok").toBool());
-    QCOMPARE(o.value("nodes").toObject().value("c2").toObject().value("status").toString(), QStringLiteral("missing"));
+    QCOMPARE(o.value("nodes").toObject().value("c2").toObject().value("status").toString(),
+             QStringLiteral("missing"));
     QCOMPARE(o.value("validation").toArray().size(), 2);
   }
 
@@ -283,8 +315,9 @@ class CliTest : public QObject {
     const QString file = write(dir_, "cyclic.json", cyclic);
     r = gpunodes({"validate", file});
     EXPECT_EXIT(r, 1);
-    QCOMPARE(r.err, QStringLiteral("warning: %1: a1: params.colour: unknown param, ignored (TestAdd has: value, repeat, "
-                                   "delay_ms, throw, fail, label, mode, shape)\nerror: %1: cycle: a1 -> a2 -> a1\n")
+    QCOMPARE(r.err, QStringLiteral(
+                        "warning: %1: a1: params.colour: unknown param, ignored (TestAdd has: value, repeat, "
+                        "delay_ms, throw, fail, label, mode, shape)\nerror: %1: cycle: a1 -> a2 -> a1\n")
                         .arg(file));
   }
 
@@ -293,12 +326,18 @@ class CliTest : public QObject {
     nonUtf8.replace("cli test", "caf\xE9");
     const QList<QPair<QString, QString>> cases{
         {write(dir_, "truncated.json", kGraph.left(120)), ": line 3, column "},
-        {write(dir_, "types.json", R"({"format": "gpunodes-graph", "version": 1, "nodes": [{"id": "a", "type": "T", "position": "here"}]})"),
+        {write(
+             dir_, "types.json",
+             R"({"format": "gpunodes-graph", "version": 1, "nodes": [{"id": "a", "type": "T", "position": "here"}]})"),
          ": nodes[0].position: expected [x, y] (node a)"},
-        {write(dir_, "format.json", R"({"format": "something-else", "version": 1})"), ": format: \"something-else\" is not a gpunodes graph"},
-        {write(dir_, "future.json", R"({"format": "gpunodes-graph", "version": 2})"), ": version 2 is newer than this build (1)"},
+        {write(dir_, "format.json", R"({"format": "something-else", "version": 1})"),
+         ": format: \"something-else\" is not a gpunodes graph"},
+        {write(dir_, "future.json", R"({"format": "gpunodes-graph", "version": 2})"),
+         ": version 2 is newer than this build (1)"},
         {write(dir_, "latin1.json", nonUtf8), ": line 1, column 56: invalid UTF-8 (byte 0xe9)"},
-        {write(dir_, "deep.json", R"({"format": "gpunodes-graph", "version": 1, "x": )" + QByteArray(100000, '[') + QByteArray(100000, ']') + "}"),
+        {write(dir_, "deep.json",
+               R"({"format": "gpunodes-graph", "version": 1, "x": )" + QByteArray(100000, '[') +
+                   QByteArray(100000, ']') + "}"),
          ": line 1, column "},
         {dir_.filePath("missing.json"), ": no such file"},
     };
@@ -306,9 +345,26 @@ class CliTest : public QObject {
       for (const QString& command : {QStringLiteral("validate"), QStringLiteral("run")}) {
         const Result r = gpunodes({command, file});
         QVERIFY2(r.exitCode == 1, qPrintable(file + "\n" + describe(r)));
-        QVERIFY2(r.err.startsWith("error: " + file + message) && lineCount(r.err) == 1, qPrintable(file + "\n" + describe(r)));
-        QVERIFY(r.ms < 2000);
+        QVERIFY2(r.err.startsWith("error: " + file + message) && lineCount(r.err) == 1,
+                 qPrintable(file + "\n" + describe(r)));
+        QVERIFY2(r.ms < 2000 * kTimeScale, qPrintable(QString::number(r.ms)));
       }
+  }
+
+  void hugeStringsGiveShortMessages() {
+    const QByteArray huge(10 * 1000 * 1000, 'x');
+    QByteArray bad = kGraph;
+    bad.replace(R"("type": "TestConst", "params": {"value": 4})",
+                R"("type": ")" + huge + R"(", "params": {"value": 4})");
+    bad.replace(R"("mode": "mul")", R"("mode": ")" + huge + R"(")");
+    const QString file = write(dir_, "long-strings.json", bad);
+    const Result r = gpunodes({"validate", file});
+    EXPECT_EXIT(r, 1);
+    QCOMPARE(lineCount(r.err), 2);
+    QVERIFY2(r.err.size() < 1000, qPrintable(r.err.left(1000)));
+    QVERIFY(r.err.contains("c2: type: unknown node type \"xxxx"));
+    QVERIFY(r.err.contains("a2: params.mode: \"xxxx"));
+    QFile::remove(file);
   }
 
   void aHugeFileIsRefusedBeforeItIsRead() {
@@ -323,8 +379,12 @@ class CliTest : public QObject {
       if (command == "run") args << "--report" << report;
       const Result r = gpunodes(args);
       EXPECT_EXIT(r, 1);
-      QCOMPARE(r.err, QStringLiteral("error: %1: the file is 300.0 MiB, over the 32 MiB limit for graph files (33554432 bytes)\n").arg(file));
-      QVERIFY(r.ms < 2000);
+      QCOMPARE(
+          r.err,
+          QStringLiteral(
+              "error: %1: the file is 300.0 MiB, over the 32 MiB limit for graph files (33554432 bytes)\n")
+              .arg(file));
+      QVERIFY2(r.ms < 2000 * kTimeScale, qPrintable(QString::number(r.ms)));
     }
     const QJsonObject o = readJson(report);  // batch scripts still get a report saying why
     QVERIFY(!o.value("ok").toBool());
@@ -349,7 +409,7 @@ class CliTest : public QObject {
     timer.restart();
     ::kill(pid_t(p.processId()), SIGINT);
     QVERIFY(p.waitForFinished(10000));
-    QVERIFY2(timer.elapsed() < 1500, qPrintable(QString::number(timer.elapsed())));
+    QVERIFY2(timer.elapsed() < 1500 * kTimeScale, qPrintable(QString::number(timer.elapsed())));
     err += QString::fromUtf8(p.readAllStandardError());
     QCOMPARE(p.exitStatus(), QProcess::NormalExit);
     QVERIFY2(p.exitCode() == 130, qPrintable(QString::number(p.exitCode()) + "\n" + err));
@@ -358,9 +418,12 @@ class CliTest : public QObject {
     const QJsonObject o = readJson(report);
     QVERIFY(o.value("cancelled").toBool());
     QVERIFY(!o.value("ok").toBool());
-    QCOMPARE(o.value("nodes").toObject().value("c1").toObject().value("status").toString(), QStringLiteral("ok"));
-    QCOMPARE(o.value("nodes").toObject().value("a1").toObject().value("status").toString(), QStringLiteral("cancelled"));
-    QCOMPARE(o.value("nodes").toObject().value("a2").toObject().value("status").toString(), QStringLiteral("cancelled"));
+    QCOMPARE(o.value("nodes").toObject().value("c1").toObject().value("status").toString(),
+             QStringLiteral("ok"));
+    QCOMPARE(o.value("nodes").toObject().value("a1").toObject().value("status").toString(),
+             QStringLiteral("cancelled"));
+    QCOMPARE(o.value("nodes").toObject().value("a2").toObject().value("status").toString(),
+             QStringLiteral("cancelled"));
   }
 
   void anUnwritableReportFailsTheRun() {
@@ -373,6 +436,9 @@ class CliTest : public QObject {
     Result r = gpunodes({"devices", "--cpu-devices", "3"});
     EXPECT_EXIT(r, 0);
     QVERIFY2(r.out.contains("test:0  a device for tests (cpu_devices=3)"), qPrintable(describe(r)));
+    r = gpunodes({"devices", "--cpu-devices", "7"});  // a set without a table: its devices, one per line
+    EXPECT_EXIT(r, 0);
+    QVERIFY2(r.out.contains(R"({"cpu_devices":7,"name":"test:0"})"), qPrintable(describe(r)));
     r = gpunodes({"devices", "--json"});
     EXPECT_EXIT(r, 0);
     const QJsonObject o = QJsonDocument::fromJson(r.out.toUtf8()).object();
@@ -386,7 +452,8 @@ class CliTest : public QObject {
     Result r = gpunodes({"nodes"});
     EXPECT_EXIT(r, 0);
     QVERIFY(r.out.contains("Test\n  TestAdd  a + b + value"));
-    QVERIFY2(r.out.contains("    inputs:  a: Scalar, b: Scalar (optional), devices: Devices (optional)"), qPrintable(r.out));
+    QVERIFY2(r.out.contains("    inputs:  a: Scalar, b: Scalar (optional), devices: Devices (optional)"),
+             qPrintable(r.out));
     QVERIFY(r.out.contains("    repeat (int 1..1000) = 1  jobs"));
     QVERIFY(r.out.contains("    mode (enum {add|mul}) = add  op"));
     r = gpunodes({"nodes", "--json"});
@@ -398,7 +465,8 @@ class CliTest : public QObject {
     QCOMPARE(add.value("category").toString(), QStringLiteral("Test"));
     QCOMPARE(add.value("plugin").toString(), QStringLiteral("test-nodes"));
     QCOMPARE(add.value("inputs").toArray().at(1).toObject().value("required").toBool(), false);
-    QCOMPARE(add.value("outputs").toArray().at(0).toObject().value("type").toString(), QStringLiteral("Scalar"));
+    QCOMPARE(add.value("outputs").toArray().at(0).toObject().value("type").toString(),
+             QStringLiteral("Scalar"));
     const QJsonObject repeat = add.value("params").toArray().at(1).toObject();
     QCOMPARE(repeat.value("name").toString(), QStringLiteral("repeat"));
     QCOMPARE(repeat.value("type").toString(), QStringLiteral("int"));
@@ -411,11 +479,14 @@ class CliTest : public QObject {
   }
 
   void aBrokenPluginIsReportedAndTheOthersWork() {
-    const QString path = QStringLiteral(GN_TEST_PLUGIN_DIR) + ":" + QFileInfo(QStringLiteral(GN_BROKEN_PLUGIN)).absolutePath();
+    const QString path =
+        QStringLiteral(GN_TEST_PLUGIN_DIR) + ":" + QFileInfo(QStringLiteral(GN_BROKEN_PLUGIN)).absolutePath();
     const Result r = gpunodes({"nodes", "--json"}, environment(path));
     EXPECT_EXIT(r, 0);
-    QVERIFY2(r.err.contains(QRegularExpression("gpunodes: warning: plugin .*libgn_broken_nodes.so: .*gn_test_symbol_that_no_library_defines")),
-             qPrintable(describe(r)));
+    QVERIFY2(
+        r.err.contains(QRegularExpression(
+            "gpunodes: warning: plugin .*libgn_broken_nodes.so: .*gn_test_symbol_that_no_library_defines")),
+        qPrintable(describe(r)));
     const QJsonObject o = QJsonDocument::fromJson(r.out.toUtf8()).object();
     QVERIFY(o.value("load_errors").toArray().size() >= 2);  // the broken set and the foreign plugin
     QVERIFY(r.out.contains("\"TestAdd\""));
@@ -429,18 +500,22 @@ class CliTest : public QObject {
     QStringList names;
     for (const QJsonValue& t : QJsonDocument::fromJson(r.out.toUtf8()).object().value("node_types").toArray())
       names.append(t.toObject().value("name").toString());
-    for (const char* type : {"Device", "AllDevices", "Tensor", "Copy", "MatMul", "Elementwise", "Norm", "Synchronize", "Inspect"})
+    for (const char* type : {"Device", "AllDevices", "Tensor", "Copy", "MatMul", "Elementwise", "Norm",
+                             "Synchronize", "Inspect"})
       QVERIFY2(names.contains(type), qPrintable(type + (": " + names.join(", "))));
-    const Result d = gpunodes({"devices", "--json", "--cpu-devices", "2"}, QProcessEnvironment::systemEnvironment());
+    const Result d =
+        gpunodes({"devices", "--json", "--cpu-devices", "2"}, QProcessEnvironment::systemEnvironment());
     EXPECT_EXIT(d, 0);
-    QVERIFY2(QJsonDocument::fromJson(d.out.toUtf8()).object().value("devices").toArray().size() >= 2, qPrintable(d.out));
+    QVERIFY2(QJsonDocument::fromJson(d.out.toUtf8()).object().value("devices").toArray().size() >= 2,
+             qPrintable(d.out));
     EXPECT_EXIT(gpunodes({"devices"}, QProcessEnvironment::systemEnvironment()), 0);
   }
 
   void anExampleRunsHeadlessWithEveryOutput() {
-    const QString report = dir_.filePath("qs.json"), trace = dir_.filePath("qs-trace.json"), csv = dir_.filePath("qs.csv");
-    const Result r = gpunodes({"run", GN_EXAMPLES_DIR "/quickstart.json", "--set", "x0.shape=64x64", "--set", "x1.shape=[64,64]",
-                               "--report", report, "--trace", trace, "--metrics", csv},
+    const QString report = dir_.filePath("qs.json"), trace = dir_.filePath("qs-trace.json"),
+                  csv = dir_.filePath("qs.csv");
+    const Result r = gpunodes({"run", GN_EXAMPLES_DIR "/quickstart.json", "--set", "x0.shape=64x64", "--set",
+                               "x1.shape=[64,64]", "--report", report, "--trace", trace, "--metrics", csv},
                               QProcessEnvironment::systemEnvironment());
     EXPECT_EXIT(r, 0);
     const QJsonObject o = readJson(report);
@@ -451,17 +526,25 @@ class CliTest : public QObject {
     QVERIFY(nodes.value("mm0").toObject().value("gflops").toDouble() > 0);
     QVERIFY(nodes.value("show").toObject().value("inspect").toArray().size() >= 1);
     QVERIFY(!o.value("memory").toObject().isEmpty());
-    QVERIFY(QJsonDocument::fromJson([&] { QFile f(trace); f.open(QIODevice::ReadOnly); return f.readAll(); }())
-                .object().value("traceEvents").toArray().size() > 0);
+    QVERIFY(QJsonDocument::fromJson([&] {
+              QFile f(trace);
+              f.open(QIODevice::ReadOnly);
+              return f.readAll();
+            }())
+                .object()
+                .value("traceEvents")
+                .toArray()
+                .size() > 0);
   }
 
   void ctrlCCancelsARealLongRun() {
     const QString report = dir_.filePath("real-cancel.json");
     QProcess p;
     p.setProcessEnvironment(QProcessEnvironment::systemEnvironment());
-    p.start(QStringLiteral(GN_GPUNODES), {"run", GN_EXAMPLES_DIR "/quickstart.json", "--set", "x0.shape=[512,512]", "--set",
-                                          "x1.shape=[512,512]", "--set", "mm0.repeat=1000000", "--set", "mm1.repeat=1000000",
-                                          "--report", report});
+    p.start(QStringLiteral(GN_GPUNODES),
+            {"run", GN_EXAMPLES_DIR "/quickstart.json", "--set", "x0.shape=[512,512]", "--set",
+             "x1.shape=[512,512]", "--set", "mm0.repeat=1000000", "--set", "mm1.repeat=1000000", "--report",
+             report});
     QVERIFY(p.waitForStarted());
     QString err;
     QElapsedTimer timer;
@@ -475,12 +558,14 @@ class CliTest : public QObject {
     timer.restart();
     ::kill(pid_t(p.processId()), SIGINT);
     QVERIFY(p.waitForFinished(10000));
-    QVERIFY2(timer.elapsed() < 1500, qPrintable(QString::number(timer.elapsed())));
+    QVERIFY2(timer.elapsed() < 1500 * kTimeScale, qPrintable(QString::number(timer.elapsed())));
     QCOMPARE(p.exitCode(), 130);
     const QJsonObject o = readJson(report);
     QVERIFY(o.value("cancelled").toBool());
-    QCOMPARE(o.value("nodes").toObject().value("mm0").toObject().value("status").toString(), QStringLiteral("cancelled"));
-    QCOMPARE(o.value("nodes").toObject().value("dev0").toObject().value("status").toString(), QStringLiteral("ok"));
+    QCOMPARE(o.value("nodes").toObject().value("mm0").toObject().value("status").toString(),
+             QStringLiteral("cancelled"));
+    QCOMPARE(o.value("nodes").toObject().value("dev0").toObject().value("status").toString(),
+             QStringLiteral("ok"));
   }
 #endif
 };

@@ -167,7 +167,8 @@ class ExecutorTest : public QObject {
     QVERIFY(!r.value("cancelled").toBool());
     QVERIFY(!r.value("running").toBool());
     QVERIFY(r.value("wall_ms").toDouble() > 0);
-    QCOMPARE(r.value("devices").toArray().at(0).toObject().value("name").toString(), QStringLiteral("test:0"));
+    QCOMPARE(r.value("devices").toArray().at(0).toObject().value("name").toString(),
+             QStringLiteral("test:0"));
     QCOMPARE(r.value("metrics").toObject().value("test.value").toArray().size(), 2);
     QVERIFY(r.value("memory").toObject().value("test:0").toObject().value("peak_bytes").toDouble() >= 8000);
 
@@ -182,7 +183,8 @@ class ExecutorTest : public QObject {
     QVERIFY(a1.value("time_ms").toDouble() > 0);
     const double gflops = 4000.0 / (a1.value("time_ms").toDouble() * 1e6);
     QVERIFY(qAbs(a1.value("gflops").toDouble() - gflops) <= 1e-9 * qMax(1.0, gflops));
-    QVERIFY(qAbs(a1.value("pct_peak").toDouble() - gflops) <= 1e-9 * qMax(1.0, gflops));  // peak is 100 GFLOP/s
+    QVERIFY(qAbs(a1.value("pct_peak").toDouble() - gflops) <=
+            1e-9 * qMax(1.0, gflops));  // peak is 100 GFLOP/s
     QCOMPARE(a1.value("error").toString(), QString());
     QCOMPARE(nodeReport(ex, "a2").value("value").toDouble(), 90.0);
     QVERIFY(nodeReport(ex, "c1").value("pct_peak").isNull());  // no flops: nothing to compare with the peak
@@ -204,7 +206,8 @@ class ExecutorTest : public QObject {
     QCOMPARE(events[failed].message, QStringLiteral("TestAdd threw as asked"));
     QCOMPARE(nodeReport(ex, "a1").value("status").toString(), QStringLiteral("failed"));
     QCOMPARE(nodeReport(ex, "a2").value("status").toString(), QStringLiteral("skipped"));
-    QCOMPARE(nodeReport(ex, "a2").value("error").toString(), QStringLiteral("skipped: input a (a1.out) failed"));
+    QCOMPARE(nodeReport(ex, "a2").value("error").toString(),
+             QStringLiteral("skipped: input a (a1.out) failed"));
     QVERIFY(find(events, Kind::NodeStarted, "a2") < 0);
     QCOMPARE(nodeReport(ex, "a3").value("status").toString(), QStringLiteral("ok"));
     QVERIFY(!ex.report().value("ok").toBool());
@@ -237,7 +240,8 @@ class ExecutorTest : public QObject {
       QVERIFY(ex.start(doc, RunSettings::fromGraph(QJsonObject{{"schedule", schedule}})));
       const QList<RunEvent> events = collect(ex);
       QVERIFY(events.last().ok);
-      const bool c2StartedBeforeC1Finished = find(events, Kind::NodeStarted, "c2") < find(events, Kind::NodeFinished, "c1");
+      const bool c2StartedBeforeC1Finished =
+          find(events, Kind::NodeStarted, "c2") < find(events, Kind::NodeFinished, "c1");
       QCOMPARE(c2StartedBeforeC1Finished, QByteArray(schedule) == "parallel");
       QCOMPARE(ex.report().value("devices").toArray().at(0).toObject().value("schedule").toString(),
                QString::fromLatin1(schedule));
@@ -251,17 +255,19 @@ class ExecutorTest : public QObject {
     doc.setParam("a1", "delay_ms", 60000);
     QVERIFY(ex.start(doc, RunSettings()));
     QList<RunEvent> events;
+    QVERIFY(waitFor(ex, Kind::NodeFinished, "c1", events));
     QVERIFY(waitFor(ex, Kind::NodeFinished, "c2", events));
     QVERIFY(waitFor(ex, Kind::NodeStarted, "a1", events));
     QVERIFY(ex.isRunning());
     const QJsonObject partial = ex.report();
     QVERIFY(partial.value("running").toBool());
-    QCOMPARE(partial.value("nodes").toObject().value("a1").toObject().value("status").toString(), QStringLiteral("running"));
+    QCOMPARE(partial.value("nodes").toObject().value("a1").toObject().value("status").toString(),
+             QStringLiteral("running"));
     QElapsedTimer timer;
     timer.start();
     ex.cancel();
     events += collect(ex, 5000);
-    QVERIFY2(timer.elapsed() < 1000, qPrintable(QString::number(timer.elapsed())));
+    QVERIFY2(timer.elapsed() < 1000 * gn::test::kTimeScale, qPrintable(QString::number(timer.elapsed())));
     QCOMPARE(events.last().kind, Kind::RunFinished);
     QVERIFY(!events.last().ok);
     QCOMPARE(events.last().message, QStringLiteral("cancelled"));
@@ -272,7 +278,10 @@ class ExecutorTest : public QObject {
     QCOMPARE(nodeReport(ex, "c1").value("status").toString(), QStringLiteral("ok"));
     QCOMPARE(nodeReport(ex, "a1").value("status").toString(), QStringLiteral("cancelled"));
     QCOMPARE(nodeReport(ex, "a2").value("status").toString(), QStringLiteral("cancelled"));
-    QCOMPARE(nodeReport(ex, "a1").value("calls").toInt(), 1);  // the job cancel cut short is still in the report
+    // Partial data: what finished before the cancel keeps its stats.
+    QCOMPARE(nodeReport(ex, "c1").value("calls").toInt(), 1);
+    QCOMPARE(nodeReport(ex, "c2").value("calls").toInt(), 1);
+    QVERIFY(nodeReport(ex, "a1").value("calls").toInt() <= 1);  // at most the job cancel cut short
   }
 
   void aSecondRunIsRefusedWhileOneIsGoing() {
@@ -283,7 +292,8 @@ class ExecutorTest : public QObject {
     QVERIFY(ex.start(doc, RunSettings()));
     ValidationReport why;
     QVERIFY(!ex.start(doc, RunSettings(), &why));
-    QCOMPARE(why.errors().value(0).message, QStringLiteral("a run is already going; cancel it or wait for it to finish"));
+    QCOMPARE(why.errors().value(0).message,
+             QStringLiteral("a run is already going; cancel it or wait for it to finish"));
     QVERIFY(ex.isRunning());
     ex.cancel();
     collect(ex);
@@ -303,10 +313,12 @@ class ExecutorTest : public QObject {
     const QJsonObject r = ex.report();
     QVERIFY(!r.value("ok").toBool());
     QCOMPARE(nodeReport(ex, "f1").value("status").toString(), QStringLiteral("missing"));
-    QCOMPARE(nodeReport(ex, "f1").value("error").toString(), QStringLiteral("type: unknown node type \"Foo\" (no plugin provides it)"));
+    QCOMPARE(nodeReport(ex, "f1").value("error").toString(),
+             QStringLiteral("type: unknown node type \"Foo\" (no plugin provides it)"));
     QCOMPARE(nodeReport(ex, "a2").value("status").toString(), QStringLiteral("invalid"));
     QCOMPARE(r.value("validation").toArray().size(), 2);
-    QCOMPARE(r.value("error").toString(), QStringLiteral("f1: type: unknown node type \"Foo\" (no plugin provides it)"));
+    QCOMPARE(r.value("error").toString(),
+             QStringLiteral("f1: type: unknown node type \"Foo\" (no plugin provides it)"));
   }
 
   void theRunUsesASnapshot() {
@@ -337,8 +349,14 @@ class ExecutorTest : public QObject {
     QVERIFY(w1 >= 0);
     QCOMPARE(events[w1].message, QStringLiteral("asked to warn"));
     QVERIFY(find(events, Kind::NodeWarning, "a2") >= 0);
-    QCOMPARE(nodeReport(ex, "a1").value("warnings").toArray().at(0).toString(), QStringLiteral("asked to warn"));
-    QVERIFY(nodeReport(ex, "a2").value("warnings").toArray().at(0).toString().startsWith("params.colour: unknown param"));
+    QCOMPARE(nodeReport(ex, "a1").value("warnings").toArray().at(0).toString(),
+             QStringLiteral("asked to warn"));
+    QVERIFY(nodeReport(ex, "a2")
+                .value("warnings")
+                .toArray()
+                .at(0)
+                .toString()
+                .startsWith("params.colour: unknown param"));
   }
 
   void nodesWithoutASessionAndPluginBugs() {
@@ -359,10 +377,12 @@ class ExecutorTest : public QObject {
     QVERIFY(!events.last().ok);
     QCOMPARE(nodeReport(ex, "q1").value("status").toString(), QStringLiteral("ok"));
     QVERIFY(nodeReport(ex, "q1").value("ran").toBool());
-    QCOMPARE(nodeReport(ex, "f1").value("error").toString(), QStringLiteral("produced no value on output \"out\""));
+    QCOMPARE(nodeReport(ex, "f1").value("error").toString(),
+             QStringLiteral("produced no value on output \"out\""));
     QCOMPARE(nodeReport(ex, "q2").value("status").toString(), QStringLiteral("skipped"));
     QCOMPARE(nodeReport(ex, "d1").value("status").toString(), QStringLiteral("failed"));
-    QCOMPARE(nodeReport(ex, "d1").value("error").toString(), QStringLiteral("unstartable could not start: no device left"));
+    QCOMPARE(nodeReport(ex, "d1").value("error").toString(),
+             QStringLiteral("unstartable could not start: no device left"));
   }
 
   void destroyingARunningExecutorCancelsIt() {
@@ -377,13 +397,27 @@ class ExecutorTest : public QObject {
       QList<RunEvent> events;
       QVERIFY(waitFor(ex, Kind::NodeStarted, "a1", events));
     }
-    QVERIFY(timer.elapsed() < 5000);
+    QVERIFY(timer.elapsed() < 5000 * gn::test::kTimeScale);
   }
 
   void chromeTraceIsATraceEventArray() {
     QList<TraceSpan> spans{
-        {.node = "mm1", .op = "matmul", .device = "cpu:0", .stream = "compute", .startUs = 10, .endUs = 30, .bytes = 64, .flops = 1e6},
-        {.node = "cp1", .op = "copy", .device = "cpu:1", .stream = "copy", .startUs = 15, .endUs = 25, .bytes = 32, .hostBlocking = true},
+        {.node = "mm1",
+         .op = "matmul",
+         .device = "cpu:0",
+         .stream = "compute",
+         .startUs = 10,
+         .endUs = 30,
+         .bytes = 64,
+         .flops = 1e6},
+        {.node = "cp1",
+         .op = "copy",
+         .device = "cpu:1",
+         .stream = "copy",
+         .startUs = 15,
+         .endUs = 25,
+         .bytes = 32,
+         .hostBlocking = true},
         {.node = "mm2", .op = "matmul", .device = "cpu:0", .stream = "copy", .startUs = 40, .endUs = 50}};
     QList<MemorySampleEvent> memory{{.device = "cpu:0", .tUs = 12, .allocated = 100, .reserved = 200}};
     const QByteArray json = chromeTrace(spans, memory);
@@ -395,7 +429,8 @@ class ExecutorTest : public QObject {
     QList<QJsonObject> xs;
     for (const QJsonValue& v : events) {
       const QJsonObject e = v.toObject();
-      if (e.value("name") == "process_name") pidOf.insert(e.value("args").toObject().value("name").toString(), e.value("pid").toInt());
+      if (e.value("name") == "process_name")
+        pidOf.insert(e.value("args").toObject().value("name").toString(), e.value("pid").toInt());
       if (e.value("ph") == "X") xs.append(e);
     }
     QCOMPARE(pidOf.size(), 2);

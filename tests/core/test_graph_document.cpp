@@ -33,7 +33,7 @@ class GraphDocumentTest : public QObject {
     GraphDocument doc;
     QCOMPARE(doc.addNode(makeNode("dev0", "Device")), QStringLiteral("dev0"));
     QCOMPARE(doc.addNode(makeNode("dev0", "Device")), QStringLiteral("d1"));  // taken
-    QCOMPARE(doc.addNode(makeNode("a.b", "Tensor")), QStringLiteral("t1"));    // a dot breaks node.port
+    QCOMPARE(doc.addNode(makeNode("a.b", "Tensor")), QStringLiteral("t1"));   // a dot breaks node.port
     QCOMPARE(doc.addNode(makeNode("x y", "Tensor")), QStringLiteral("t2"));
     QVERIFY(GraphDocument::isValidId("mm_1-b"));
     QVERIFY(!GraphDocument::isValidId(""));
@@ -45,8 +45,9 @@ class GraphDocumentTest : public QObject {
     GraphDocument doc;
     QSignalSpy added(&doc, &GraphDocument::nodeAdded), removed(&doc, &GraphDocument::nodeRemoved),
         moved(&doc, &GraphDocument::nodeMoved), params(&doc, &GraphDocument::paramsChanged),
-        connAdded(&doc, &GraphDocument::connectionAdded), connRemoved(&doc, &GraphDocument::connectionRemoved),
-        meta(&doc, &GraphDocument::metadataChanged), changed(&doc, &GraphDocument::changed);
+        connAdded(&doc, &GraphDocument::connectionAdded),
+        connRemoved(&doc, &GraphDocument::connectionRemoved), meta(&doc, &GraphDocument::metadataChanged),
+        changed(&doc, &GraphDocument::changed);
     doc.addNode(makeNode("c1", "TestConst"));
     doc.addNode(makeNode("a1", "TestAdd"));
     QCOMPARE(added.count(), 2);
@@ -128,8 +129,8 @@ class GraphDocumentTest : public QObject {
   }
 
   void portAndParamTypes() {
-    for (PortType t : {PortType::Device, PortType::Devices, PortType::Tensor, PortType::Model, PortType::Dataset,
-                       PortType::Scalar}) {
+    for (PortType t : {PortType::Device, PortType::Devices, PortType::Tensor, PortType::Model,
+                       PortType::Dataset, PortType::Scalar}) {
       QCOMPARE(portTypeFromName(portTypeName(t)), std::optional<PortType>(t));
       QVERIFY(portAccepts(t, t));
     }
@@ -142,7 +143,8 @@ class GraphDocumentTest : public QObject {
     NodeTypeSpec spec;
     spec.inputs = {{.name = "a"}};
     spec.outputs = {{.name = "out"}};
-    spec.params = {{.name = "n", .type = ParamType::Int, .defaultValue = 5}, {.name = "s", .type = ParamType::String}};
+    spec.params = {{.name = "n", .type = ParamType::Int, .defaultValue = 5},
+                   {.name = "s", .type = ParamType::String}};
     QVERIFY(spec.input("a") && !spec.input("out"));
     QVERIFY(spec.output("out") && !spec.output("a"));
     QVERIFY(spec.param("n") && !spec.param("zz"));

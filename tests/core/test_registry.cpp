@@ -37,8 +37,12 @@ class InlineSet : public NodeSetPlugin {
   QList<NodeTypePtr> types_;
 };
 
-QString pluginDir() { return QFileInfo(QStringLiteral(GN_TEST_PLUGIN)).absolutePath(); }
-QString brokenDir() { return QFileInfo(QStringLiteral(GN_BROKEN_PLUGIN)).absolutePath(); }
+QString pluginDir() {
+  return QFileInfo(QStringLiteral(GN_TEST_PLUGIN)).absolutePath();
+}
+QString brokenDir() {
+  return QFileInfo(QStringLiteral(GN_BROKEN_PLUGIN)).absolutePath();
+}
 
 QString reasonFor(const NodeTypeRegistry& r, const QString& path) {
   for (const auto& e : r.loadErrors())
@@ -71,8 +75,9 @@ class RegistryTest : public QObject {
 
   void typesAreSortedByCategoryThenName() {
     NodeTypeRegistry r;
-    InlineSet set("inline", {std::make_shared<NamedType>("Zeta", "B"), std::make_shared<NamedType>("Beta", "B"),
-                             std::make_shared<NamedType>("Omega", "A")});
+    InlineSet set("inline",
+                  {std::make_shared<NamedType>("Zeta", "B"), std::make_shared<NamedType>("Beta", "B"),
+                   std::make_shared<NamedType>("Omega", "A")});
     r.addPlugin(&set);
     QStringList names;
     for (const NodeTypePtr& t : r.types()) names.append(t->spec().name);
@@ -112,7 +117,8 @@ class RegistryTest : public QObject {
   void aDuplicateTypeNameIsAnErrorAndTheFirstWins() {
     NodeTypeRegistry r;
     auto first = std::make_shared<NamedType>("Same", "A");
-    InlineSet one("one", {first}), two("two", {std::make_shared<NamedType>("Same", "B"), std::make_shared<NamedType>("Other", "B")});
+    InlineSet one("one", {first}),
+        two("two", {std::make_shared<NamedType>("Same", "B"), std::make_shared<NamedType>("Other", "B")});
     r.addPlugin(&one, "/path/one.so");
     r.addPlugin(&two);
     QCOMPARE(r.find("Same"), NodeTypePtr(first));

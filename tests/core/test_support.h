@@ -8,12 +8,21 @@
 
 namespace gn::test {
 
+// Time bounds in these suites catch hangs and quadratic blowups, not speed; sanitizer builds run several
+// times slower, so they get more room.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr int kTimeScale = 10;
+#else
+constexpr int kTimeScale = 1;
+#endif
+
 // The test-only node set (TestConst, TestAdd), loaded the way the host loads every plugin.
 inline const core::NodeTypeRegistry& testRegistry() {
   static core::NodeTypeRegistry registry = [] {
     core::NodeTypeRegistry r;
     if (!r.loadPluginFile(QStringLiteral(GN_TEST_PLUGIN)))
-      qFatal("cannot load the test plugin %s: %s", GN_TEST_PLUGIN, qPrintable(r.loadErrors().value(0).reason));
+      qFatal("cannot load the test plugin %s: %s", GN_TEST_PLUGIN,
+             qPrintable(r.loadErrors().value(0).reason));
     return r;
   }();
   return registry;

@@ -38,6 +38,10 @@ double max_rel_diff(const Model& a, const Model& b) {
   return worst;
 }
 
+DatasetPtr synthetic(int64_t count) {
+  return make_synthetic({.count = count, .seed = 11});
+}
+
 }  // namespace
 
 class NnCudaTest : public QObject {
@@ -101,7 +105,7 @@ class NnCudaTest : public QObject {
     o.batch_size = 128;
     o.sgd = {0.1f, 0.9f, 0};
     Trainer tc(*c, {Device::cpu()}, o), tg(*g, {gpu_}, o);
-    DataLoader loader(take(load_fashion_mnist(Split::Train), 128 * 5), {.batch_size = 128, .pinned = true});
+    DataLoader loader(synthetic(128 * 5), {.batch_size = 128, .pinned = true});
     loader.start_epoch(0);
     while (auto b = loader.next()) {
       QVERIFY(b->pinned);
@@ -137,7 +141,7 @@ class NnCudaTest : public QObject {
     Trainer t1(*one, {gpu_}, o), t2(*two, {gpu_, Device::cpu()}, o);
     t2.set_shares({0.75, 0.25});
     QCOMPARE(t2.reducer_name(), std::string("host"));
-    DataLoader loader(take(load_fashion_mnist(Split::Train), 128 * 4), {.batch_size = 128});
+    DataLoader loader(synthetic(128 * 4), {.batch_size = 128});
     loader.start_epoch(0);
     while (auto b = loader.next()) {
       t1.step(b);
@@ -157,7 +161,7 @@ class NnCudaTest : public QObject {
     o.batch_size = 256;
     Trainer t1(*one, {gpu_}, o), t2(*two, {gpu_, Device::cuda(1)}, o);
     QCOMPARE(t2.reducer_name(), std::string("nccl"));
-    DataLoader loader(take(load_fashion_mnist(Split::Train), 256 * 4), {.batch_size = 256, .pinned = true});
+    DataLoader loader(synthetic(256 * 4), {.batch_size = 256, .pinned = true});
     loader.start_epoch(0);
     while (auto b = loader.next()) {
       t1.step(b);
@@ -182,7 +186,7 @@ class NnCudaTest : public QObject {
       std::chrono::steady_clock::time_point t0, done;
       std::thread worker([&] {
         try {
-          t.fit(load_fashion_mnist(Split::Train), nullptr, [&](const MetricSample& s) {
+          t.fit(synthetic(60000), nullptr, [&](const MetricSample& s) {
             if (s.series == "loss") ++logs;
           });
         } catch (const CancelledError&) {

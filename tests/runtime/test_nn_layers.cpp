@@ -85,8 +85,7 @@ void check_grad(const std::function<Vec(const std::vector<Vec>&)>& f, std::vecto
   }
 }
 
-// --- float64 references
-// ------------------------------------------------------------------------------------------
+// --- float64 references ------------------------------------------------------------------------------------
 
 Vec ref_linear(const Vec& x, const Vec& w, const Vec& b, int64_t n, int64_t in, int64_t out) {
   Vec y(n * out);
@@ -476,6 +475,21 @@ class NnLayersTest : public QObject {
     Vec want2(50);
     for (size_t i = 0; i < p.size(); ++i) want2[i] = p[i] - 0.5 * g[i];
     expect_close(to_d(to_host(tp2)), want2, 1e-6, 1e-5, "plain sgd");
+    // The whole-model form, one op for every tensor, steps exactly as the one-tensor form.
+    const Vec q = random_vec(10, 93), gq = random_vec(10, 94);
+    std::vector<Tensor> ps{make(*rt_, d, {50}, p), make(*rt_, d, {10}, q)};
+    std::vector<Tensor> gs{tg, make(*rt_, d, {10}, gq)};
+    std::vector<Tensor> bufs{zeros(*rt_, {50}, d), zeros(*rt_, {10}, d)};
+    std::vector<Tensor> ps1{make(*rt_, d, {50}, p), make(*rt_, d, {10}, q)};
+    std::vector<Tensor> bufs1{zeros(*rt_, {50}, d), zeros(*rt_, {10}, d)};
+    for (int step = 0; step < 2; ++step) {
+      sgd_step(ps, gs, bufs, o);
+      for (size_t i = 0; i < 2; ++i) sgd_step(ps1[i], gs[i], bufs1[i], o);
+    }
+    for (size_t i = 0; i < 2; ++i) {
+      QCOMPARE(to_host(ps[i]), to_host(ps1[i]));
+      QCOMPARE(to_host(bufs[i]), to_host(bufs1[i]));
+    }
   }
 
   void mixing_devices_fails_like_pytorch() {

@@ -20,7 +20,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double msSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+double msSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
 
 RunEvent event(RunEvent::Kind kind, const QString& node = {}, const QString& message = {}) {
   RunEvent e{.kind = kind};
@@ -81,7 +83,9 @@ struct RunShared {
   void completeLocked(int i, const QString& error, const QString& skippedStatus = {}) {
     NodeState& n = nodes[i];
     if (terminal(n.status) || closed) return;
-    n.wallMs = n.status == "running" ? std::chrono::duration<double, std::milli>(Clock::now() - n.started).count() : 0;
+    n.wallMs = n.status == "running"
+                   ? std::chrono::duration<double, std::milli>(Clock::now() - n.started).count()
+                   : 0;
     n.error = error;
     if (!skippedStatus.isEmpty()) {
       n.status = skippedStatus;
@@ -368,7 +372,8 @@ void Executor::Run::execute(const std::atomic<bool>& cancelled) {
       try {
         session = plugin->createSession(settings);
       } catch (const std::exception& e) {
-        sessionErrors.insert(plugin, QStringLiteral("%1 could not start: %2").arg(plugin->setName(), e.what()));
+        sessionErrors.insert(plugin,
+                             QStringLiteral("%1 could not start: %2").arg(plugin->setName(), e.what()));
         continue;
       }
       QJsonArray devices = session ? session->devices() : QJsonArray();
@@ -435,7 +440,9 @@ void Executor::Run::execute(const std::atomic<bool>& cancelled) {
     shared->finished = true;
     shared->wallMs = msSince(shared->t0);
     RunEvent e = event(RunEvent::Kind::RunFinished, {},
-                       allOk ? QString() : wasCancelled ? QStringLiteral("cancelled") : shared->firstError);
+                       allOk          ? QString()
+                       : wasCancelled ? QStringLiteral("cancelled")
+                                      : shared->firstError);
     e.ok = allOk;
     e.value = shared->wallMs;
     shared->events->push(e);
@@ -474,12 +481,20 @@ bool Executor::start(const GraphDocument& doc, const RunSettings& settings, Vali
   shared.cancelled = &cancelled_;
   shared.graph = doc.name();
   shared.validation = report.issues();
+  // Issues by node, in one pass: a hostile graph has thousands of nodes and issues.
+  QHash<QString, QStringList> warnings;
+  QHash<QString, QString> firstError;
+  for (const Issue& issue : report.issues()) {
+    if (issue.severity == Issue::Severity::Warning)
+      warnings[issue.node].append(withoutNode(issue));
+    else if (!firstError.contains(issue.node))
+      firstError.insert(issue.node, withoutNode(issue));
+  }
   for (const GraphNode& n : doc.nodes()) {
     NodeState s;
     s.id = n.id;
     s.type = n.type;
-    for (const Issue& issue : report.issues())
-      if (issue.node == n.id && issue.severity == Issue::Severity::Warning) s.warnings.append(withoutNode(issue));
+    s.warnings = warnings.value(n.id);
     if (!shared.index.contains(n.id)) shared.index.insert(n.id, int(shared.nodes.size()));
     shared.nodes.append(s);
   }
@@ -487,13 +502,8 @@ bool Executor::start(const GraphDocument& doc, const RunSettings& settings, Vali
   if (!report.ok()) {
     // Nothing runs, but the report says why, per node: the editor and --report show it.
     for (NodeState& n : shared.nodes) {
-      const bool missing = !registry_.find(n.type);
-      for (const Issue& issue : report.errors())
-        if (issue.node == n.id) {
-          n.error = withoutNode(issue);
-          break;
-        }
-      n.status = missing ? QStringLiteral("missing") : QStringLiteral("invalid");
+      n.error = firstError.value(n.id);
+      n.status = registry_.find(n.type) ? QStringLiteral("invalid") : QStringLiteral("missing");
     }
     shared.finished = true;
     shared.ok = false;
@@ -538,7 +548,8 @@ bool Executor::start(const GraphDocument& doc, const RunSettings& settings, Vali
   for (int i : run->order) first.append(event(RunEvent::Kind::NodeQueued, run->nodes[i].id));
   for (const Issue& issue : report.issues())
     if (issue.severity == Issue::Severity::Warning)
-      first.append(event(RunEvent::Kind::NodeWarning, issue.node, issue.node.isEmpty() ? issue.text() : withoutNode(issue)));
+      first.append(event(RunEvent::Kind::NodeWarning, issue.node,
+                         issue.node.isEmpty() ? issue.text() : withoutNode(issue)));
   events_.push(std::move(first));
 
   cancelled_ = false;
@@ -582,7 +593,8 @@ QJsonObject Executor::report() const {
     o.insert("time_ms", n.timeUs / 1000.0);
     const double gflops = n.timeUs > 0 ? n.flops / (n.timeUs * 1e3) : 0.0;
     o.insert("gflops", gflops);
-    o.insert("pct_peak", n.peakGflops > 0 && n.flops > 0 ? QJsonValue(gflops / n.peakGflops * 100.0) : QJsonValue());
+    o.insert("pct_peak",
+             n.peakGflops > 0 && n.flops > 0 ? QJsonValue(gflops / n.peakGflops * 100.0) : QJsonValue());
     o.insert("bytes", n.bytes);
     o.insert("flops", n.flops);
     o.insert("wall_ms", n.status == "running" ? msSince(n.started) : n.wallMs);
@@ -625,18 +637,25 @@ QByteArray chromeTrace(const QList<TraceSpan>& spans, const QList<MemorySampleEv
   // Sorted maps: the same spans give the same pid/tid numbering.
   std::map<QString, int> pids;
   std::map<QString, std::map<QString, int>> tids;
-  for (const TraceSpan& s : spans) tids[deviceName(s.device)][s.stream.isEmpty() ? QStringLiteral("main") : s.stream];
+  for (const TraceSpan& s : spans)
+    tids[deviceName(s.device)][s.stream.isEmpty() ? QStringLiteral("main") : s.stream];
   for (const MemorySampleEvent& m : memory) tids[deviceName(m.device)];
   QJsonArray events;
   int pid = 0;
   for (auto& [device, streams] : tids) {
     pids[device] = ++pid;
-    events.append(QJsonObject{{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0},
+    events.append(QJsonObject{{"name", "process_name"},
+                              {"ph", "M"},
+                              {"pid", pid},
+                              {"tid", 0},
                               {"args", QJsonObject{{"name", device}}}});
     int tid = 0;
     for (auto& [stream, id] : streams) {
       id = ++tid;
-      events.append(QJsonObject{{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", id},
+      events.append(QJsonObject{{"name", "thread_name"},
+                                {"ph", "M"},
+                                {"pid", pid},
+                                {"tid", id},
                                 {"args", QJsonObject{{"name", stream}}}});
     }
   }
@@ -651,12 +670,18 @@ QByteArray chromeTrace(const QList<TraceSpan>& spans, const QList<MemorySampleEv
         {"tid", tids[device][stream]},
         {"ts", s.startUs},
         {"dur", std::max(0.0, s.endUs - s.startUs)},
-        {"args", QJsonObject{{"node", s.node}, {"device", device}, {"stream", stream}, {"bytes", s.bytes},
-                             {"flops", s.flops}, {"host_blocking", s.hostBlocking}}},
+        {"args", QJsonObject{{"node", s.node},
+                             {"device", device},
+                             {"stream", stream},
+                             {"bytes", s.bytes},
+                             {"flops", s.flops},
+                             {"host_blocking", s.hostBlocking}}},
     });
   }
   for (const MemorySampleEvent& m : memory)
-    events.append(QJsonObject{{"name", "memory"}, {"ph", "C"}, {"pid", pids[deviceName(m.device)]},
+    events.append(QJsonObject{{"name", "memory"},
+                              {"ph", "C"},
+                              {"pid", pids[deviceName(m.device)]},
                               {"ts", m.tUs},
                               {"args", QJsonObject{{"allocated", m.allocated}, {"reserved", m.reserved}}}});
   return QJsonDocument(QJsonObject{{"displayTimeUnit", "ms"}, {"traceEvents", events}})

@@ -43,7 +43,9 @@ void GraphDocument::setSettings(const QJsonObject& s) {
   emit changed();
 }
 
-void GraphDocument::setView(const QJsonObject& v) { view_ = v; }
+void GraphDocument::setView(const QJsonObject& v) {
+  view_ = v;
+}
 
 int GraphDocument::indexOf(const QString& id) const {
   for (int i = 0; i < nodes_.size(); ++i)

@@ -4,19 +4,25 @@ namespace gn::core {
 
 QString portTypeName(PortType t) {
   switch (t) {
-    case PortType::Device: return QStringLiteral("Device");
-    case PortType::Devices: return QStringLiteral("Devices");
-    case PortType::Tensor: return QStringLiteral("Tensor");
-    case PortType::Model: return QStringLiteral("Model");
-    case PortType::Dataset: return QStringLiteral("Dataset");
-    case PortType::Scalar: return QStringLiteral("Scalar");
+    case PortType::Device:
+      return QStringLiteral("Device");
+    case PortType::Devices:
+      return QStringLiteral("Devices");
+    case PortType::Tensor:
+      return QStringLiteral("Tensor");
+    case PortType::Model:
+      return QStringLiteral("Model");
+    case PortType::Dataset:
+      return QStringLiteral("Dataset");
+    case PortType::Scalar:
+      return QStringLiteral("Scalar");
   }
   return QStringLiteral("?");
 }
 
 std::optional<PortType> portTypeFromName(const QString& name) {
-  for (PortType t : {PortType::Device, PortType::Devices, PortType::Tensor, PortType::Model, PortType::Dataset,
-                     PortType::Scalar})
+  for (PortType t : {PortType::Device, PortType::Devices, PortType::Tensor, PortType::Model,
+                     PortType::Dataset, PortType::Scalar})
     if (portTypeName(t) == name) return t;
   return std::nullopt;
 }
@@ -28,12 +34,18 @@ bool portAccepts(PortType to, PortType from) {
 
 QString paramTypeName(ParamType t) {
   switch (t) {
-    case ParamType::Int: return QStringLiteral("int");
-    case ParamType::Float: return QStringLiteral("float");
-    case ParamType::Bool: return QStringLiteral("bool");
-    case ParamType::String: return QStringLiteral("string");
-    case ParamType::Enum: return QStringLiteral("enum");
-    case ParamType::Shape: return QStringLiteral("shape");
+    case ParamType::Int:
+      return QStringLiteral("int");
+    case ParamType::Float:
+      return QStringLiteral("float");
+    case ParamType::Bool:
+      return QStringLiteral("bool");
+    case ParamType::String:
+      return QStringLiteral("string");
+    case ParamType::Enum:
+      return QStringLiteral("enum");
+    case ParamType::Shape:
+      return QStringLiteral("shape");
   }
   return QStringLiteral("?");
 }
@@ -45,9 +57,15 @@ static const T* findByName(const QList<T>& list, const QString& name) {
   return nullptr;
 }
 
-const PortSpec* NodeTypeSpec::input(const QString& port) const { return findByName(inputs, port); }
-const PortSpec* NodeTypeSpec::output(const QString& port) const { return findByName(outputs, port); }
-const ParamSpec* NodeTypeSpec::param(const QString& n) const { return findByName(params, n); }
+const PortSpec* NodeTypeSpec::input(const QString& port) const {
+  return findByName(inputs, port);
+}
+const PortSpec* NodeTypeSpec::output(const QString& port) const {
+  return findByName(outputs, port);
+}
+const ParamSpec* NodeTypeSpec::param(const QString& n) const {
+  return findByName(params, n);
+}
 
 QJsonObject withDefaults(const NodeTypeSpec& spec, const QJsonObject& params) {
   QJsonObject out = params;

@@ -29,7 +29,8 @@ RunSettings RunSettings::fromGraph(const QJsonObject& settings) {
 
 QStringList NodeTypeRegistry::defaultPluginDirs() {
   QStringList dirs;
-  if (QCoreApplication::instance()) dirs.append(QCoreApplication::applicationDirPath() + QStringLiteral("/plugins"));
+  if (QCoreApplication::instance())
+    dirs.append(QCoreApplication::applicationDirPath() + QStringLiteral("/plugins"));
   if (qstrlen(GPUNODES_PLUGIN_INSTALL_DIR) > 0) dirs.append(QStringLiteral(GPUNODES_PLUGIN_INSTALL_DIR));
   const QString env = qEnvironmentVariable("GPUNODES_PLUGIN_PATH");
   for (const QString& d : env.split(u':', Qt::SkipEmptyParts)) dirs.append(d);
@@ -63,7 +64,9 @@ bool NodeTypeRegistry::loadPluginFile(const QString& path) {
   loader.setLoadHints(QLibrary::ResolveAllSymbolsHint);
   const QString iid = loader.metaData().value("IID").toString();
   if (!iid.isEmpty() && iid != QStringLiteral(GN_NODESET_IID)) {
-    errors_.append({path, QStringLiteral("a Qt plugin for \"%1\", not a gpunodes node set (%2)").arg(iid, GN_NODESET_IID)});
+    errors_.append(
+        {path,
+         QStringLiteral("a Qt plugin for \"%1\", not a gpunodes node set (%2)").arg(iid, GN_NODESET_IID)});
     return false;
   }
   QObject* instance = loader.instance();
@@ -73,7 +76,9 @@ bool NodeTypeRegistry::loadPluginFile(const QString& path) {
   }
   auto* plugin = qobject_cast<NodeSetPlugin*>(instance);
   if (!plugin) {
-    errors_.append({path, QStringLiteral("does not implement the gpunodes node-set interface (%1)").arg(GN_NODESET_IID)});
+    errors_.append(
+        {path,
+         QStringLiteral("does not implement the gpunodes node-set interface (%1)").arg(GN_NODESET_IID)});
     loader.unload();
     return false;
   }
@@ -103,17 +108,22 @@ void NodeTypeRegistry::addPlugin(NodeSetPlugin* plugin, const QString& origin) {
     const auto existing = types_.constFind(name);
     if (existing != types_.constEnd()) {
       const QString first = loadedPaths_.value(plugins_.indexOf(existing->second));
-      errors_.append({where, QStringLiteral("node type \"%1\" is already provided by %2; the first one is used")
-                                 .arg(name, first)});
+      errors_.append(
+          {where, QStringLiteral("node type \"%1\" is already provided by %2; the first one is used")
+                      .arg(name, first)});
       continue;
     }
     types_.insert(name, {type, plugin});
   }
 }
 
-NodeTypePtr NodeTypeRegistry::find(const QString& type) const { return types_.value(type).first; }
+NodeTypePtr NodeTypeRegistry::find(const QString& type) const {
+  return types_.value(type).first;
+}
 
-NodeSetPlugin* NodeTypeRegistry::pluginOf(const QString& type) const { return types_.value(type).second; }
+NodeSetPlugin* NodeTypeRegistry::pluginOf(const QString& type) const {
+  return types_.value(type).second;
+}
 
 QList<NodeTypePtr> NodeTypeRegistry::types() const {
   QList<NodeTypePtr> out;

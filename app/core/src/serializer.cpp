@@ -28,13 +28,27 @@ void writeString(QByteArray& out, const QString& s) {
   for (char ch : utf8) {
     const auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -66,8 +80,12 @@ void writeObject(QByteArray& out, const QJsonObject& o) {
 void writeValue(QByteArray& out, const QJsonValue& v) {
   switch (v.type()) {
     case QJsonValue::Null:
-    case QJsonValue::Undefined: out += "null"; break;
-    case QJsonValue::Bool: out += v.toBool() ? "true" : "false"; break;
+    case QJsonValue::Undefined:
+      out += "null";
+      break;
+    case QJsonValue::Bool:
+      out += v.toBool() ? "true" : "false";
+      break;
     case QJsonValue::Double: {
       const QVariant var = v.toVariant();
       if (var.typeId() == QMetaType::LongLong) {
@@ -79,7 +97,9 @@ void writeValue(QByteArray& out, const QJsonValue& v) {
       }
       break;
     }
-    case QJsonValue::String: writeString(out, v.toString()); break;
+    case QJsonValue::String:
+      writeString(out, v.toString());
+      break;
     case QJsonValue::Array: {
       out += '[';
       const QJsonArray a = v.toArray();
@@ -90,11 +110,15 @@ void writeValue(QByteArray& out, const QJsonValue& v) {
       out += ']';
       break;
     }
-    case QJsonValue::Object: writeObject(out, v.toObject()); break;
+    case QJsonValue::Object:
+      writeObject(out, v.toObject());
+      break;
   }
 }
 
-QJsonArray positionJson(QPointF p) { return QJsonArray{p.x(), p.y()}; }
+QJsonArray positionJson(QPointF p) {
+  return QJsonArray{p.x(), p.y()};
+}
 
 // Known keys first in a fixed order, then the unknown ones in key order.
 QJsonObject nodeJson(const GraphNode& n) {
@@ -130,13 +154,18 @@ void writeOrdered(QByteArray& out, const QJsonObject& o, const QStringList& orde
   out += '}';
 }
 
-const QStringList kTopKeys = {"format", "version", "name", "description", "settings", "nodes", "connections", "view"};
+const QStringList kTopKeys = {"format",   "version", "name",        "description",
+                              "settings", "nodes",   "connections", "view"};
 const QStringList kNodeKeys = {"id", "type", "position", "params"};
 const QStringList kConnectionKeys = {"from", "to"};
 
 // ---- reading -----------------------------------------------------------------------------------------
 
 // A value quoted in an error message, cut short: a 10 MB string must not become a 10 MB message.
+QString clip(const QString& s) {
+  return s.size() > 64 ? s.left(64) + QStringLiteral("...") : s;
+}
+
 QString quoted(const QJsonValue& v) {
   QString s;
   if (v.isString()) {
@@ -177,6 +206,22 @@ QString at(const QByteArray& bytes, qsizetype offset) {
   return QStringLiteral("line %1, column %2").arg(lc.line).arg(lc.column);
 }
 
+// The text just before a syntax error, so a message names the field even on a one-line file:
+// `near "repeat": 1e400`. Cut at line ends and to a few dozen bytes, on UTF-8 character boundaries.
+QString near(const QByteArray& bytes, qsizetype offset) {
+  offset = std::clamp<qsizetype>(offset, 0, bytes.size());
+  qsizetype begin = std::max<qsizetype>(0, offset - 32), end = std::min<qsizetype>(bytes.size(), offset + 8);
+  // lastIndexOf(c, -1) would search from the end of the file, not before offset 0.
+  const qsizetype lineStart = offset > 0 ? bytes.lastIndexOf('\n', offset - 1) + 1 : 0;
+  begin = std::max(begin, lineStart);
+  const qsizetype lineEnd = bytes.indexOf('\n', offset);
+  if (lineEnd >= 0) end = std::min(end, lineEnd);
+  while (begin < offset && (static_cast<unsigned char>(bytes[begin]) & 0xC0) == 0x80) ++begin;
+  while (end < bytes.size() && end > offset && (static_cast<unsigned char>(bytes[end]) & 0xC0) == 0x80) --end;
+  const QString text = QString::fromUtf8(bytes.mid(begin, end - begin)).simplified();
+  return text.isEmpty() ? QString() : QStringLiteral(" (near %1)").arg(text);
+}
+
 // Offset of the first byte that is not well-formed UTF-8 (RFC 3629: no overlongs, surrogates or code points
 // past U+10FFFF), or -1.
 qsizetype firstInvalidUtf8(const QByteArray& bytes) {
@@ -214,7 +259,8 @@ qsizetype firstInvalidUtf8(const QByteArray& bytes) {
 }
 
 QString sizeText(qint64 bytes) {
-  if (bytes >= 1024 * 1024) return QString::number(bytes / (1024.0 * 1024.0), 'f', 1) + QStringLiteral(" MiB");
+  if (bytes >= 1024 * 1024)
+    return QString::number(bytes / (1024.0 * 1024.0), 'f', 1) + QStringLiteral(" MiB");
   if (bytes >= 1024) return QString::number(bytes / 1024.0, 'f', 1) + QStringLiteral(" KiB");
   return QString::number(bytes) + QStringLiteral(" bytes");
 }
@@ -304,19 +350,22 @@ QByteArray save(const GraphDocument& doc) {
 bool fromJson(const QJsonObject& json, GraphDocument& into, QString* error) {
   const QJsonValue format = json.value("format");
   if (format.isUndefined())
-    return setError(error, QStringLiteral("format: missing; not a gpunodes graph (expected \"%1\")").arg(kFormat));
+    return setError(error,
+                    QStringLiteral("format: missing; not a gpunodes graph (expected \"%1\")").arg(kFormat));
   if (format.toString() != kFormat)
-    return setError(error, QStringLiteral("format: %1 is not a gpunodes graph (expected \"%2\")")
-                               .arg(quoted(format), kFormat));
+    return setError(
+        error,
+        QStringLiteral("format: %1 is not a gpunodes graph (expected \"%2\")").arg(quoted(format), kFormat));
   const QJsonValue version = json.value("version");
   if (version.isUndefined()) return setError(error, QStringLiteral("version: missing"));
   const double v = version.toDouble(-1);
   if (!version.isDouble() || v != std::floor(v))
     return setError(error, QStringLiteral("version: expected an integer, got %1").arg(quoted(version)));
   if (v > kFormatVersion)
-    return setError(error, QStringLiteral("version %1 is newer than this build (%2); update gpunodes to open it")
-                               .arg(version.toDouble(), 0, 'g', 17)
-                               .arg(kFormatVersion));
+    return setError(error,
+                    QStringLiteral("version %1 is newer than this build (%2); update gpunodes to open it")
+                        .arg(version.toDouble(), 0, 'g', 17)
+                        .arg(kFormatVersion));
   if (v < kFormatVersion)
     return setError(error, QStringLiteral("version %1 is not a version this build reads (%2)")
                                .arg(version.toDouble(), 0, 'g', 17)
@@ -342,7 +391,8 @@ bool fromJson(const QJsonObject& json, GraphDocument& into, QString* error) {
   for (qsizetype i = 0; i < nodesArray.size(); ++i) {
     const QString where = QStringLiteral("nodes[%1]").arg(i);
     if (!nodesArray[i].isObject())
-      return setError(error, QStringLiteral("%1: expected an object, got %2").arg(where, quoted(nodesArray[i])));
+      return setError(error,
+                      QStringLiteral("%1: expected an object, got %2").arg(where, quoted(nodesArray[i])));
     QJsonObject o = nodesArray[i].toObject();
     GraphNode n;
     for (const char* key : {"id", "type"}) {
@@ -355,7 +405,9 @@ bool fromJson(const QJsonObject& json, GraphDocument& into, QString* error) {
     n.type = o.take("type").toString();
     if (o.contains("position")) {
       const std::optional<QPointF> p = readPosition(o.value("position"));
-      if (!p) return setError(error, QStringLiteral("%1.position: expected [x, y] (node %2)").arg(where, n.id));
+      if (!p)
+        return setError(error,
+                        QStringLiteral("%1.position: expected [x, y] (node %2)").arg(where, clip(n.id)));
       n.position = *p;
       o.remove("position");
     }
@@ -363,7 +415,7 @@ bool fromJson(const QJsonObject& json, GraphDocument& into, QString* error) {
       const QJsonValue p = o.take("params");
       if (!p.isObject())
         return setError(error, QStringLiteral("%1.params: expected an object, got %2 (node %3)")
-                                   .arg(where, quoted(p), n.id));
+                                   .arg(where, quoted(p), clip(n.id)));
       n.params = p.toObject();
     }
     n.extra = o;
@@ -379,7 +431,8 @@ bool fromJson(const QJsonObject& json, GraphDocument& into, QString* error) {
   for (qsizetype i = 0; i < connArray.size(); ++i) {
     const QString where = QStringLiteral("connections[%1]").arg(i);
     if (!connArray[i].isObject())
-      return setError(error, QStringLiteral("%1: expected an object, got %2").arg(where, quoted(connArray[i])));
+      return setError(error,
+                      QStringLiteral("%1: expected an object, got %2").arg(where, quoted(connArray[i])));
     QJsonObject o = connArray[i].toObject();
     GraphConnection c;
     for (const char* key : {"from", "to"}) {
@@ -421,13 +474,15 @@ bool load(const QByteArray& raw, GraphDocument& into, QString* error) {
                                .arg(at(bytes, bad))
                                .arg(static_cast<unsigned char>(bytes[bad]), 2, 16, QChar(u'0')));
   QJsonParseError parseError;
-  // Qt's parser refuses nesting past 1024 levels with DeepNesting, so hostile depth cannot overflow the stack.
+  // Qt's parser refuses nesting past 1024 levels with DeepNesting, so hostile depth cannot overflow the
+  // stack.
   const QJsonDocument json = QJsonDocument::fromJson(bytes, &parseError);
   if (parseError.error != QJsonParseError::NoError) {
     const QString reason = parseError.error == QJsonParseError::DeepNesting
                                ? QStringLiteral("JSON nested too deeply (the limit is 1024 levels)")
                                : parseError.errorString();
-    return setError(error, QStringLiteral("%1: %2").arg(at(bytes, parseError.offset), reason));
+    return setError(error, QStringLiteral("%1: %2%3").arg(at(bytes, parseError.offset), reason,
+                                                          near(bytes, parseError.offset)));
   }
   if (!json.isObject()) return setError(error, QStringLiteral("expected a JSON object at the top level"));
   return fromJson(json.object(), into, error);
@@ -446,7 +501,8 @@ bool loadFile(const QString& path, GraphDocument& into, QString* error) {
   const QByteArray bytes = file.read(kMaxFileBytes + 1);
   if (file.error() != QFileDevice::NoError)
     return setError(error, QStringLiteral("%1: cannot read: %2").arg(path, file.errorString()));
-  if (bytes.size() > kMaxFileBytes) return setError(error, path + QStringLiteral(": ") + tooBig(bytes.size()));
+  if (bytes.size() > kMaxFileBytes)
+    return setError(error, path + QStringLiteral(": ") + tooBig(bytes.size()));
   QString e;
   if (!load(bytes, into, &e)) return setError(error, path + QStringLiteral(": ") + e);
   return true;
@@ -460,11 +516,13 @@ bool saveFile(const QString& path, const GraphDocument& doc, QString* error) {
   if (file.write(bytes) != bytes.size()) {
     const QString reason = file.errorString();
     file.cancelWriting();
-    return setError(error, QStringLiteral("%1: cannot save, the file on disk is unchanged: %2").arg(path, reason));
+    return setError(error,
+                    QStringLiteral("%1: cannot save, the file on disk is unchanged: %2").arg(path, reason));
   }
   if (!file.commit())
-    return setError(error, QStringLiteral("%1: cannot save, the file on disk is unchanged: %2")
-                               .arg(path, file.errorString()));
+    return setError(
+        error,
+        QStringLiteral("%1: cannot save, the file on disk is unchanged: %2").arg(path, file.errorString()));
   return true;
 }
 

@@ -14,9 +14,16 @@
 
 namespace gn::core {
 
+namespace {
+// Names from a file go into messages cut short: a hostile 10 MB id must not become a 10 MB message.
+QString clip(const QString& s, int max = 64) {
+  return s.size() > max ? s.left(max) + QStringLiteral("...") : s;
+}
+}  // namespace
+
 QString Issue::text() const {
   QString out;
-  if (!node.isEmpty()) out += node + QStringLiteral(": ");
+  if (!node.isEmpty()) out += clip(node) + QStringLiteral(": ");
   if (!field.isEmpty()) out += field + QStringLiteral(": ");
   return out + message;
 }
@@ -71,12 +78,16 @@ QString shown(const QJsonValue& v) {
 }
 
 QString checkRange(const ParamSpec& spec, double d) {
-  if (spec.min && d < *spec.min) return QStringLiteral("%1 is below the minimum %2").arg(num(d), num(*spec.min));
-  if (spec.max && d > *spec.max) return QStringLiteral("%1 is above the maximum %2").arg(num(d), num(*spec.max));
+  if (spec.min && d < *spec.min)
+    return QStringLiteral("%1 is below the minimum %2").arg(num(d), num(*spec.min));
+  if (spec.max && d > *spec.max)
+    return QStringLiteral("%1 is above the maximum %2").arg(num(d), num(*spec.max));
   return {};
 }
 
-QString names(const QStringList& list) { return list.isEmpty() ? QStringLiteral("none") : list.join(", "); }
+QString names(const QStringList& list) {
+  return list.isEmpty() ? QStringLiteral("none") : list.join(", ");
+}
 
 }  // namespace
 
@@ -107,7 +118,8 @@ QString checkParam(const ParamSpec& spec, const QJsonValue& value) {
       return {};
     case ParamType::Shape: {
       if (!value.isArray())
-        return QStringLiteral("expected a shape, an array of integers like [100, 100], got %1").arg(shown(value));
+        return QStringLiteral("expected a shape, an array of integers like [100, 100], got %1")
+            .arg(shown(value));
       const QJsonArray dims = value.toArray();
       // The element count as a double: exact for what fits, and overflow shows as > 2^63 instead of wrapping.
       double elements = 1;
@@ -221,14 +233,14 @@ QString cycleText(const QList<int>& path, const QStringList& ids) {
   QStringList shownIds;
   constexpr int kShown = 12;  // a cycle of 100,000 nodes must not make a message per node of that length
   if (path.size() <= kShown) {
-    for (int i : path) shownIds.append(ids[i]);
-    shownIds.append(ids[path.first()]);
+    for (int i : path) shownIds.append(clip(ids[i]));
+    shownIds.append(clip(ids[path.first()]));
     return QStringLiteral("cycle: ") + shownIds.join(" -> ");
   }
-  for (int k = 0; k < kShown - 2; ++k) shownIds.append(ids[path[k]]);
+  for (int k = 0; k < kShown - 2; ++k) shownIds.append(clip(ids[path[k]]));
   shownIds.append(QStringLiteral("..."));
-  shownIds.append(ids[path.last()]);
-  shownIds.append(ids[path.first()]);
+  shownIds.append(clip(ids[path.last()]));
+  shownIds.append(clip(ids[path.first()]));
   return QStringLiteral("cycle: %1 (%2 nodes)").arg(shownIds.join(" -> ")).arg(path.size());
 }
 
@@ -294,17 +306,18 @@ ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& regi
   QSet<QString> reportedIds;
   for (int i = 0; i < doc.nodes().size(); ++i) {
     const QString& id = doc.nodes()[i].id;
-    if (!GraphDocument::isValidId(id)) {
-      QString shownId = id.size() > 40 ? id.left(40) + QStringLiteral("...") : id;
-      report.error(id.size() > 64 ? shownId : id, QStringLiteral("nodes[%1].id").arg(i),
-                   QStringLiteral("invalid id \"%1\": use 1-64 letters, digits, '_' or '-'").arg(shownId));
-    }
+    if (!GraphDocument::isValidId(id))
+      report.error(
+          id, QStringLiteral("nodes[%1].id").arg(i),
+          QStringLiteral("invalid id \"%1\": use 1-64 letters, digits, '_' or '-'").arg(clip(id, 40)));
     const QList<int>& at = positions[id];
     if (at.size() > 1 && !reportedIds.contains(id)) {
       reportedIds.insert(id);
       QStringList where;
       for (int k : at) where.append(QStringLiteral("nodes[%1]").arg(k));
-      report.error(id, QStringLiteral("id"), QStringLiteral("duplicate id \"%1\" (%2)").arg(id, where.join(", ")));
+      if (where.size() > 10) where = where.mid(0, 10) << QStringLiteral("...");
+      report.error(id, QStringLiteral("id"),
+                   QStringLiteral("duplicate id \"%1\" (%2)").arg(clip(id), where.join(", ")));
     }
   }
 
@@ -314,7 +327,7 @@ ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& regi
     NodeTypePtr type = registry.find(n.type);
     if (!type)
       report.error(n.id, QStringLiteral("type"),
-                   QStringLiteral("unknown node type \"%1\" (no plugin provides it)").arg(n.type));
+                   QStringLiteral("unknown node type \"%1\" (no plugin provides it)").arg(clip(n.type)));
     if (!typeOf.contains(n.id)) typeOf.insert(n.id, type);
   }
 
@@ -323,16 +336,20 @@ ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& regi
   for (int i = 0; i < doc.connections().size(); ++i) {
     const GraphConnection& c = doc.connections()[i];
     const auto field = [i] { return QStringLiteral("connections[%1]").arg(i); };
+    const auto from = [&] { return clip(c.from.str(), 100); };
+    const auto to = [&] { return clip(c.to.str(), 100); };
     const bool fromExists = positions.contains(c.from.node), toExists = positions.contains(c.to.node);
     // Painted on the node that exists, the input side first; graph-level when neither does.
     const QString owner = toExists ? c.to.node : fromExists ? c.from.node : QString();
     bool ok = true;
     if (!fromExists) {
-      report.error(owner, field(), QStringLiteral("%1 -> %2: no node \"%3\"").arg(c.from.str(), c.to.str(), c.from.node));
+      report.error(owner, field(),
+                   QStringLiteral("%1 -> %2: no node \"%3\"").arg(from(), to(), clip(c.from.node)));
       ok = false;
     }
     if (!toExists) {
-      report.error(owner, field(), QStringLiteral("%1 -> %2: no node \"%3\"").arg(c.from.str(), c.to.str(), c.to.node));
+      report.error(owner, field(),
+                   QStringLiteral("%1 -> %2: no node \"%3\"").arg(from(), to(), clip(c.to.node)));
       ok = false;
     }
     const NodeTypePtr fromType = typeOf.value(c.from.node), toType = typeOf.value(c.to.node);
@@ -340,22 +357,30 @@ ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& regi
     const PortSpec* in = toType ? toType->spec().input(c.to.port) : nullptr;
     // The ports of a missing node are unknown: nothing to check there.
     if (fromExists && fromType && !out) {
-      report.error(owner, field(), QStringLiteral("%1 -> %2: %3 (%4) has no output \"%5\" (outputs: %6)")
-                                     .arg(c.from.str(), c.to.str(), c.from.node, fromType->spec().name,
-                                          c.from.port, portList(fromType->spec().outputs)));
+      report.error(owner, field(),
+                   QStringLiteral("%1 -> %2: %3 (%4) has no output \"%5\" (outputs: %6)")
+                       .arg(from(), to(), clip(c.from.node), fromType->spec().name, clip(c.from.port),
+                            portList(fromType->spec().outputs)));
       ok = false;
     }
     if (toExists && toType && !in) {
-      report.error(owner, field(), QStringLiteral("%1 -> %2: %3 (%4) has no input \"%5\" (inputs: %6)")
-                                     .arg(c.from.str(), c.to.str(), c.to.node, toType->spec().name, c.to.port,
-                                          portList(toType->spec().inputs)));
+      report.error(owner, field(),
+                   QStringLiteral("%1 -> %2: %3 (%4) has no input \"%5\" (inputs: %6)")
+                       .arg(from(), to(), clip(c.to.node), toType->spec().name, clip(c.to.port),
+                            portList(toType->spec().inputs)));
       ok = false;
     }
-    if (toExists) wiresInto[{c.to.node, c.to.port}].append(c.from.str());
+    // Every wire counts for "connected"; only wires from a real output count as a second wire, so one
+    // dangling wire is one error, not two.
+    if (toExists) {
+      QStringList& into = wiresInto[{c.to.node, c.to.port}];
+      if (fromExists && (out || !fromType)) into.append(from());
+      else into.append(QString());
+    }
     if (ok && out && in && !portAccepts(in->type, out->type))
-      report.error(owner, field(), QStringLiteral("type mismatch: %1 gives %2, %3 takes %4")
-                                     .arg(c.from.str(), portTypeName(out->type), c.to.str(),
-                                          portTypeName(in->type)));
+      report.error(owner, field(),
+                   QStringLiteral("type mismatch: %1 gives %2, %3 takes %4")
+                       .arg(from(), portTypeName(out->type), to(), portTypeName(in->type)));
   }
 
   // Inputs: required ones wired, none wired twice. Params: types, ranges, then the node type's own checks.
@@ -366,22 +391,30 @@ ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& regi
     checkedIds.insert(n.id);
     const NodeTypeSpec& spec = type->spec();
     for (const PortSpec& in : spec.inputs) {
-      const QStringList sources = wiresInto.value({n.id, in.name});
+      const QStringList all = wiresInto.value({n.id, in.name});
+      QStringList sources;
+      for (const QString& source : all)
+        if (!source.isEmpty()) sources.append(source);
       if (sources.size() > 1)
         report.error(n.id, QStringLiteral("inputs.%1").arg(in.name),
-                     QStringLiteral("%1 wires into one input (from %2)").arg(sources.size()).arg(sources.join(", ")));
-      else if (sources.isEmpty() && in.required)
+                     QStringLiteral("%1 wires into one input (from %2)")
+                         .arg(sources.size())
+                         .arg(sources.size() > 5 ? sources.mid(0, 5).join(", ") + QStringLiteral(", ...")
+                                                 : sources.join(", ")));
+      // A node with an invalid id cannot be wired to ("mm.1.a" is no endpoint): its id is the problem.
+      else if (all.isEmpty() && in.required && GraphDocument::isValidId(n.id))
         report.error(n.id, QStringLiteral("inputs.%1").arg(in.name),
                      QStringLiteral("required input is not connected (%1)").arg(portTypeName(in.type)));
     }
     QJsonObject checked;  // params as validateParams sees them: bad values replaced by defaults
     for (auto it = n.params.begin(); it != n.params.end(); ++it) {
-      const auto field = [&] { return QStringLiteral("params.%1").arg(it.key()); };
+      const auto field = [&] { return QStringLiteral("params.%1").arg(clip(it.key())); };
       const ParamSpec* p = spec.param(it.key());
       if (!p) {
         QStringList known;
         for (const ParamSpec& s : spec.params) known.append(s.name);
-        report.warning(n.id, field(), QStringLiteral("unknown param, ignored (%1 has: %2)").arg(spec.name, names(known)));
+        report.warning(n.id, field(),
+                       QStringLiteral("unknown param, ignored (%1 has: %2)").arg(spec.name, names(known)));
         continue;
       }
       const QString problem = checkParam(*p, it.value());
@@ -394,7 +427,8 @@ ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& regi
       for (const QString& problem : type->validateParams(withDefaults(spec, checked)))
         report.error(n.id, QStringLiteral("params"), problem);
     } catch (const std::exception& e) {
-      report.error(n.id, QStringLiteral("params"), QStringLiteral("checking params failed: %1").arg(e.what()));
+      report.error(n.id, QStringLiteral("params"),
+                   QStringLiteral("checking params failed: %1").arg(e.what()));
     }
   }
 

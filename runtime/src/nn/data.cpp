@@ -214,8 +214,7 @@ std::vector<int64_t> shuffled_indices(int64_t n, uint64_t seed, int64_t epoch) {
   return order;
 }
 
-// --- the loader
-// ----------------------------------------------------------------------------------------------
+// --- the loader --------------------------------------------------------------------------------------------
 
 // Batch buffers of one size, reused: page-locked allocation costs milliseconds. Buffers come back when the
 // last holder of a batch (often an op that copies it to a device) lets go, so the pool outlives the loader.

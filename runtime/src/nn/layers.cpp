@@ -195,8 +195,7 @@ Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
   return g;
 }
 
-// --- batchnorm2d
-// ---------------------------------------------------------------------------------------------
+// --- batchnorm2d -------------------------------------------------------------------------------------------
 
 BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                             const Tensor& running_mean, const Tensor& running_var,
@@ -260,8 +259,7 @@ BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Ten
   return g;
 }
 
-// --- activations
-// ---------------------------------------------------------------------------------------------
+// --- activations -------------------------------------------------------------------------------------------
 
 Tensor activation(Activation kind, const Tensor& x) {
   if (!x.defined()) throw Error("activation: the input is undefined");
@@ -342,8 +340,7 @@ Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape) {
   return dx;
 }
 
-// --- shape
-// ----------------------------------------------------------------------------------------------------
+// --- shape -------------------------------------------------------------------------------------------------
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
   if (!x.defined()) throw Error("reshape: the input is undefined");
@@ -360,8 +357,7 @@ Tensor flatten(const Tensor& x) {
   return reshape(x, {n, n ? x.numel() / n : 0});
 }
 
-// --- loss
-// -------------------------------------------------------------------------------------------------------
+// --- loss --------------------------------------------------------------------------------------------------
 
 CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool want_grad,
                                    float grad_scale) {
@@ -392,8 +388,7 @@ CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, b
   return r;
 }
 
-// --- optimiser
-// --------------------------------------------------------------------------------------------------
+// --- optimiser ---------------------------------------------------------------------------------------------
 
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdOptions& o) {
   check_same_device({&param, &grad});
@@ -417,8 +412,40 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
               });
 }
 
-// --- helpers
-// ------------------------------------------------------------------------------------------------------
+void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+              const std::vector<Tensor>& momentum_bufs, const SgdOptions& o) {
+  if (params.empty()) return;
+  const bool use_buf = o.momentum != 0;
+  if (grads.size() != params.size() || (use_buf && momentum_bufs.size() != params.size()))
+    throw Error("sgd: one gradient (and, with momentum, one buffer) per parameter expected");
+  std::vector<VarPtr> reads, writes;
+  int64_t bytes = 0, count = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    check_same_device({&params.front(), &params[i], &grads[i]});
+    if (params[i].shape() != grads[i].shape())
+      throw ShapeError("sgd: parameter " + shape_str(params[i].shape()) + " and gradient " +
+                       shape_str(grads[i].shape()) + " differ");
+    if (use_buf) {
+      check_same_device({&params[i], &momentum_bufs[i]});
+      need_shape("sgd", "momentum buffer", momentum_bufs[i], params[i].shape());
+      writes.push_back(momentum_bufs[i].var());
+    }
+    reads.push_back(grads[i].var());
+    writes.push_back(params[i].var());
+    bytes += (use_buf ? 5 : 3) * params[i].bytes();
+    count += params[i].numel();
+  }
+  const float lr = o.lr, m = o.momentum, wd = o.weight_decay;
+  std::vector<Tensor> bufs = use_buf ? momentum_bufs : std::vector<Tensor>();
+  push_kernel(params.front().runtime(), params.front().device(), reads, writes,
+              {"sgd", "", bytes, 4.0 * dbl(count)}, [=](NnKernels& k, KernelContext& kc) {
+                for (size_t i = 0; i < params.size(); ++i)
+                  k.sgd_step(params[i].numel(), params[i].data(), grads[i].data(),
+                             bufs.empty() ? nullptr : bufs[i].data(), lr, m, wd, kc);
+              });
+}
+
+// --- helpers -----------------------------------------------------------------------------------------------
 
 void copy_into(const Tensor& dst, const Tensor& src) {
   if (!dst.defined() || !src.defined()) throw Error("copy_into: a tensor is undefined");

@@ -10,8 +10,7 @@
 
 namespace gn::nn {
 
-// --- modules
-// --------------------------------------------------------------------------------------------------
+// --- modules -----------------------------------------------------------------------------------------------
 
 class Module {
  public:
@@ -437,8 +436,7 @@ std::unique_ptr<Module> build(Builder& b, const ModelOptions& o) {
 
 }  // namespace
 
-// --- names
-// -------------------------------------------------------------------------------------------------------
+// --- names -------------------------------------------------------------------------------------------------
 
 const char* arch_name(Arch a) {
   switch (a) {
@@ -478,8 +476,7 @@ Init parse_init(const std::string& name) {
   throw Error("unknown initialiser '" + name + "': expected normal, xavier or kaiming");
 }
 
-// --- Model
-// ---------------------------------------------------------------------------------------------------------
+// --- Model -------------------------------------------------------------------------------------------------
 
 Model::Model(Runtime& rt, ModelOptions options, Device device)
     : rt_(rt), options_(options), device_(device) {}
@@ -585,6 +582,15 @@ void Model::backward(const Tensor& dlogits) {
 void Model::clear_cache() {
   root_->clear();
   has_cache_ = false;
+}
+
+void Model::clear_errors() {
+  // An op that writes every state variable and reads none: it inherits no error, and its success replaces
+  // the errors stuck to them.
+  std::vector<VarPtr> vars;
+  for (Parameter* p : state_) vars.push_back(p->value.var());
+  rt_.engine().push([](OpContext&) {}, {}, vars, device_, StreamKind::Compute, {"clear errors", "", 0, 0});
+  clear_cache();
 }
 
 void Model::copy_state_from(const Model& other) {

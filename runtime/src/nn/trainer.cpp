@@ -29,6 +29,7 @@ class HostReducer final : public GradientReducer {
 
   void allreduce(const std::vector<std::vector<Tensor>>& grads) override {
     const size_t replicas = grads.size(), count = grads.front().size();
+    if (count == 0) return;
     std::vector<std::vector<Tensor>> host(replicas);
     std::vector<Tensor> sums;  // host copies of the sums for replicas on GPUs
     std::vector<VarPtr> reads, writes;
@@ -85,8 +86,7 @@ class HostReducer final : public GradientReducer {
 
 }  // namespace
 
-// --- Trainer
-// ---------------------------------------------------------------------------------------------------
+// --- Trainer -----------------------------------------------------------------------------------------------
 
 Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options)
     : rt_(model.runtime()), model_(model), devices_(std::move(devices)), options_(options) {
@@ -99,7 +99,7 @@ Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options
   if (options_.batch_size < 1) throw Error("training: batch size must be at least 1");
   if (options_.epochs < 0) throw Error("training: epochs must not be negative");
   if (!(options_.sgd.lr > 0)) throw Error("training: the learning rate must be positive");
-  if (options_.steps_in_flight < 1) options_.steps_in_flight = 1;
+  if (options_.steps_in_flight < 0) options_.steps_in_flight = 0;
 
   for (size_t r = 0; r < devices_.size(); ++r) {
     if (r == 0 && devices_[0] == model_.device()) {
@@ -256,11 +256,12 @@ void Trainer::step(const HostBatchPtr& batch) {
     for (size_t r = 0; r < replicas; ++r) {
       auto params = replicas_[r]->parameters();
       std::vector<VarPtr> reads;
-      for (size_t i = 0; i < params.size(); ++i) {
-        sgd_step(params[i]->value, grads[r][i], momentum_[r].empty() ? Tensor() : momentum_[r][i],
-                 options_.sgd);
-        reads.push_back(params[i]->value.var());
+      std::vector<Tensor> values;
+      for (Parameter* p : params) {
+        values.push_back(p->value);
+        reads.push_back(p->value.var());
       }
+      sgd_step(values, grads[r], momentum_[r], options_.sgd);
       // Marks the end of this step on this device: the host waits on it to stay steps_in_flight ahead.
       VarPtr done = new_var();
       rt_.engine().push([](OpContext&) {}, reads, {done}, devices_[r], StreamKind::Compute,

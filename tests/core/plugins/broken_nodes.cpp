@@ -14,7 +14,9 @@ class BrokenNodesPlugin : public QObject, public gn::core::NodeSetPlugin {
  public:
   QString setName() const override { return QString::number(gn_test_symbol_that_no_library_defines()); }
   QList<gn::core::NodeTypePtr> nodeTypes() const override { return {}; }
-  std::unique_ptr<gn::core::RunSession> createSession(const gn::core::RunSettings&) override { return nullptr; }
+  std::unique_ptr<gn::core::RunSession> createSession(const gn::core::RunSettings&) override {
+    return nullptr;
+  }
 };
 
 #include "broken_nodes.moc"

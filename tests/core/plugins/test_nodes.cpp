@@ -135,10 +135,16 @@ class TestSession : public RunSession {
         } else if (job.fail && !errors_.contains(job.node)) {
           errors_.insert(job.node, QStringLiteral("TestAdd work failed as asked"));
         }
-        spans_.append(TraceSpan{.node = job.node, .op = QStringLiteral("add"), .device = kDevice,
-                                .stream = QStringLiteral("compute"), .startUs = start, .endUs = nowUs(),
-                                .bytes = job.bytes, .flops = job.flops});
-        memory_.append(MemorySampleEvent{.device = kDevice, .tUs = nowUs(), .allocated = job.bytes, .reserved = job.bytes});
+        spans_.append(TraceSpan{.node = job.node,
+                                .op = QStringLiteral("add"),
+                                .device = kDevice,
+                                .stream = QStringLiteral("compute"),
+                                .startUs = start,
+                                .endUs = nowUs(),
+                                .bytes = job.bytes,
+                                .flops = job.flops});
+        memory_.append(MemorySampleEvent{
+            .device = kDevice, .tUs = nowUs(), .allocated = job.bytes, .reserved = job.bytes});
         peak_ = std::max(peak_, job.bytes);
       }
       busy_ = false;
@@ -166,10 +172,15 @@ class TestConst : public NodeType {
     spec_.name = QStringLiteral("TestConst");
     spec_.category = QStringLiteral("Test");
     spec_.description = QStringLiteral("A constant scalar");
-    spec_.outputs = {{.name = "out", .type = PortType::Scalar, .doc = "the value"},
-                     {.name = "dev", .type = PortType::Device, .doc = "a device-typed output, for type checks"}};
+    spec_.outputs = {
+        {.name = "out", .type = PortType::Scalar, .doc = "the value"},
+        {.name = "dev", .type = PortType::Device, .doc = "a device-typed output, for type checks"}};
     spec_.params = {{.name = "value", .type = ParamType::Float, .defaultValue = 1.0, .doc = "the constant"},
-                    {.name = "delay_ms", .type = ParamType::Int, .defaultValue = 0, .min = 0, .max = 60000,
+                    {.name = "delay_ms",
+                     .type = ParamType::Int,
+                     .defaultValue = 0,
+                     .min = 0,
+                     .max = 60000,
                      .doc = "how long its work takes"}};
   }
   const NodeTypeSpec& spec() const override { return spec_; }
@@ -197,15 +208,35 @@ class TestAdd : public NodeType {
                     {.name = "devices", .type = PortType::Devices, .required = false, .doc = "ignored"}};
     spec_.outputs = {{.name = "out", .type = PortType::Scalar, .doc = "the result"}};
     spec_.params = {
-        {.name = "value", .type = ParamType::Float, .defaultValue = 0.0, .min = -1e6, .max = 1e6, .doc = "added"},
+        {.name = "value",
+         .type = ParamType::Float,
+         .defaultValue = 0.0,
+         .min = -1e6,
+         .max = 1e6,
+         .doc = "added"},
         {.name = "repeat", .type = ParamType::Int, .defaultValue = 1, .min = 1, .max = 1000, .doc = "jobs"},
-        {.name = "delay_ms", .type = ParamType::Int, .defaultValue = 0, .min = 0, .max = 600000,
+        {.name = "delay_ms",
+         .type = ParamType::Int,
+         .defaultValue = 0,
+         .min = 0,
+         .max = 600000,
          .doc = "how long each job takes"},
         {.name = "throw", .type = ParamType::Bool, .defaultValue = false, .doc = "throw in execute"},
         {.name = "fail", .type = ParamType::Bool, .defaultValue = false, .doc = "fail in the work"},
-        {.name = "label", .type = ParamType::String, .defaultValue = "", .doc = "\"warn\" warns; \"forbidden\" is refused"},
-        {.name = "mode", .type = ParamType::Enum, .defaultValue = "add", .enumValues = {"add", "mul"}, .doc = "op"},
-        {.name = "shape", .type = ParamType::Shape, .defaultValue = QJsonArray{1}, .min = 1, .max = 1e9,
+        {.name = "label",
+         .type = ParamType::String,
+         .defaultValue = "",
+         .doc = "\"warn\" warns; \"forbidden\" is refused"},
+        {.name = "mode",
+         .type = ParamType::Enum,
+         .defaultValue = "add",
+         .enumValues = {"add", "mul"},
+         .doc = "op"},
+        {.name = "shape",
+         .type = ParamType::Shape,
+         .defaultValue = QJsonArray{1},
+         .min = 1,
+         .max = 1e9,
          .doc = "elements per job: bytes and flops"},
     };
   }
@@ -218,7 +249,8 @@ class TestAdd : public NodeType {
     const QJsonObject& p = ctx.params();
     if (p.value("throw").toBool()) throw std::runtime_error("TestAdd threw as asked");
     const double sum = scalarOf(ctx.input("a")) + scalarOf(ctx.input("b"));
-    const double v = p.value("mode").toString() == "mul" ? sum * p.value("value").toDouble() : sum + p.value("value").toDouble();
+    const double v = p.value("mode").toString() == "mul" ? sum * p.value("value").toDouble()
+                                                         : sum + p.value("value").toDouble();
     ctx.setOutput("out", std::make_shared<ScalarValue>(v));
     ctx.reportField("value", v);
     ctx.metric("test.value", 0.0, v);
@@ -228,8 +260,10 @@ class TestAdd : public NodeType {
     auto* session = dynamic_cast<TestSession*>(ctx.session());
     const int repeat = p.value("repeat").toInt();
     for (int i = 0; i < repeat; ++i) {
-      session->enqueue({.sleepMs = p.value("delay_ms").toInt(), .fail = p.value("fail").toBool(),
-                        .bytes = qint64(8 * elements), .flops = elements});
+      session->enqueue({.sleepMs = p.value("delay_ms").toInt(),
+                        .fail = p.value("fail").toBool(),
+                        .bytes = qint64(8 * elements),
+                        .flops = elements});
       ctx.progress(double(i + 1) / repeat);
     }
   }
@@ -257,11 +291,17 @@ class TestNodesPlugin : public QObject, public NodeSetPlugin {
                      ValidationReport& report) const override {
     for (const GraphNode& n : doc.nodes())
       if (n.type == "TestAdd" && n.params.value("label").toString() == "forbidden")
-        report.error(n.id, QStringLiteral("params.label"), QStringLiteral("refused by the test plugin's graph check"));
+        report.error(n.id, QStringLiteral("params.label"),
+                     QStringLiteral("refused by the test plugin's graph check"));
   }
   QJsonObject environment(const RunSettings& settings) const override {
-    return QJsonObject{{"devices", QJsonArray{QJsonObject{{"name", kDevice}, {"cpu_devices", settings.cpuDevices}}}},
-                       {"table", QStringLiteral("test:0  a device for tests (cpu_devices=%1)\n").arg(settings.cpuDevices)}};
+    QJsonObject env{
+        {"devices", QJsonArray{QJsonObject{{"name", kDevice}, {"cpu_devices", settings.cpuDevices}}}}};
+    // cpu_devices=7 plays a set that gives no table, so the CLI's fallback listing is tested too.
+    if (settings.cpuDevices != 7)
+      env.insert("table",
+                 QStringLiteral("test:0  a device for tests (cpu_devices=%1)\n").arg(settings.cpuDevices));
+    return env;
   }
 };
 

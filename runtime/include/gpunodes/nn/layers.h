@@ -4,6 +4,7 @@
 // OpenBLAS, CUDA with cuDNN and cuBLAS (see runtime/src/nn/).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "gpunodes/ops.h"
 #include "gpunodes/tensor.h"
@@ -104,6 +105,10 @@ struct SgdOptions {
   float weight_decay = 0;
 };
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdOptions& options);
+// The same for a whole model in one op (one stream synchronisation on a GPU instead of one per tensor).
+// momentum_bufs may be empty when momentum is 0.
+void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+              const std::vector<Tensor>& momentum_bufs, const SgdOptions& options);
 
 // --- in-place helpers the trainer and loaders use
 // ------------------------------------------------------------ dst <- src, between any two devices (same

@@ -22,6 +22,7 @@ enum class Arch {
 const char* arch_name(Arch arch);          // "linear", "mlp", "lenet", "resnet18"
 Arch parse_arch(const std::string& name);  // throws Error listing the names it knows
 
+// How weights start; biases start at zero and BatchNorm at weight 1, bias 0, running mean 0, variance 1.
 enum class Init {
   Normal,   // N(0, init_std) weights, the seed's nn.init.normal_(std=0.01)
   Xavier,   // Glorot uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out))
@@ -98,6 +99,10 @@ class Model {
   void backward(const Tensor& dlogits);
   // Drops kept activations without a backward (after a failed or abandoned step).
   void clear_cache();
+  // After the engine's cancel (and reset_cancel()) or a failed step, the parameters carry the error of the
+  // update that never ran, so every op reading them fails again. Their memory holds the last update that did
+  // run: this accepts that state and makes the model usable again (one op, enqueued).
+  void clear_errors();
 
   // Copies every parameter and buffer of `other` (same signature, any device) into this model, in place.
   void copy_state_from(const Model& other);

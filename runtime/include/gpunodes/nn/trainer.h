@@ -34,7 +34,10 @@ struct TrainOptions {
   // Split each batch in proportion to each device's measured samples per second (re-measured every epoch)
   // instead of evenly: for a GPU and a CPU together, the seed's exercise 2.
   bool balance = false;
-  int64_t steps_in_flight = 2;  // how far the host may run ahead of the devices
+  // Steps enqueued beyond the one running. Tensors are allocated when their op is enqueued, so each step in
+  // flight holds a whole step's activations and gradients (ResNet-18 at 96x96: about 150 MB per image); one
+  // hides the host's enqueueing, 0 waits for every step and halves the peak.
+  int64_t steps_in_flight = 1;
 };
 
 // One point of a live series. Series: "loss", "train_acc", "images_per_second" (every log_every batches, over
@@ -47,6 +50,7 @@ struct MetricSample {
   double seconds = 0;  // since fit() began
   double value = 0;
 };
+// Called on the thread that runs fit(), between batches; it should return quickly.
 using MetricCallback = std::function<void(const MetricSample&)>;
 
 struct EpochResult {
@@ -82,7 +86,8 @@ class Trainer {
   // trained state in the model (gradients are released at the end, as zero_grad(set_to_none) does). Blocks;
   // call it from a thread of its own to keep a UI live. Throws CancelledError after cancel() or the engine's
   // cancel, once every op it enqueued has drained (its temporaries are freed then; the engine's cancel flag
-  // is the caller's to reset).
+  // is the caller's to reset). Its ops carry the calling thread's ScopedOpTag: a node that runs fit() on a
+  // thread of its own sets its tag on that thread.
   TrainResult fit(const DatasetPtr& train, const DatasetPtr& test, const MetricCallback& on_metric = {});
 
   // One SGD step on a host batch: split, forward and backward on each device, all-reduce, update. Enqueued;

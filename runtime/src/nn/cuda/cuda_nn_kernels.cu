@@ -35,8 +35,7 @@ int to_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// --- per-thread handles
-// -------------------------------------------------------------------------------------------
+// --- per-thread handles ------------------------------------------------------------------------------------
 
 // cuDNN and cuBLAS handles must not be shared by threads that use them at once; each worker thread gets its
 // own per device, released when the thread exits.
@@ -88,10 +87,16 @@ class Stream {
       stream_ = cudaStreamPerThread;
       owned_ = true;
     }
-    thread_local ThreadHandles handles;
-    h_ = &handles.get(device_);
-    GN_CUDNN_CHECK(cudnnSetStream(h_->cudnn, stream_));
-    GN_CUBLAS_CHECK(cublasSetStream(h_->cublas, stream_));
+    try {
+      thread_local ThreadHandles handles;
+      h_ = &handles.get(device_);
+      GN_CUDNN_CHECK(cudnnSetStream(h_->cudnn, stream_));
+      GN_CUBLAS_CHECK(cublasSetStream(h_->cublas, stream_));
+    } catch (...) {
+      // No destructor runs for a constructor that throws: put the thread's device back here.
+      if (previous_ != device_) (void)cudaSetDevice(previous_);
+      throw;
+    }
   }
   ~Stream() {
     if (owned_) (void)cudaStreamSynchronize(stream_);
@@ -135,8 +140,7 @@ class Workspace {
   void* ptr_ = nullptr;
 };
 
-// --- cuDNN descriptors
-// -------------------------------------------------------------------------------------------
+// --- cuDNN descriptors -------------------------------------------------------------------------------------
 
 struct TensorDesc {
   cudnnTensorDescriptor_t d = nullptr;
@@ -235,8 +239,7 @@ struct ActDesc {
   ActDesc& operator=(const ActDesc&) = delete;
 };
 
-// --- convolution algorithms: found once per shape
-// -----------------------------------------------------------------
+// --- convolution algorithms: found once per shape ----------------------------------------------------------
 
 enum class Pass { Forward, BackwardData, BackwardFilter };
 
@@ -303,8 +306,7 @@ void* find_alloc(Allocator& alloc, size_t& bytes) {
   return nullptr;
 }
 
-// --- small kernels
-// ----------------------------------------------------------------------------------------------------
+// --- small kernels -----------------------------------------------------------------------------------------
 
 __global__ void bias_rows_kernel(float* __restrict__ y, const float* __restrict__ b, int64_t rows,
                                  int64_t cols) {
@@ -414,8 +416,7 @@ __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, f
   }
 }
 
-// --- the kernels
-// ----------------------------------------------------------------------------------------------------
+// --- the kernels -------------------------------------------------------------------------------------------
 
 class CudaNnKernels final : public NnKernels {
  public:

@@ -34,8 +34,8 @@ class Executor {
   // Validates a snapshot of doc and starts it. Returns false, running nothing, when validation fails or a
   // run is already going (*validation then holds the issues, or one graph-level error).
   bool start(const GraphDocument& doc, const RunSettings& settings, ValidationReport* validation = nullptr);
-  void cancel();         // returns at once; the run ends within a second
-  void wait();           // until the run has finished
+  void cancel();  // returns at once; the run ends within a second
+  void wait();    // until the run has finished
   bool isRunning() const { return running_.load(); }
   bool wasCancelled() const { return cancelled_.load(); }
   EventChannel& events() { return events_; }

@@ -1,5 +1,9 @@
 // Node types from loaded plugins. Plugins are found next to the binary (<bin>/plugins), in the install
-// prefix (<prefix>/lib/gpunodes/plugins) and on GPUNODES_PLUGIN_PATH (colon-separated).
+// prefix (<prefix>/lib/gpunodes/plugins) and on GPUNODES_PLUGIN_PATH (colon-separated), in that order. A
+// plugin file whose name was already loaded from an earlier directory is skipped, so a build tree and an
+// installed copy do not both load. Plugins load with every symbol resolved, so a missing one is a load error
+// (with the dynamic linker's reason) rather than a crash later. Two plugins providing one type name: the
+// first wins and the second is recorded in loadErrors().
 #pragma once
 #include <QList>
 #include <QMap>

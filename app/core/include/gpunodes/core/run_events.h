@@ -26,7 +26,7 @@ struct MemorySampleEvent {
 struct RunEvent {
   enum class Kind {
     RunStarted,
-    RunFinished,   // ok tells the outcome; message has the first error
+    RunFinished,  // ok tells the outcome; message has the first error
     NodeQueued,
     NodeStarted,
     NodeFinished,  // value: wall milliseconds from the node's start to the end of its work

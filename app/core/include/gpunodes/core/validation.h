@@ -41,7 +41,8 @@ class ValidationReport {
 ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& registry);
 // The same, with run settings that override the file's (command-line --schedule, --cpu-devices); plugins'
 // validateGraph sees these.
-ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& registry, const RunSettings& settings);
+ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& registry,
+                          const RunSettings& settings);
 
 // One param value against its spec: JSON type, finite, range, enum values, shape dimensions (each an
 // integer >= 0 within the spec's range, and a product that fits in 64 bits). Empty when the value is fine;
