@@ -1,5 +1,7 @@
 #include "graph_checks.h"
 
+#include <QDir>
+#include <QFileInfo>
 #include <QSet>
 #include <algorithm>
 #include <cmath>
@@ -7,6 +9,7 @@
 #include <optional>
 
 #include "gpunodes/errors.h"
+#include "model_values.h"
 #include "node_util.h"
 #include "session.h"
 
@@ -31,9 +34,14 @@ namespace {
 // What is known before the run about the value on one output port. Unknown parts stay empty.
 struct Known {
   bool isDevices = false, isTensors = false;
-  std::vector<Device> devices;  // Devices: the list. Tensors: the devices the batch lives on, when known.
+  // Devices: the list. Tensors: the devices the batch lives on, when known. Model: the model's device.
+  std::vector<Device> devices;
   std::optional<Shape> shape;   // Tensors: every element's shape
   std::optional<double> count;  // Tensors: the batch size (a double: unchecked params may be absurd)
+  std::optional<nn::ModelOptions> model;  // Model: the architecture
+  // Dataset: image channels and side (after resize), which splits it has, the batch size.
+  std::optional<int64_t> channels, side, batch;
+  bool hasTrain = true, hasTest = true;
 
   static Known deviceList(std::vector<Device> d) {
     Known k;
@@ -61,6 +69,11 @@ class Checker {
     for (const core::GraphNode& n : doc_.nodes())
       if (!nodes_.contains(n.id)) nodes_.insert(n.id, &n);
     for (const core::GraphConnection& c : doc_.connections()) incoming_[c.to.node].append(&c);
+    // Files a SaveParams of this graph writes: a LoadParams may read one that does not exist yet.
+    for (const core::GraphNode& n : doc_.nodes())
+      if (n.type == "SaveParams" && registry_.pluginOf(n.type) == self_)
+        if (core::NodeTypePtr t = registry_.find(n.type))
+          savedPaths_.insert(absolute(core::withDefaults(t->spec(), n.params)["path"].toString()));
   }
 
   void run() {
@@ -236,8 +249,143 @@ class Checker {
       Known t = input(id, "in").value_or(Known{});
       t.isTensors = true;
       out["out"] = t;
+    } else if (type == "Model") {
+      Known m;
+      auto dev = input(id, "device");
+      if (!dev)
+        m.devices = {Device::cpu()};
+      else if (dev->isDevices && !dev->devices.empty())
+        m.devices = {dev->devices.front()};
+      try {
+        m.model = modelOptionsOf(p);
+      } catch (const std::exception&) {
+        // The params' own checks name the bad value.
+      }
+      out["model"] = m;
+    } else if (type == "Dataset") {
+      out["data"] = evalDataset(id, p);
+    } else if (type == "Train") {
+      out["model"] = evalTrain(id);
+    } else if (type == "Evaluate") {
+      const Known model = input(id, "model").value_or(Known{}), data = input(id, "data").value_or(Known{});
+      const QString split = p["split"].toString();
+      if (!(split == "train" ? data.hasTrain : data.hasTest))
+        report_.error(id, "params.split",
+                      "the dataset has no " + split + " split (set its split to both or " + split + ")");
+      checkImages(id, model, data);
+    } else if (type == "Forward") {
+      const Known model = input(id, "model").value_or(Known{}), in = input(id, "in").value_or(Known{});
+      checkSameDevice(id, "inputs.in", in, model);
+      if (model.model && in.shape) {
+        const QString why = inputMismatch(*model.model, *in.shape);
+        if (!why.isEmpty()) report_.error(id, "inputs.in", why);
+      }
+      Known t;
+      t.isTensors = true;
+      t.devices = model.devices;
+      t.count = in.count;
+      if (model.model && in.shape && !in.shape->empty())
+        t.shape = Shape{(*in.shape)[0], model.model->classes};
+      out["out"] = t;
+    } else if (type == "Parameters") {
+      Known t;
+      t.isTensors = true;
+      t.devices = input(id, "model").value_or(Known{}).devices;
+      out["out"] = t;
+    } else if (type == "SaveParams") {
+      out["model"] = input(id, "model").value_or(Known{});
+    } else if (type == "LoadParams") {
+      const QString path = p["path"].toString();
+      if (!path.trimmed().isEmpty() && !QFileInfo::exists(path) && !savedPaths_.contains(absolute(path)))
+        report_.error(id, "params.path",
+                      "the parameter file " + absolute(path) +
+                          " does not exist, and no SaveParams in this graph writes it");
+      Known m;
+      if (auto like = input(id, "like")) m.model = like->model;
+      if (auto dev = input(id, "device"); dev && dev->isDevices && dev->devices.size() == 1)
+        m.devices = dev->devices;
+      out["model"] = m;
     }
     return out;
+  }
+
+  Known evalDataset(const QString& id, const QJsonObject& p) {
+    Known d;
+    const QString split = p["split"].toString();
+    d.hasTrain = split != "test";
+    d.hasTest = split != "train";
+    d.channels = 1;
+    const qint64 resize = p["resize"].toInteger();
+    d.side = resize > 0 ? resize : 28;
+    d.batch = p["batch_size"].toInteger(256);
+    if (p["name"].toString() != "fashion-mnist") return d;
+    // The loader's message, before the run: what is missing, where, and how to install it.
+    const QString dir = p["path"].toString();
+    const QString hint =
+        "Install the Debian package dataset-fashion-mnist (apt-get install dataset-fashion-mnist), or set "
+        "path "
+        "to the directory that holds train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+        "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz";
+    if (!QFileInfo(dir).isDir()) {
+      report_.error(id, "params.path", "Fashion-MNIST: the directory " + dir + " does not exist. " + hint);
+      return d;
+    }
+    QStringList missing;
+    QStringList files;
+    if (d.hasTrain)
+      files << "train-images-idx3-ubyte"
+            << "train-labels-idx1-ubyte";
+    if (d.hasTest)
+      files << "t10k-images-idx3-ubyte"
+            << "t10k-labels-idx1-ubyte";
+    for (const QString& f : files) {
+      const QString gz = QDir(dir).filePath(f + ".gz");
+      if (!QFileInfo::exists(gz) && !QFileInfo::exists(QDir(dir).filePath(f))) missing << gz;
+    }
+    if (!missing.isEmpty())
+      report_.error(id, "params.path",
+                    "Fashion-MNIST: " + missing.join(", ") + (missing.size() == 1 ? " is" : " are") +
+                        " missing. " + hint);
+    return d;
+  }
+
+  // A model that cannot take the dataset's images, reported on the data input.
+  void checkImages(const QString& id, const Known& model, const Known& data) {
+    if (!model.model || !data.channels || !data.side) return;
+    const QString why = imageMismatch(*model.model, *data.channels, *data.side);
+    if (!why.isEmpty()) report_.error(id, "inputs.data", why);
+  }
+
+  Known evalTrain(const QString& id) {
+    Known model = input(id, "model").value_or(Known{});
+    const Known data = input(id, "data").value_or(Known{});
+    std::vector<Device> devices;
+    bool allKnown = true;
+    for (const QString port : {"devices", "devices_2", "devices_3", "devices_4"}) {
+      auto dev = input(id, port);
+      if (!dev) continue;
+      if (!dev->isDevices) {
+        allKnown = false;
+        continue;
+      }
+      for (const Device& d : dev->devices) {
+        if (std::find(devices.begin(), devices.end(), d) != devices.end())
+          report_.error(id, "inputs." + port,
+                        qs(d.str()) + " is wired in twice: each device holds one replica");
+        devices.push_back(d);
+      }
+    }
+    if (!data.hasTrain)
+      report_.error(id, "inputs.data", "the dataset has no training split (set its split to both or train)");
+    checkImages(id, model, data);
+    if (allKnown && !devices.empty() && data.batch && *data.batch < static_cast<int64_t>(devices.size()))
+      report_.warning(id, "inputs.devices",
+                      QString("a batch of %1 over %2 devices leaves some devices without samples in a step")
+                          .arg(*data.batch)
+                          .arg(devices.size()));
+    model.devices.clear();
+    if (allKnown && !devices.empty()) model.devices = {devices.front()};
+    return model;
   }
 
   Known evalMatMul(const QString& id, const QJsonObject& p) {
@@ -311,6 +459,8 @@ class Checker {
     return out;
   }
 
+  static QString absolute(const QString& path) { return QDir::cleanPath(QFileInfo(path).absoluteFilePath()); }
+
   const core::GraphDocument& doc_;
   const core::NodeTypeRegistry& registry_;
   const core::NodeSetPlugin* self_;
@@ -320,6 +470,7 @@ class Checker {
   QHash<QString, const core::GraphNode*> nodes_;
   QHash<QString, QList<const core::GraphConnection*>> incoming_;
   std::map<QString, Outputs> done_;
+  QSet<QString> savedPaths_;
 };
 
 }  // namespace

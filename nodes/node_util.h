@@ -72,5 +72,13 @@ core::NodeTypePtr makeElementwiseNode();
 core::NodeTypePtr makeNormNode();
 core::NodeTypePtr makeSynchronizeNode();
 core::NodeTypePtr makeInspectNode();
+core::NodeTypePtr makeModelNode();
+core::NodeTypePtr makeForwardNode();
+core::NodeTypePtr makeParametersNode();
+core::NodeTypePtr makeSaveParamsNode();
+core::NodeTypePtr makeLoadParamsNode();
+core::NodeTypePtr makeDatasetNode();
+core::NodeTypePtr makeTrainNode();
+core::NodeTypePtr makeEvaluateNode();
 
 }  // namespace gn::nodes

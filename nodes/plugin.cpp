@@ -8,9 +8,11 @@
 namespace gn::nodes {
 
 GpuNodesPlugin::GpuNodesPlugin()
-    : types_{makeDeviceNode(), makeAllDevicesNode(),  makeTensorNode(),
-             makeCopyNode(),   makeMatMulNode(),      makeElementwiseNode(),
-             makeNormNode(),   makeSynchronizeNode(), makeInspectNode()} {}
+    : types_{makeDeviceNode(),     makeAllDevicesNode(),  makeTensorNode(),  makeCopyNode(),
+             makeMatMulNode(),     makeElementwiseNode(), makeNormNode(),    makeSynchronizeNode(),
+             makeInspectNode(),    makeModelNode(),       makeForwardNode(), makeParametersNode(),
+             makeSaveParamsNode(), makeLoadParamsNode(),  makeDatasetNode(), makeTrainNode(),
+             makeEvaluateNode()} {}
 
 std::unique_ptr<core::RunSession> GpuNodesPlugin::createSession(const core::RunSettings& settings) {
   return std::make_unique<NodesSession>(settings);

@@ -238,6 +238,21 @@ void NodesSession::endNode(const QString& nodeId, std::function<void(const QStri
 
 void NodesSession::cancel() {
   runtime_->engine().cancel();
+  std::lock_guard lock(hooksMutex_);
+  cancelled_ = true;
+  for (auto& [id, fn] : cancelHooks_) fn();
+}
+
+std::shared_ptr<void> NodesSession::onCancel(std::function<void()> fn) {
+  std::lock_guard lock(hooksMutex_);
+  if (cancelled_) fn();
+  const uint64_t id = nextHook_++;
+  cancelHooks_.emplace(id, std::move(fn));
+  // The handle lives no longer than the node that holds it, and nodes end before their session does.
+  return std::shared_ptr<void>(nullptr, [this, id](void*) {
+    std::lock_guard lock(hooksMutex_);
+    cancelHooks_.erase(id);
+  });
 }
 
 void NodesSession::finish() {

@@ -6,6 +6,9 @@
 #include <QList>
 #include <QPair>
 #include <QString>
+#include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -56,8 +59,18 @@ class NodesSession final : public core::RunSession {
   Runtime& runtime() { return *runtime_; }
   const std::shared_ptr<Runtime>& runtimePtr() const { return runtime_; }
 
+  // While the returned handle lives, cancel() also calls fn, on the cancelling thread: work that stops on a
+  // flag of its own (a Trainer between batches) hears the run's cancel besides the engine's. fn runs under
+  // a lock that dropping the handle also takes, so it never runs after the handle is gone. Registered after
+  // a cancel, fn runs at once.
+  std::shared_ptr<void> onCancel(std::function<void()> fn);
+
  private:
   std::shared_ptr<Runtime> runtime_;
+  std::mutex hooksMutex_;
+  std::map<uint64_t, std::function<void()>> cancelHooks_;
+  uint64_t nextHook_ = 0;
+  bool cancelled_ = false;
   // The executor thread's op tag while a node executes: every op the node pushes carries its id.
   std::optional<ScopedOpTag> tag_;
   std::mutex cursorMutex_;

@@ -160,10 +160,12 @@ class SerializerTest : public QObject {
     QCOMPARE(loadError(""), QStringLiteral("the file is empty"));
     QCOMPARE(loadError("  \n"), QStringLiteral("the file is empty"));
     QCOMPARE(loadError("[1, 2]"), QStringLiteral("expected a JSON object at the top level"));
-    QCOMPARE(loadError("x\n{}\n"), QStringLiteral("line 1, column 2: illegal value (near x)"));  // cut at the line end
+    QCOMPARE(loadError("x\n{}\n"),
+             QStringLiteral("line 1, column 2: illegal value (near x)"));  // cut at the line end
     QVERIFY(loadError("{\"a\": NaN}").startsWith("line 1, column"));
     // A one-line file still says which field: the text before the error comes with the message.
-    const QString inf = loadError(R"({"format": "gpunodes-graph", "version": 1, "nodes": [{"id": "mm1", "type": "MatMul", "params": {"repeat": 1e400}}]})");
+    const QString inf = loadError(
+        R"({"format": "gpunodes-graph", "version": 1, "nodes": [{"id": "mm1", "type": "MatMul", "params": {"repeat": 1e400}}]})");
     QVERIFY2(inf.contains("illegal number (near ") && inf.contains(R"("repeat": 1e400)"), qPrintable(inf));
   }
 

@@ -83,7 +83,8 @@ class ValidationTest : public QObject {
   void invalidIds() {
     GraphDocument doc;
     // a.1 cannot be wired to at all, so its unwired required input is not a second error.
-    doc.setContents({makeNode("a.b", "TestConst"), makeNode("", "TestConst"), makeNode("a.1", "TestAdd")}, {});
+    doc.setContents({makeNode("a.b", "TestConst"), makeNode("", "TestConst"), makeNode("a.1", "TestAdd")},
+                    {});
     const QStringList t = texts(check(doc));
     QCOMPARE(t.size(), 3);
     QVERIFY2(t[0].startsWith("a.b: nodes[0].id: invalid id \"a.b\""), qPrintable(t[0]));
@@ -120,9 +121,9 @@ class ValidationTest : public QObject {
     baseGraph(doc);
     doc.addConnection(wire("ghost.out", "a1.a"));  // a second wire into a, from nowhere
     doc.addConnection(wire("c1.nope", "a1.a"));    // and one from a port that does not exist
-    QCOMPARE(texts(check(doc)),
-             (QStringList{"a1: connections[1]: ghost.out -> a1.a: no node \"ghost\"",
-                          "a1: connections[2]: c1.nope -> a1.a: c1 (TestConst) has no output \"nope\" (outputs: out, dev)"}));
+    QCOMPARE(texts(check(doc)), (QStringList{"a1: connections[1]: ghost.out -> a1.a: no node \"ghost\"",
+                                             "a1: connections[2]: c1.nope -> a1.a: c1 (TestConst) has no "
+                                             "output \"nope\" (outputs: out, dev)"}));
     GraphDocument only;
     only.addNode(makeNode("a1", "TestAdd"));
     only.addConnection(wire("ghost.out", "a1.a"));  // wired, if badly: not also "not connected"

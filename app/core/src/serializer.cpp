@@ -481,8 +481,9 @@ bool load(const QByteArray& raw, GraphDocument& into, QString* error) {
     const QString reason = parseError.error == QJsonParseError::DeepNesting
                                ? QStringLiteral("JSON nested too deeply (the limit is 1024 levels)")
                                : parseError.errorString();
-    return setError(error, QStringLiteral("%1: %2%3").arg(at(bytes, parseError.offset), reason,
-                                                          near(bytes, parseError.offset)));
+    return setError(
+        error,
+        QStringLiteral("%1: %2%3").arg(at(bytes, parseError.offset), reason, near(bytes, parseError.offset)));
   }
   if (!json.isObject()) return setError(error, QStringLiteral("expected a JSON object at the top level"));
   return fromJson(json.object(), into, error);

@@ -374,8 +374,10 @@ ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& regi
     // dangling wire is one error, not two.
     if (toExists) {
       QStringList& into = wiresInto[{c.to.node, c.to.port}];
-      if (fromExists && (out || !fromType)) into.append(from());
-      else into.append(QString());
+      if (fromExists && (out || !fromType))
+        into.append(from());
+      else
+        into.append(QString());
     }
     if (ok && out && in && !portAccepts(in->type, out->type))
       report.error(owner, field(),

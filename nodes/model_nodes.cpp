@@ -1,0 +1,259 @@
+// Model, Forward, Parameters, SaveParams and LoadParams: a network on a device, applied to tensors, looked
+// at, and written to and read from a parameter file (the seed's "nets on the GPU" and its exercise on reading
+// and writing parameters there).
+#include <QFileInfo>
+#include <QJsonArray>
+
+#include "gpunodes/errors.h"
+#include "gpunodes/nn/serialize.h"
+#include "model_values.h"
+#include "node_util.h"
+
+namespace gn::nodes {
+namespace {
+
+using core::PortType;
+
+void reportModel(core::NodeContext& ctx, const nn::Model& m) {
+  ctx.reportField("signature", qs(m.signature()));
+  ctx.reportField("device_of_model", qs(m.device().str()));
+  ctx.reportField("parameter_count", static_cast<double>(m.parameter_count()));
+  ctx.reportField("parameters", describeJson(m));
+}
+
+class ModelNode final : public GpuNode {
+ public:
+  ModelNode()
+      : GpuNode({
+            .name = "Model",
+            .category = "Models",
+            .description =
+                "A network whose parameters are created on a device and stay there (the seed's "
+                "net.to(device=try_gpu())). linear is the seed's nn.Linear(in_channels, classes); mlp "
+                "Flatten-784-256-ReLU-classes; lenet d2l's LeNet (sigmoid, average pooling); resnet18 the "
+                "d2l ResNet-18 of the concise multi-GPU chapter (3x3 stem, no max-pool). The report lists "
+                "every parameter's name, shape and device.",
+            .inputs = {inPort("device", PortType::Devices,
+                              "Where the parameters live: a Device, or Devices (try_all_gpus), whose first "
+                              "device holds the model; Train replicates it onto the others. Open: the CPU.",
+                              false)},
+            .outputs = {outPort("model", PortType::Model, "The initialised model.")},
+            .params =
+                {
+                    enumParam("arch", {"linear", "mlp", "lenet", "resnet18"}, "mlp",
+                              "linear: one Linear(in_channels, classes) layer on [N, in_channels] tensors. "
+                              "mlp, lenet, resnet18: image classifiers."),
+                    intParam("classes", 10, 1, 100000, "Outputs: classes (linear: out_features)."),
+                    intParam("in_channels", 1, 1, 100000,
+                             "Image channels (1 for Fashion-MNIST); linear: in_features."),
+                    intParam("image_size", 28, 1, 4096,
+                             "The square image side the mlp and lenet are built for (28, or the Dataset's "
+                             "resize). resnet18 takes any size; linear ignores it."),
+                    enumParam(
+                        "init", {"normal", "xavier", "kaiming"}, "normal",
+                        "Weights: normal(0, init_std) as the seed's nn.init.normal_(std=0.01); xavier "
+                        "(Glorot uniform); kaiming (He normal). Biases start at 0, BatchNorm at 1 and 0."),
+                    floatParam("init_std", 0.01, "normal: the standard deviation (above 0)."),
+                    intParam("seed", 0, 0, 9007199254740991.0,
+                             "Random seed: the same seed gives the same parameters on every device."),
+                },
+        }) {}
+
+  QStringList validateParams(const QJsonObject& params) const override {
+    QStringList problems;
+    const double std = params["init_std"].toDouble(-1);
+    if (params["init"].toString() == "normal" && !(std > 0 && std < 1e6))
+      problems.append("init_std: must be above 0");
+    if (params["arch"].toString() == "lenet" && params["image_size"].toInteger() < 12)
+      problems.append("image_size: lenet needs images of at least 12x12");
+    return problems;
+  }
+
+  void execute(core::NodeContext& ctx) const override {
+    NodesSession& session = sessionOf(ctx);
+    std::vector<Device> devices = deviceInput(ctx, "device");
+    const Device device = devices.empty() ? Device::cpu() : devices.front();
+    if (!session.runtime().has(device)) throw Error("no such device: " + device.str());
+    std::shared_ptr<nn::Model> model =
+        nn::Model::create(session.runtime(), modelOptionsOf(ctx.params()), device);
+    reportModel(ctx, *model);
+    ctx.reportField("layers", qs(model->summary()));
+    ctx.setOutput("model", std::make_shared<ModelValue>(session.runtimePtr(), std::move(model)));
+  }
+};
+
+class ForwardNode final : public GpuNode {
+ public:
+  ForwardNode()
+      : GpuNode({
+            .name = "Forward",
+            .category = "Models",
+            .description = "The model applied to each tensor of the batch, in evaluation mode (the seed's "
+                           "net(X)). The tensors must be on the model's device: nothing is copied, and a "
+                           "tensor elsewhere fails with the framework's same-device error.",
+            .inputs = {inPort("model", PortType::Model, "The model."),
+                       inPort("in", PortType::Tensor,
+                              "Inputs: [N, in_channels] for linear, [N, C, H, W] images otherwise.")},
+            .outputs = {outPort("out", PortType::Tensor, "The outputs [N, classes], on the model's device.")},
+            .params = {},
+        }) {}
+
+  void execute(core::NodeContext& ctx) const override {
+    auto model = modelInput(ctx, "model");
+    auto in = tensorInput(ctx, "in");
+    std::vector<Tensor> out;
+    for (const Tensor& x : in->tensors()) {
+      if (ctx.cancelled()) throw CancelledError();
+      out.push_back(nn::forward(model->model(), x));
+    }
+    setTensors(ctx, "out", std::move(out));
+  }
+};
+
+class ParametersNode final : public GpuNode {
+ public:
+  ParametersNode()
+      : GpuNode({
+            .name = "Parameters",
+            .category = "Models",
+            .description =
+                "The model's parameters and buffers as a batch of tensors, in state-dict order (the "
+                "seed's net[0].weight.data). Wire it into Inspect to see where each lives and its "
+                "values; the report names them.",
+            .inputs = {inPort("model", PortType::Model, "The model.")},
+            .outputs = {outPort("out", PortType::Tensor,
+                                "One tensor per parameter or buffer, on the model's device (the model's own "
+                                "storage, not a copy).")},
+            .params = {},
+        }) {}
+
+  void execute(core::NodeContext& ctx) const override {
+    auto model = modelInput(ctx, "model");
+    std::vector<Tensor> out;
+    QJsonArray names;
+    for (const nn::Parameter* p : std::as_const(model->model()).state()) {
+      out.push_back(p->value);
+      names.append(qs(p->name));
+    }
+    ctx.reportField("names", names);
+    ctx.reportField("parameters", describeJson(model->model()));
+    setTensors(ctx, "out", std::move(out));
+  }
+};
+
+class SaveParamsNode final : public GpuNode {
+ public:
+  SaveParamsNode()
+      : GpuNode({
+            .name = "SaveParams",
+            .category = "Models",
+            .description =
+                "Writes the model's parameters and buffers to a file, whatever device they are on (a "
+                "blocking "
+                "read). The format is gpunodes' documented binary one (runtime/include/gpunodes/nn/"
+                "serialize.h: magic GNPARAMS, the model signature, names and shapes, float32 values, "
+                "CRC-32); it does not depend on the device, so a file saved from a GPU loads onto the CPU.",
+            .inputs = {inPort("model", PortType::Model, "The model to save.")},
+            .outputs = {outPort("model", PortType::Model,
+                                "The same model, once the file is written: wire it into LoadParams' like "
+                                "input to load the file after it exists.")},
+            .params = {stringParam("path", "model.params",
+                                   "The file to write (replaced atomically); relative paths are relative to "
+                                   "the working directory.")},
+        }) {}
+
+  QStringList validateParams(const QJsonObject& params) const override {
+    if (params["path"].toString().trimmed().isEmpty()) return {"path: give the file to write"};
+    return {};
+  }
+
+  void execute(core::NodeContext& ctx) const override {
+    auto model = modelInput(ctx, "model");
+    const QString path = ctx.params()["path"].toString();
+    try {
+      nn::save_params(model->model(), path.toStdString());
+    } catch (const CancelledError&) {
+      throw;
+    } catch (const std::exception& e) {
+      // A value that failed upstream surfaces here, in the blocking read.
+      throw Error(std::string("could not save: ") + e.what());
+    }
+    ctx.reportField("path", QFileInfo(path).absoluteFilePath());
+    ctx.reportField("bytes", static_cast<double>(QFileInfo(path).size()));
+    reportModel(ctx, model->model());
+    ctx.setOutput("model", model);
+  }
+};
+
+class LoadParamsNode final : public GpuNode {
+ public:
+  LoadParamsNode()
+      : GpuNode({
+            .name = "LoadParams",
+            .category = "Models",
+            .description =
+                "Builds the model a parameter file describes on a device and loads the file's values into "
+                "it: parameters saved from one device load onto any other. With `like` wired, the file must "
+                "hold a model of that architecture and size, or the node fails saying what the file holds. "
+                "A truncated or corrupt file fails too, before any parameter is touched.",
+            .inputs = {inPort("device", PortType::Device, "Where the loaded parameters live."),
+                       inPort("like", PortType::Model,
+                              "Optional: the architecture the file must hold (arch, classes, channels, image "
+                              "size). Wiring SaveParams' output here also loads only after it saved.",
+                              false)},
+            .outputs = {outPort("model", PortType::Model, "The model with the file's parameters.")},
+            .params = {stringParam("path", "model.params", "The parameter file to read.")},
+        }) {}
+
+  QStringList validateParams(const QJsonObject& params) const override {
+    if (params["path"].toString().trimmed().isEmpty()) return {"path: give the file to read"};
+    return {};
+  }
+
+  void execute(core::NodeContext& ctx) const override {
+    NodesSession& session = sessionOf(ctx);
+    const std::vector<Device> devices = deviceInput(ctx, "device");
+    if (devices.size() != 1) throw Error("input device must carry exactly one device");
+    const Device device = devices.front();
+    if (!session.runtime().has(device)) throw Error("no such device: " + device.str());
+    const std::string path = ctx.params()["path"].toString().toStdString();
+    // The whole file is checked (magic, version, sizes, CRC) before a model is built.
+    const nn::ParamsFileInfo info = nn::read_params_info(path);
+    nn::ModelOptions options;
+    if (ctx.input("like")) {
+      auto like = modelInput(ctx, "like");
+      const std::string want = like->model().signature();
+      if (info.signature != want)
+        throw Error("parameter file " + path + " holds a '" + info.signature + "' model, not the '" + want +
+                    "' that input like expects: wrong architecture");
+      options = like->model().options();
+    } else {
+      options = nn::options_from_signature(info.signature);
+    }
+    std::shared_ptr<nn::Model> model = nn::Model::create(session.runtime(), options, device);
+    nn::load_params(*model, path);
+    ctx.reportField("path", QFileInfo(QString::fromStdString(path)).absoluteFilePath());
+    reportModel(ctx, *model);
+    ctx.setOutput("model", std::make_shared<ModelValue>(session.runtimePtr(), std::move(model)));
+  }
+};
+
+}  // namespace
+
+core::NodeTypePtr makeModelNode() {
+  return std::make_shared<ModelNode>();
+}
+core::NodeTypePtr makeForwardNode() {
+  return std::make_shared<ForwardNode>();
+}
+core::NodeTypePtr makeParametersNode() {
+  return std::make_shared<ParametersNode>();
+}
+core::NodeTypePtr makeSaveParamsNode() {
+  return std::make_shared<SaveParamsNode>();
+}
+core::NodeTypePtr makeLoadParamsNode() {
+  return std::make_shared<LoadParamsNode>();
+}
+
+}  // namespace gn::nodes

@@ -1,0 +1,138 @@
+#include "model_values.h"
+
+#include <QStringList>
+#include <algorithm>
+
+#include "gpunodes/errors.h"
+#include "node_util.h"
+
+namespace gn::nodes {
+
+QString ModelValue::summary() const {
+  return QString("%1 on %2 (%3 parameters)")
+      .arg(qs(model_->signature()), qs(model_->device().str()))
+      .arg(model_->parameter_count());
+}
+
+int64_t DatasetValue::side() const {
+  if (spec_.resize > 0) return spec_.resize;
+  const nn::DatasetPtr& d = spec_.train ? spec_.train : spec_.test;
+  return d ? d->height : 0;
+}
+
+int64_t DatasetValue::channels() const {
+  const nn::DatasetPtr& d = spec_.train ? spec_.train : spec_.test;
+  return d ? d->channels : 0;
+}
+
+QString DatasetValue::summary() const {
+  QStringList parts;
+  if (spec_.train) parts.append(QString("train %1").arg(spec_.train->count));
+  if (spec_.test) parts.append(QString("test %1").arg(spec_.test->count));
+  return QString("%1: %2, %3x%4x%4, batch %5")
+      .arg(spec_.name, parts.join(", "))
+      .arg(channels())
+      .arg(side())
+      .arg(spec_.batchSize);
+}
+
+std::shared_ptr<const ModelValue> modelInput(const core::NodeContext& ctx, const QString& port) {
+  core::PortValuePtr v = ctx.input(port);
+  if (!v) throw Error(("input " + port + " is not connected").toStdString());
+  auto model = std::dynamic_pointer_cast<const ModelValue>(v);
+  if (!model) throw Error(("input " + port + " carries " + v->summary() + ", not a model").toStdString());
+  return model;
+}
+
+std::shared_ptr<const DatasetValue> datasetInput(const core::NodeContext& ctx, const QString& port) {
+  core::PortValuePtr v = ctx.input(port);
+  if (!v) throw Error(("input " + port + " is not connected").toStdString());
+  auto data = std::dynamic_pointer_cast<const DatasetValue>(v);
+  if (!data) throw Error(("input " + port + " carries " + v->summary() + ", not a dataset").toStdString());
+  return data;
+}
+
+nn::ModelOptions modelOptionsOf(const QJsonObject& p) {
+  nn::ModelOptions o;
+  o.arch = nn::parse_arch(p["arch"].toString().toStdString());
+  o.classes = p["classes"].toInteger(10);
+  o.in_channels = p["in_channels"].toInteger(1);
+  o.image_size = p["image_size"].toInteger(28);
+  o.init = nn::parse_init(p["init"].toString().toStdString());
+  o.init_std = static_cast<float>(p["init_std"].toDouble(0.01));
+  o.seed = static_cast<uint64_t>(p["seed"].toInteger());
+  return o;
+}
+
+QString imageMismatch(const nn::ModelOptions& m, int64_t channels, int64_t side) {
+  const QString arch = nn::arch_name(m.arch);
+  if (m.arch == nn::Arch::Linear)
+    return QString("a linear model takes [N, %1] tensors, not %2x%3x%3 images: use mlp, lenet or resnet18")
+        .arg(m.in_channels)
+        .arg(channels)
+        .arg(side);
+  if (m.in_channels != channels)
+    return QString(
+               "the %1 model takes %2-channel images, but the dataset's have %3 channel%4 (set the "
+               "Model's in_channels to %3)")
+        .arg(arch)
+        .arg(m.in_channels)
+        .arg(channels)
+        .arg(channels == 1 ? "" : "s");
+  if (m.arch != nn::Arch::ResNet18 && m.image_size != side)
+    return QString(
+               "the %1 model is built for %2x%2 images, but the dataset gives %3x%3 (set the Model's "
+               "image_size to %3, or the Dataset's resize to %2)")
+        .arg(arch)
+        .arg(m.image_size)
+        .arg(side);
+  return {};
+}
+
+QString inputMismatch(const nn::ModelOptions& m, const Shape& shape) {
+  const QString arch = nn::arch_name(m.arch);
+  const QString got = qs(shape_str(shape));
+  if (m.arch == nn::Arch::Linear) {
+    if (shape.size() == 2 && shape[0] >= 1 && shape[1] == m.in_channels) return {};
+    return QString("the linear model takes [N, %1] tensors, got %2").arg(m.in_channels).arg(got);
+  }
+  const bool anySize = m.arch == nn::Arch::ResNet18;
+  if (shape.size() == 4 && shape[0] >= 1 && shape[1] == m.in_channels &&
+      (anySize || (shape[2] == m.image_size && shape[3] == m.image_size)))
+    return {};
+  if (anySize)
+    return QString("the %1 model takes [N, %2, H, W] images, got %3").arg(arch).arg(m.in_channels).arg(got);
+  return QString("the %1 model takes [N, %2, %3, %3] images, got %4")
+      .arg(arch)
+      .arg(m.in_channels)
+      .arg(m.image_size)
+      .arg(got);
+}
+
+QJsonArray describeJson(const nn::Model& model) {
+  QJsonArray out;
+  for (const nn::ParameterInfo& p : model.describe()) {
+    QJsonArray shape;
+    for (int64_t d : p.shape) shape.append(static_cast<double>(d));
+    out.append(QJsonObject{
+        {"name", qs(p.name)}, {"shape", shape}, {"device", qs(p.device.str())}, {"trainable", p.trainable}});
+  }
+  return out;
+}
+
+nn::DatasetPtr sliceDataset(const nn::DatasetPtr& data, int64_t begin, int64_t end, const std::string& name) {
+  begin = std::clamp<int64_t>(begin, 0, data->count);
+  end = std::clamp<int64_t>(end, begin, data->count);
+  auto d = std::make_shared<nn::Dataset>();
+  d->name = name;
+  d->count = end - begin;
+  d->channels = data->channels, d->height = data->height, d->width = data->width;
+  d->classes = data->classes;
+  d->class_names = data->class_names;
+  const int64_t numel = data->sample_numel();
+  d->images.assign(data->images.begin() + begin * numel, data->images.begin() + end * numel);
+  d->labels.assign(data->labels.begin() + begin, data->labels.begin() + end);
+  return d;
+}
+
+}  // namespace gn::nodes
