@@ -179,7 +179,8 @@ class SaveParamsNode final : public GpuNode {
       throw Error(std::string("could not save: ") + e.what());
     }
     ctx.reportField("path", QFileInfo(path).absoluteFilePath());
-    ctx.reportField("bytes", static_cast<double>(QFileInfo(path).size()));
+    // Not "bytes": the host's report fills that with the node's traced bytes.
+    ctx.reportField("file_bytes", static_cast<double>(QFileInfo(path).size()));
     reportModel(ctx, model->model());
     ctx.setOutput("model", model);
   }

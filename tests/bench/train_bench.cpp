@@ -400,6 +400,8 @@ int main(int argc, char** argv) {
       gpu = true;
     else if (!std::strcmp(argv[i], "--no-cpu"))
       cpu = false;
+    else if (!std::strcmp(argv[i], "--data") && i + 1 < argc)
+      data_dir = argv[++i];
     else {
       std::fprintf(stderr, "usage: train_bench [--threads N] [--steps N] [--gpu] [--no-cpu] [--data DIR]\n");
       return 2;

@@ -4,10 +4,20 @@
 #
 # Prepare on the dev machine, once (.gpu-carry/ is git-ignored):
 #   mkdir -p .gpu-carry/debs && (cd .gpu-carry/debs && apt-get download \
-#       libopenblas0-openmp libopenblas-pthread-dev libgfortran5 libquadmath0 libgomp1)
+#       libopenblas0-openmp libopenblas-pthread-dev libgfortran5 libquadmath0 libgomp1 \
+#       libdnnl2 libdnnl-dev ocl-icd-libopencl1 zlib1g zlib1g-dev)
+#   # optional (31 MB of the 64 MiB carry): the real Fashion-MNIST for the training epoch's test accuracy
+#   (cd .gpu-carry/debs && apt-get download dataset-fashion-mnist)
 #   # fallback headers, in case the GPU machine's wheels ship cuDNN/NCCL without them (~0.4 MB):
 #   mkdir -p .gpu-carry/include && cp /usr/local/cuda/include/{cudnn*.h,nccl.h} .gpu-carry/include/
-# (libopenblas-pthread-dev is only for cblas.h, which is the same for the OpenMP build.)
+# (libopenblas-pthread-dev is only for cblas.h, which is the same for the OpenMP build.) gn_runtime's training
+# layer needs oneDNN (libdnnl2: libdnnl.so.2, which links libOpenCL.so.1 from ocl-icd-libopencl1, and libgomp1;
+# libdnnl-dev: its headers) and zlib (zlib1g, zlib1g-dev: zlib.h) for the gzipped IDX files; apt-cache depends
+# libdnnl2 lists libc6, libgcc-s1, libgomp1, libstdc++6 and ocl-icd-libopencl1.
+#
+# The layer suites (GN_TEST_DEVICE=cuda:0 test_nn) are Qt Test programs and cannot run here; training is
+# checked with train_bench --gpu --no-cpu instead: one ResNet-18 epoch on cuda:0, seconds and test accuracy,
+# beside PyTorch's on the same GPU in the same call.
 #
 # Run through the device tool, carrying .gpu-carry:
 #   bash tests/gpu/device-check.sh                    configure + build into build-gpu here, then check
@@ -43,10 +53,18 @@ mkdir -p "$GNROOT/extra"
 for f in "$ROOT"/.gpu-carry/debs/*.deb; do [ -e "$f" ] && dpkg -x "$f" "$GNROOT"; done
 # OpenBLAS (OpenMP build) always from the carry; its Fortran/OpenMP dependencies only where the system lacks
 # them, since the system's own (newer) libgomp is the one gcc links here.
-for lib in libgfortran.so.5 libquadmath.so.0 libgomp.so.1; do
+for lib in libgfortran.so.5 libquadmath.so.0 libgomp.so.1 libOpenCL.so.1; do
   if ! ldconfig -p | grep -q " $lib " && [ -e "$LIBDIR/$lib" ]; then ln -sf "$LIBDIR/$lib" "$GNROOT/extra/$lib"; fi
 done
+# oneDNN always from the carry (the machine has none); zlib only where the system lacks it. Linked one by one
+# into extra/, so that the carried libgomp in $LIBDIR never shadows the system's.
+[ -e "$LIBDIR/libdnnl.so.2" ] && ln -sf "$LIBDIR/libdnnl.so.2" "$GNROOT/extra/libdnnl.so.2"
+CARRIED_LIBZ=$(ls "$GNROOT"/lib/x86_64-linux-gnu/libz.so.1.* "$LIBDIR"/libz.so.1.* 2>/dev/null | head -1)
+if ! ldconfig -p | grep -q " libz.so.1 " && [ -n "$CARRIED_LIBZ" ]; then ln -sf "$CARRIED_LIBZ" "$GNROOT/extra/libz.so.1"; fi
 LDPATH="$LIBDIR/openblas-openmp:$GNROOT/extra"
+# Fashion-MNIST, when its package was carried; without it train_bench times random images.
+FASHION_MNIST=$GNROOT/usr/share/datasets/fashion-mnist
+[ -e "$FASHION_MNIST/train-images-idx3-ubyte.gz" ] || FASHION_MNIST=/usr/share/datasets/fashion-mnist
 
 # --- CUDA libraries: the toolkit first, then PyTorch's nvidia wheels ------------------------------------------
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -94,17 +112,24 @@ if [ -n "$PREBUILT" ]; then
 else
   BUILD=${GN_BUILD_DIR:-$ROOT/build-gpu}
   JOBS=${GN_JOBS:+-j$GN_JOBS}  # GN_JOBS=1 on a small dev machine; ninja's default on the GPU machine
+  # oneDNN's and (where the system has none) zlib's headers from the carry, searched after the system's own:
+  # host C++ only (nvcc knows no -idirafter, and no .cu file includes them).
+  HOST_INC="$EXTRA_INC -idirafter $GNROOT/usr/include"
   CMAKE_ARGS=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUNODES_QT=OFF -DGPUNODES_GUI=OFF
               -DGPUNODES_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
               "-DOPENBLAS_OMP_LIB=$LIBDIR/openblas-openmp/libopenblas.so.0"
               "-DCBLAS_INCLUDE_DIR=$GNROOT/usr/include/x86_64-linux-gnu/openblas-pthread"
-              "-DCMAKE_CXX_FLAGS=$EXTRA_INC" "-DCMAKE_CUDA_FLAGS=$EXTRA_INC")
+              "-DDNNL_LIB=$LIBDIR/libdnnl.so.2"
+              "-DCMAKE_CXX_FLAGS=$HOST_INC" "-DCMAKE_CUDA_FLAGS=$EXTRA_INC")
   [ -n "$CUDNN_LIB" ] && CMAKE_ARGS+=("-DCUDNN_LIB=$CUDNN_LIB")
   [ -n "$NCCL_LIB" ] && CMAKE_ARGS+=("-DNCCL_LIB=$NCCL_LIB")
+  if ! echo '#include <zlib.h>' | c++ -E -x c++ - >/dev/null 2>&1 || ! ldconfig -p | grep -q " libz.so "; then
+    [ -n "$CARRIED_LIBZ" ] && CMAKE_ARGS+=("-DZLIB_INCLUDE_DIR=$GNROOT/usr/include" "-DZLIB_LIBRARY=$CARRIED_LIBZ")
+  fi
   if cmake "${CMAKE_ARGS[@]}" >"$OUT/configure.log" 2>&1 && ninja -C "$BUILD" $JOBS gn_runtime >"$OUT/build.log" 2>&1; then
     # The programs: CMake targets when the tree defines them, else compiled directly against the runtime.
     TARGETS=$(ninja -C "$BUILD" -t targets all 2>/dev/null | cut -d: -f1)
-    for t in cuda_kernels_check cuda_bench; do
+    for t in cuda_kernels_check cuda_bench train_bench; do
       if echo "$TARGETS" | grep -qx "$t"; then ninja -C "$BUILD" $JOBS "$t" >>"$OUT/build.log" 2>&1; fi
     done
     mkdir -p "$BUILD/direct"
@@ -120,6 +145,11 @@ else
       c++ "${DIRECT_FLAGS[@]}" "$ROOT/tests/bench/cuda_bench.cpp" -o "$BUILD/direct/cuda_bench" -lgn_runtime \
         -L"$(dirname "${CUBLAS_LIB:-$CUDA_HOME/lib64/x}")" -L"$CUDA_HOME/lib64" -lcublas -lcudart >>"$OUT/build.log" 2>&1
     fi
+    if ! find "$BUILD" -name train_bench -type f -perm -u+x | grep -q .; then
+      c++ "${DIRECT_FLAGS[@]}" -fopenmp -I"$GNROOT/usr/include/x86_64-linux-gnu/openblas-pthread" \
+        "$ROOT/tests/bench/train_bench.cpp" -o "$BUILD/direct/train_bench" -lgn_runtime \
+        "$LIBDIR/openblas-openmp/libopenblas.so.0" >>"$OUT/build.log" 2>&1
+    fi
     note "build" "ok in $(( $(date +%s) - T0 )) s ($(nproc) cores)"
   else
     note "build" "FAILED (see configure.log / build.log)"
@@ -130,14 +160,14 @@ RUNTIME_SO=$(find "$BUILD" -name 'libgn_runtime.so*' -type f 2>/dev/null | head 
 if [ -n "$RUNTIME_SO" ]; then LD_LIBRARY_PATH="$(dirname "$RUNTIME_SO"):$LD_LIBRARY_PATH"; export LD_LIBRARY_PATH; fi
 
 # --- run ---------------------------------------------------------------------------------------------------------
-run_program() {  # NAME LOG TIMEOUT
+run_program() {  # NAME LOG TIMEOUT [ARGS...]
   local bin
   bin=$(find "$BUILD" -name "$1" -type f -perm -u+x 2>/dev/null | head -1)
   if [ -z "$bin" ]; then note "$1" "NOT BUILT"; return; fi
   ldd "$bin" | grep "not found" | tee "$OUT/ldd-$1.txt"
   local t
   t=$(date +%s)
-  timeout "$3" "$bin" >"$OUT/$2" 2>&1
+  timeout "$3" "$bin" "${@:4}" >"$OUT/$2" 2>&1
   local rc=$?
   local secs=$(( $(date +%s) - t ))
   case $rc in
@@ -151,6 +181,9 @@ run_program cuda_kernels_check kernels.log 240
 cat "$OUT/kernels.log"
 run_program cuda_bench bench.log 240
 cat "$OUT/bench.log"
+# One ResNet-18 epoch (batch 256, lr 0.1, 96x96) on cuda:0 and the same in PyTorch on the same GPU.
+run_program train_bench train.log 300 --gpu --no-cpu --data "$FASHION_MNIST"
+cat "$OUT/train.log"
 
 # --- summary (last, so that the tool's output tail shows it) --------------------------------------------------------
 echo
@@ -158,3 +191,4 @@ echo "================ device-check summary ($(( $(date +%s) - T0 )) s) ========
 for line in "${SUMMARY[@]}"; do echo "$line"; done
 grep -E "^(FAIL|ok) |PASSED|FAILED" "$OUT/kernels.log" 2>/dev/null | grep -vE "^ok " | sed 's/^/  kernels: /'
 sed -n '/^SUMMARY/,$p' "$OUT/bench.log" 2>/dev/null | sed 's/^/  bench: /'
+grep -E "^\| (epoch seconds|test accuracy|images/s)|random images" "$OUT/train.log" 2>/dev/null | sed 's/^/  train: /'

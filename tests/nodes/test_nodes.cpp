@@ -51,8 +51,9 @@ class NodesTest : public QObject {
   }
 
   void catalogue_has_every_node_with_docs() {
-    const QStringList names{"Device",      "AllDevices", "Tensor",      "Copy",   "MatMul",
-                            "Elementwise", "Norm",       "Synchronize", "Inspect"};
+    const QStringList names{"Device",     "AllDevices",  "Tensor",  "Copy",  "MatMul",  "Elementwise",
+                            "Norm",       "Synchronize", "Inspect", "Model", "Forward", "Parameters",
+                            "SaveParams", "LoadParams",  "Dataset", "Train", "Evaluate"};
     QCOMPARE(plugin()->nodeTypes().size(), names.size());
     for (const QString& name : names) {
       NodeTypePtr t = registry().find(name);
@@ -70,6 +71,13 @@ class NodesTest : public QObject {
     QCOMPARE(registry().find("MatMul")->spec().param("keep")->enumValues, (QStringList{"all", "last"}));
     QCOMPARE(registry().find("Copy")->spec().param("mode")->enumValues, (QStringList{"copy", "to"}));
     QCOMPARE(registry().find("MatMul")->spec().param("precision")->enumValues, (QStringList{"fp32", "tf32"}));
+    QCOMPARE(registry().find("Model")->spec().param("arch")->enumValues,
+             (QStringList{"linear", "mlp", "lenet", "resnet18"}));
+    QCOMPARE(registry().find("Model")->spec().param("init")->enumValues,
+             (QStringList{"normal", "xavier", "kaiming"}));
+    QCOMPARE(registry().find("Model")->spec().param("init_std")->defaultValue.toDouble(), 0.01);
+    QVERIFY(registry().find("Train")->spec().description.contains(
+        "BatchNorm keeps per-replica batch statistics"));
   }
 
   void device_mismatch_is_known_before_the_run_with_the_runtime_text() {
