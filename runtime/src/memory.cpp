@@ -1,6 +1,10 @@
 #include "gpunodes/memory.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <limits>
 
 #include "gpunodes/errors.h"
 #include "gpunodes/profiler.h"
@@ -62,14 +66,31 @@ void Allocator::throw_oom(int64_t requested, int64_t free, int64_t cached) {
   throw OutOfMemoryError(device_, requested, free, cached, limit_.load());
 }
 
+namespace {
+// The host's physical memory. A request beyond it cannot be met: with overcommit, malloc may still say yes and
+// the process is killed when the pages are touched; under ASan it aborts. Refusing it is the clear error.
+int64_t physical_memory() {
+  static const int64_t bytes = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : std::numeric_limits<int64_t>::max();
+  }();
+  return bytes;
+}
+}  // namespace
+
 void* CpuAllocator::allocate(size_t bytes, StreamKind) {
   if (bytes == 0) bytes = 1;
+  // Sizes past int64 come from an overflowed computation; they would wrap in the rounding below.
+  if (bytes > static_cast<size_t>(std::numeric_limits<int64_t>::max() - 64))
+    throw_oom(std::numeric_limits<int64_t>::max(), 0, 0);
   size_t rounded = (bytes + 63) / 64 * 64;
   int64_t limit = limit_.load();
+  int64_t in_use = stats().allocated_bytes.current;
   if (limit > 0) {
-    int64_t in_use = stats().allocated_bytes.current;
     if (in_use + static_cast<int64_t>(rounded) > limit) throw_oom(static_cast<int64_t>(bytes), limit - in_use, 0);
   }
+  if (static_cast<int64_t>(rounded) > physical_memory())
+    throw_oom(static_cast<int64_t>(bytes), std::max<int64_t>(physical_memory() - in_use, 0), 0);
   void* p = std::aligned_alloc(64, rounded);
   if (!p) throw_oom(static_cast<int64_t>(bytes), 0, 0);
   {

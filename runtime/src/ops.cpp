@@ -5,8 +5,6 @@
 namespace gn {
 namespace {
 
-constexpr int64_t kFloat = sizeof(float);
-
 // Enqueues `body` on the compute stream of `out`'s device: it reads `inputs` and writes `out`.
 void push_compute(const Tensor& out, std::vector<VarPtr> reads, OpInfo info, OpFn body) {
   out.runtime().engine().push(std::move(body), reads, {out.var()}, out.device(), StreamKind::Compute,

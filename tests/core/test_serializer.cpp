@@ -160,8 +160,11 @@ class SerializerTest : public QObject {
     QCOMPARE(loadError(""), QStringLiteral("the file is empty"));
     QCOMPARE(loadError("  \n"), QStringLiteral("the file is empty"));
     QCOMPARE(loadError("[1, 2]"), QStringLiteral("expected a JSON object at the top level"));
+    // The text quoted is cut at the line end.
     QCOMPARE(loadError("x\n{}\n"),
-             QStringLiteral("line 1, column 2: illegal value (near x)"));  // cut at the line end
+             QStringLiteral("line 1, column 1: expected a JSON object at the top level (near x)"));
+    QCOMPARE(loadError("\n  null"), QStringLiteral("line 2, column 3: expected a JSON object at the top level (near null)"));
+    QCOMPARE(loadError("42"), QStringLiteral("line 1, column 1: expected a JSON object at the top level (near 42)"));
     QVERIFY(loadError("{\"a\": NaN}").startsWith("line 1, column"));
     // A one-line file still says which field: the text before the error comes with the message.
     const QString inf = loadError(

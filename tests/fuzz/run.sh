@@ -1,20 +1,34 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer harness with clang (ASan + UBSan) and fuzzes graph loading for SECONDS (default 60),
-# seeded with tests/data/hostile and the example graphs. New crashers land in tests/fuzz/crashers/.
+# Builds the libFuzzer harness with clang (ASan + UBSan, coverage from every library it reaches) and fuzzes
+# graph files for SECONDS (default 60), seeded with tests/data/hostile and the example graphs.
+#   tests/fuzz/run.sh [SECONDS]
+# The growing corpus stays in build-fuzz/corpus between runs. A crasher is written to tests/fuzz/crashers/;
+# once fixed, it joins tests/data/hostile (with a MANIFEST.tsv line) as a regression test.
+# GPUNODES_FUZZ_JOBS sets the build's parallelism (default: the number of cores).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-60}
 source scripts/deps.sh
-gpunodes_install_deps clang libclang-rt-14-dev
+gpunodes_install_deps clang libclang-rt-14-dev libomp-dev
 dir=build-fuzz
 if [ ! -f $dir/build.ninja ]; then
   CC=clang CXX=clang++ cmake -S . -B $dir -G Ninja -DGPUNODES_CUDA=OFF -DGPUNODES_GUI=OFF -DGPUNODES_FUZZ=ON \
     -DGPUNODES_SANITIZE=address -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
-cmake --build $dir --target fuzz_graph gpunodes_nodes
+cmake --build $dir --target fuzz_graph gpunodes_nodes --parallel "${GPUNODES_FUZZ_JOBS:-$(nproc)}"
 mkdir -p $dir/corpus tests/fuzz/crashers
 cp -n tests/data/hostile/*.json resources/examples/*.json $dir/corpus/ 2>/dev/null || true
 export QT_QPA_PLATFORM=offscreen
-# Leaks in Qt's plugin loader at exit are not ours; the harness keeps its registry for the whole run.
-ASAN_OPTIONS=detect_leaks=0 $dir/bin/fuzz_graph $dir/corpus -max_total_time="$seconds" -max_len=1048576 \
-  -timeout=10 -rss_limit_mb=4096 -artifact_prefix=tests/fuzz/crashers/ -print_final_stats=1
+# UBSan findings stop the run like ASan's, so libFuzzer keeps the input. Leaks are checked per input.
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export ASAN_OPTIONS=detect_leaks=1
+export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0
+before=$(find tests/fuzz/crashers -type f | wc -l)
+status=0
+# -timeout: a graph that takes 10 s to load, check and dry-run is a hang (the budget is 2 s per file).
+# -malloc_limit_mb: one allocation over 2 GiB is a size that was not checked before it was asked for.
+$dir/bin/fuzz_graph $dir/corpus -max_total_time="$seconds" -max_len=1100000 -timeout=10 -rss_limit_mb=4096 \
+  -malloc_limit_mb=2048 -artifact_prefix=tests/fuzz/crashers/ -print_final_stats=1 || status=$?
+after=$(find tests/fuzz/crashers -type f | wc -l)
+echo "fuzz: $seconds s, corpus $(find $dir/corpus -type f | wc -l) files, new crashers: $((after - before))" >&2
+exit $status

@@ -208,8 +208,8 @@ class ExamplesTest : public QObject {
     for (const QString schedule : {"parallel", "sequential"}) {
       GraphDocument doc;
       QVERIFY(loadExample("two-device-parallel", doc));
-      setShape(doc, "x1", 384);
-      setShape(doc, "x2", 384);
+      setShape(doc, "x1", 512);  // tens of ms per branch: long enough to overlap on a loaded machine
+      setShape(doc, "x2", 512);
       doc.setParam("mm1", "repeat", 10);
       doc.setParam("mm2", "repeat", 10);
       RunSettings settings = settingsOf(doc);

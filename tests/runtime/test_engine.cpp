@@ -31,9 +31,15 @@ bool overlap(const Span& a, const Span& b) { return a.start_us < b.end_us && b.s
 // Two independent matmul chains, one per CPU device; returns the spans tagged "chain0" and "chain1".
 std::pair<std::vector<Span>, std::vector<Span>> run_two_chains(Schedule schedule) {
   Runtime rt({.cpu_devices = 2, .schedule = schedule});
+  // Both chains wait on one gate, so they become ready at the same moment, and each is long enough
+  // (tens of ms) that a loaded machine still runs them side by side rather than one after the other.
+  VarPtr gate = new_var();
+  rt.engine().push([](OpContext&) { std::this_thread::sleep_for(20ms); }, {}, {gate}, Device::cpu(0),
+                   StreamKind::Copy, {"gate"});
   for (int d = 0; d < 2; ++d) {
     ScopedOpTag tag("chain" + std::to_string(d));
-    Tensor x = uniform(rt, {256, 256}, Device::cpu(d), d);
+    Tensor x = uniform(rt, {512, 512}, Device::cpu(d), d);
+    rt.engine().push([](OpContext&) {}, {gate}, {x.var()}, Device::cpu(d), StreamKind::Compute, {"wait gate"});
     for (int i = 0; i < 6; ++i) x = scale_shift(matmul(x, x), 1e-3f, 0);
   }
   rt.engine().wait_all();

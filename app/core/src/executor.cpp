@@ -222,8 +222,14 @@ struct Executor::Run {
 
   void execute(const std::atomic<bool>& cancelled);
   void executeNode(int i);
-  void pump();
+  void pump();  // only the pump thread calls it while the run goes, and the executor thread after
+  void startPump();
+  void stopPumpThread();
   void waitFor(const std::function<bool()>& ready, const std::atomic<bool>& cancelled);
+  std::thread pumpThread;
+  std::mutex pumpMutex;
+  std::condition_variable pumpCv;
+  bool stopPump = false;
   RunSession* sessionOf(int i) {
     auto it = sessions.find(plugins[i]);
     return it == sessions.end() ? nullptr : it->second.get();
@@ -275,13 +281,36 @@ void Executor::Run::pump() {
 }
 
 void Executor::Run::waitFor(const std::function<bool()>& ready, const std::atomic<bool>& cancelled) {
-  // Pumps spans every 50 ms while it waits, so the UI sees work as it happens.
-  while (true) {
-    pump();
-    std::unique_lock lock(shared->mutex);
-    if (shared->cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return ready() || cancelled.load(); }))
-      return;
+  std::unique_lock lock(shared->mutex);
+  while (!shared->cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return ready() || cancelled.load(); })) {
   }
+}
+
+void Executor::Run::startPump() {
+  // Its own thread, so spans and memory reach the UI every 50 ms even while a node blocks the executor
+  // thread (Train, Inspect, a blocking copy).
+  pumpThread = std::thread([this] {
+    std::unique_lock lock(pumpMutex);
+    while (!stopPump) {
+      lock.unlock();
+      try {
+        pump();
+      } catch (...) {
+        // A session that fails to hand over spans loses trace data, not results; the run goes on.
+      }
+      lock.lock();
+      pumpCv.wait_for(lock, std::chrono::milliseconds(50), [&] { return stopPump; });
+    }
+  });
+}
+
+void Executor::Run::stopPumpThread() {
+  {
+    std::lock_guard lock(pumpMutex);
+    stopPump = true;
+  }
+  pumpCv.notify_all();
+  if (pumpThread.joinable()) pumpThread.join();
 }
 
 void Executor::Run::executeNode(int i) {
@@ -384,13 +413,13 @@ void Executor::Run::execute(const std::atomic<bool>& cancelled) {
       for (const QJsonValue& d : devices) shared->devices.append(d);
     }
 
+    startPump();
     const bool sequential = settings.schedule == "sequential";
     for (int i : order) {
       if (cancelled.load()) break;
       if (sequential) waitFor([&] { return shared->awaiting == 0; }, cancelled);
       if (cancelled.load()) break;
       executeNode(i);
-      pump();
     }
     waitFor([&] { return shared->awaiting == 0; }, cancelled);
   } catch (const std::exception& e) {
@@ -403,6 +432,7 @@ void Executor::Run::execute(const std::atomic<bool>& cancelled) {
     for (auto& [plugin, session] : sessions)
       if (session) session->cancel();
   }
+  stopPumpThread();  // before finish(): the sessions' last spans are taken below, on this thread
   // After a cancel the sessions drop their queued work, so this returns within the second.
   for (auto& [plugin, session] : sessions) {
     if (!session) continue;

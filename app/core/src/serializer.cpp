@@ -7,6 +7,7 @@
 #include <QSaveFile>
 #include <QSet>
 #include <QVariant>
+#include <cctype>
 #include <cmath>
 
 #include "gpunodes/core/graph_document.h"
@@ -478,6 +479,12 @@ bool load(const QByteArray& raw, GraphDocument& into, QString* error) {
   // stack.
   const QJsonDocument json = QJsonDocument::fromJson(bytes, &parseError);
   if (parseError.error != QJsonParseError::NoError) {
+    // Qt reads only an object or an array at the top level; "null", 42 or prose would get "illegal value".
+    qsizetype first = 0;
+    while (first < bytes.size() && std::isspace(static_cast<unsigned char>(bytes[first]))) ++first;
+    if (first < bytes.size() && bytes[first] != '{' && bytes[first] != '[')
+      return setError(error, QStringLiteral("%1: expected a JSON object at the top level%2")
+                                 .arg(at(bytes, first), near(bytes, first + 1)));
     const QString reason = parseError.error == QJsonParseError::DeepNesting
                                ? QStringLiteral("JSON nested too deeply (the limit is 1024 levels)")
                                : parseError.errorString();

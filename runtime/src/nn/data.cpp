@@ -85,15 +85,23 @@ std::vector<uint8_t> read_idx(const std::string& path, int want_dims, std::vecto
     corrupt(path, buf);
   }
   dims.assign(static_cast<size_t>(want_dims), 0);
+  constexpr uint64_t kMaxTotal = uint64_t(1) << 32;
   uint64_t total = 1;
   for (int i = 0; i < want_dims; ++i) {
     read_exact(gz, path, head, 4, "header");
     dims[i] = big_endian(head);
+    // Checked at each step: three 32-bit dimensions can wrap a 64-bit product around to a small number.
+    if (dims[i] == 0 || total > kMaxTotal / dims[i]) corrupt(path, "implausible dimensions");
     total *= dims[i];
   }
-  if (total == 0 || total > (uint64_t(1) << 32)) corrupt(path, "implausible dimensions");
-  std::vector<uint8_t> data(static_cast<size_t>(total));
-  read_exact(gz, path, data.data(), data.size(), "data");
+  // Grown as the data arrives: a header that claims gigabytes in a file of a few bytes costs nothing.
+  constexpr size_t kChunk = size_t(16) << 20;
+  std::vector<uint8_t> data;
+  while (data.size() < total) {
+    const size_t have = data.size(), n = std::min<size_t>(kChunk, static_cast<size_t>(total) - have);
+    data.resize(have + n);
+    read_exact(gz, path, data.data() + have, n, "data");
+  }
   return data;
 }
 

@@ -486,6 +486,14 @@ std::unique_ptr<Model> Model::create(Runtime& rt, const ModelOptions& o, Device 
   if (!rt.has(device)) throw Error("cannot create a model on " + device.str() + ": no such device");
   if (o.classes < 1 || o.in_channels < 1 || o.image_size < 1)
     throw Error("model options: classes, in_channels and image_size must be positive");
+  // Bounds far past any real model that keep in_channels * image_size^2 and the layer sizes built from them
+  // inside int64: options can come from a parameter file, which may be corrupt or hostile.
+  constexpr int64_t kMaxWidth = int64_t(1) << 20, kMaxSide = int64_t(1) << 16;
+  if (o.classes > kMaxWidth || o.in_channels > kMaxWidth || o.image_size > kMaxSide)
+    throw Error("model options: classes and in_channels must be at most " + std::to_string(kMaxWidth) +
+                " and image_size at most " + std::to_string(kMaxSide) + " (got classes=" +
+                std::to_string(o.classes) + " in_channels=" + std::to_string(o.in_channels) +
+                " image_size=" + std::to_string(o.image_size) + ")");
   if (o.arch == Arch::LeNet && o.image_size < 12)
     throw Error("lenet needs images of at least 12x12, got " + std::to_string(o.image_size));
   if (o.init == Init::Normal && !(o.init_std > 0)) throw Error("model options: init_std must be positive");

@@ -17,6 +17,8 @@ namespace {
 constexpr char kMagic[8] = {'G', 'N', 'P', 'A', 'R', 'A', 'M', 'S'};
 constexpr uint32_t kVersion = 1;
 constexpr uint32_t kMaxRank = 8;
+// Far past any model this builds (ResNet-18 is 45 MB): the file is read whole into memory.
+constexpr int64_t kMaxFileBytes = int64_t(16) << 30;
 
 class Writer {
  public:
@@ -74,10 +76,28 @@ class Reader {
   std::string path_;
 };
 
+// Checked before reading: a device (/dev/zero), a pipe or a huge sparse file must not be read into memory
+// without end, and a directory must not read as an empty file.
 std::vector<char> read_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status))
+    throw Error("cannot open parameter file " + path + ": " + (ec ? ec.message() : "no such file"));
+  if (!fs::is_regular_file(status))
+    throw Error("parameter file " + path + " is not a regular file (" +
+                (fs::is_directory(status) ? "a directory" : "a device, pipe or socket") + ")");
+  const std::uintmax_t size = fs::file_size(path, ec);
+  if (ec) throw Error("cannot read parameter file " + path + ": " + ec.message());
+  if (size > kMaxFileBytes)
+    throw Error("parameter file " + path + " is " + format_bytes(static_cast<int64_t>(size)) + ", over the " +
+                format_bytes(kMaxFileBytes) + " limit for parameter files");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot open parameter file " + path + ": " + std::strerror(errno));
-  std::vector<char> buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<char> buf(static_cast<size_t>(size));
+  in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+  // A file that shrank while being read is a truncated file; parse() says so.
+  buf.resize(static_cast<size_t>(in.gcount()));
   if (in.bad()) throw Error("cannot read parameter file " + path);
   return buf;
 }

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Writes the hostile graph-file corpus and its MANIFEST.tsv (file, what it attacks, a word the error must
-contain). Files too big to commit (a 10 MB string, a 300 MB file) are made by the tests at run time.
+"""Writes the hostile graph-file corpus and its MANIFEST.tsv: file, what it attacks, a word the first error
+must contain, and how many error lines `gpunodes validate` prints for it (one per distinct mistake in the file:
+a mistake reported twice, or again on the nodes downstream of it, is a bug). Files too big to commit (a 10 MB
+string, a 300 MB file, 100,000-node graphs) are made by the tests at run time.
 Run from this folder: python3 make_corpus.py"""
 import copy
 import json
@@ -24,21 +26,21 @@ BASE = {
 manifest = []
 
 
-def emit(name, attack, expect, data):
-    """data: bytes, str, or a JSON-able object."""
+def emit(name, attack, expect, data, lines=1):
+    """data: bytes, str, or a JSON-able object; lines: the error lines it is worth."""
     if isinstance(data, (dict, list)):
         data = json.dumps(data)
     if isinstance(data, str):
         data = data.encode("utf-8")
     with open(name, "wb") as f:
         f.write(data)
-    manifest.append((name, attack, expect))
+    manifest.append((name, attack, expect, lines))
 
 
-def variant(name, attack, expect, mutate):
+def variant(name, attack, expect, mutate, lines=1):
     g = copy.deepcopy(BASE)
     mutate(g)
-    emit(name, attack, expect, g)
+    emit(name, attack, expect, g, lines)
 
 
 text = json.dumps(BASE)
@@ -76,9 +78,10 @@ variant("nodes-not-array.json", "nodes is an object", "nodes", lambda g: g.updat
 variant("connections-not-array.json", "connections is a string", "connections", lambda g: g.update(connections="x"))
 variant("node-not-object.json", "a node is a number", "nodes[1]", lambda g: g["nodes"].__setitem__(1, 42))
 variant("id-number.json", "a node id is a number", "nodes[0]", lambda g: g["nodes"][0].update(id=7))
-variant("id-empty.json", "a node id is empty", "id", lambda g: g["nodes"][0].update(id=""))
+# The connection to dev0 now names a node that does not exist: a second mistake.
+variant("id-empty.json", "a node id is empty", "id", lambda g: g["nodes"][0].update(id=""), lines=2)
 variant("id-with-dot.json", "a node id contains a dot (ambiguous in node.port)", "id",
-        lambda g: g["nodes"][2].update(id="mm.1"))
+        lambda g: g["nodes"][2].update(id="mm.1"), lines=3)  # and two connections to a missing mm1
 variant("type-missing.json", "a node has no type", "type", lambda g: g["nodes"][1].pop("type"))
 variant("type-array.json", "a node type is an array", "type", lambda g: g["nodes"][1].update(type=["Tensor"]))
 variant("position-string.json", "position is a string", "position", lambda g: g["nodes"][0].update(position="0,0"))
@@ -124,15 +127,15 @@ def long_cycle(g, n=200):
 variant("long-cycle.json", "a 200-node cycle", "cycle", long_cycle)
 variant("type-mismatch.json", "a Device output wired into a Tensor input", "mm1",
         lambda g: g["connections"].__setitem__(1, {"from": "dev0.device", "to": "mm1.a"}))
-variant("two-wires-one-input.json", "two wires into one input", "mm1.a",
-        lambda g: g["connections"].append({"from": "dev0.device", "to": "mm1.a"}))
+variant("two-wires-one-input.json", "two wires into one input", "mm1",
+        lambda g: g["connections"].append({"from": "dev0.device", "to": "mm1.a"}), lines=2)  # and of the wrong type
 variant("missing-input.json", "a required input left unconnected", "mm1", lambda g: g["connections"].pop(2))
 # --- unknown node types mixed with valid ones
 variant("unknown-type.json", "one node type no plugin provides", "FluxCapacitor",
         lambda g: g["nodes"].append({"id": "fc1", "type": "FluxCapacitor", "position": [0, 200], "params": {}}))
 variant("unknown-types-many.json", "several unknown types among valid nodes", "Warp",
         lambda g: g["nodes"].extend({"id": f"w{i}", "type": f"Warp{i}", "position": [i, 300], "params": {}}
-                                    for i in range(5)))
+                                    for i in range(5)), lines=5)
 # --- shapes
 for name, shape, word in [("shape-negative", [4, -4], "shape"), ("shape-zero", [0, 4], "shape"),
                           ("shape-overflow", [2**40, 2**40], "shape"), ("shape-int64-max", [9223372036854775807], "shape"),
@@ -163,10 +166,78 @@ variant("string-1mb-type.json", "a 1 MB string as a node type", "type",
         lambda g: g["nodes"][1].update(type="T" * (1 << 20)))
 variant("many-nodes-unconnected.json", "5,000 nodes with missing inputs", "mm",
         lambda g: g["nodes"].extend({"id": f"mm{i}", "type": "MatMul", "position": [i, 500], "params": {}}
-                                    for i in range(2, 5002)))
+                                    for i in range(2, 5002)), lines=10000)  # inputs a and b of each
+
+# --- more wrong types: every top-level field, settings and the node set's own settings
+variant("format-number.json", "format is a number", "format", lambda g: g.update(format=5))
+variant("version-negative.json", "version -1", "version", lambda g: g.update(version=-1))
+emit("version-1e300.json", "version 1e300", "version", text.replace('"version": 1', '"version": 1e300'))
+variant("name-number.json", "name is a number", "name", lambda g: g.update(name=42))
+variant("description-array.json", "description is an array", "description", lambda g: g.update(description=["a"]))
+variant("view-string.json", "view is a string", "view", lambda g: g.update(view="zoomed"))
+variant("nodes-null.json", "nodes is null", "nodes", lambda g: g.update(nodes=None))
+variant("connections-null.json", "connections is null", "connections", lambda g: g.update(connections=None))
+emit("top-level-null.json", "the top level is null", "object", "null")
+emit("top-level-number.json", "the top level is a number", "object", "42")
+variant("params-null.json", "params is null", "params", lambda g: g["nodes"][1].update(params=None))
+variant("connection-missing-to.json", "a connection without its to", "connections[1].to",
+        lambda g: g["connections"][1].pop("to"))
+variant("connection-empty-port.json", "an endpoint with an empty port name", "connections[1]",
+        lambda g: g["connections"][1].update(to="mm1."))
+variant("duplicate-connection.json", "the same connection twice", "inputs.a",
+        lambda g: g["connections"].append(dict(g["connections"][1])))
+variant("schedule-number.json", "schedule is a number", "schedule", lambda g: g["settings"].update(schedule=3))
+variant("cpu-devices-string.json", "cpu_devices is a string", "cpu_devices",
+        lambda g: g["settings"].update(cpu_devices="2"))
+variant("cpu-devices-float.json", "cpu_devices is 1.5", "cpu_devices", lambda g: g["settings"].update(cpu_devices=1.5))
+variant("memory-limit-string.json", "memory_limit is a string", "memory_limit",
+        lambda g: g["settings"].update(memory_limit="lots"))
+variant("memory-limit-negative.json", "a negative memory_limit", "memory_limit",
+        lambda g: g["settings"].update(memory_limit={"cpu": -3}))
+variant("memory-limit-unknown-device.json", "a memory_limit for a device the run does not have", "cpu:7",
+        lambda g: g["settings"].update(memory_limit={"cpu:7": 1024}))
+variant("memory-limit-not-a-device.json", "a memory_limit for something that is no device", "tpu:0",
+        lambda g: g["settings"].update(memory_limit={"tpu:0": 1024}))
+variant("use-cuda-string.json", "use_cuda is a string", "use_cuda", lambda g: g["settings"].update(use_cuda="yes"))
+emit("position-inf.json", "a position of 1e400 (infinite once read)", "position",
+     text.replace('"position": [0, 0]', '"position": [1e400, 0]', 1))
+# --- ids that are not ids
+variant("id-65-chars.json", "a node id one character over the limit", "id",
+        lambda g: g["nodes"][2].update(id="m" * 65), lines=3)  # and the two connections to mm1
+variant("id-unicode.json", "a node id with a non-ASCII character", "id",
+        lambda g: g["nodes"][2].update(id="mm\u2460"), lines=3)
+emit("id-lone-surrogate.json", "a node id that is a lone UTF-16 surrogate escape", "id",
+     text.replace('"id": "mm1"', '"id": "\\ud800"'), lines=3)
+# --- absurd numbers where the node set reads them
+emit("seed-2e64.json", "a seed of 2^64", "seed", text.replace('"seed": 1', '"seed": 18446744073709551616'))
+variant("index-1e308.json", "a device index of 1e308", "index",
+        lambda g: g["nodes"][0]["params"].update(index=1e308))
+variant("enum-number.json", "an enum param given as a number", "init",
+        lambda g: g["nodes"][1]["params"].update(init=5))
+variant("values-garbage.json", "Tensor values that are not numbers", "values",
+        lambda g: g["nodes"][1]["params"].update(init="values", values="1, 2, x, 4"))
+variant("values-too-few.json", "Tensor values fewer than the shape holds", "values",
+        lambda g: g["nodes"][1]["params"].update(init="values", values="1 2 3"))
+variant("uniform-high-below-low.json", "uniform with high below low", "high",
+        lambda g: g["nodes"][1]["params"].update(low=5, high=1))
+variant("model-huge.json", "an mlp for 100,000-channel 4096x4096 images (terabytes of weights)", "net",
+        lambda g: g["nodes"].append({"id": "net", "type": "Model", "position": [0, 200],
+                                     "params": {"arch": "mlp", "in_channels": 100000, "image_size": 4096}}))
+variant("loadparams-missing-file.json", "a parameter file that does not exist", "path",
+        lambda g: g["nodes"].append({"id": "load", "type": "LoadParams", "position": [0, 200],
+                                     "params": {"path": "/nonexistent/model.params"}})
+        or g["connections"].append({"from": "dev0.device", "to": "load.device"}))
+# --- encodings, again
+emit("bom-wrong-format.json", "a BOM, then a file of the wrong format", "format",
+     b"\xef\xbb\xbf" + text.replace("gpunodes-graph", "other-graph").encode())
+emit("utf16-no-bom.json", "UTF-16 without a byte order mark", "", text.encode("utf-16-le"))
+emit("utf8-surrogate-bytes.json", "UTF-8 bytes of a surrogate (ED A0 80) in a name", "UTF-8",
+     text.encode().replace(b"hostile base", b"hostile \xed\xa0\x80 base"))
+emit("control-chars-type.json", "raw control characters inside a node type", "type",
+     text.replace('"type": "MatMul"', '"type": "Mat\x01Mul\x7f"'))
 
 with open("MANIFEST.tsv", "w") as f:
-    f.write("# file\twhat it attacks\ta word the error names (empty: any clear error)\n")
-    for name, attack, expect in manifest:
-        f.write(f"{name}\t{attack}\t{expect}\n")
+    f.write("# file\twhat it attacks\ta word the first error names (empty: any clear error)\terror lines\n")
+    for name, attack, expect, lines in manifest:
+        f.write(f"{name}\t{attack}\t{expect}\t{lines}\n")
 print(len(manifest), "files")

@@ -37,6 +37,8 @@ class RunSession {
   virtual void endNode(const QString& nodeId, std::function<void(const QString& error)> onDone) = 0;
   virtual void cancel() = 0;  // any thread; running work stops within a second
   virtual void finish() = 0;  // executor thread: waits for everything queued
+  // takeSpans, takeMemory and memorySummary are called from the executor's pump thread, concurrently with
+  // beginNode/endNode on the executor thread: they must be thread-safe.
   virtual QList<TraceSpan> takeSpans() = 0;  // new since the last call
   virtual QList<MemorySampleEvent> takeMemory() = 0;
   virtual QJsonArray devices() const = 0;          // the report's "devices"
