@@ -302,6 +302,15 @@ void printSummary(const GraphDocument& doc, const QJsonObject& report) {
     if (!error.isEmpty() && o.value("status").toString() == "failed")
       table += QStringLiteral("%1: %2\n").arg(n.id, error);
   }
+  // The last value of each metric series (loss, test accuracy, ...): what a batch script usually wants to see.
+  const QJsonObject metrics = report.value("metrics").toObject();
+  if (!metrics.isEmpty()) table += QStringLiteral("\nmetric (last value of n samples)\n");
+  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
+    const QJsonArray samples = it.value().toArray();
+    if (samples.isEmpty()) continue;
+    const double last = samples.last().toArray().at(1).toDouble();
+    table += QStringLiteral("%1 = %2  (n = %3)\n").arg(it.key(), QString::number(last, 'g', 6)).arg(samples.size());
+  }
   const double seconds = report.value("wall_ms").toDouble() / 1000.0;
   if (report.value("cancelled").toBool())
     table += QStringLiteral("cancelled after %1 s\n").arg(seconds, 0, 'f', 2);
