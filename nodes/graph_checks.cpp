@@ -69,6 +69,9 @@ class Checker {
     for (const core::GraphNode& n : doc_.nodes())
       if (!nodes_.contains(n.id)) nodes_.insert(n.id, &n);
     for (const core::GraphConnection& c : doc_.connections()) incoming_[c.to.node].append(&c);
+    // Nodes the host already refused (a param of the wrong type or out of range): checking them again here
+    // would say the same mistake twice. Their outputs stay unknown to the nodes downstream.
+    for (const core::Issue& i : report_.errors()) alreadyRefused_.insert(i.node);
     // Files a SaveParams of this graph writes: a LoadParams may read one that does not exist yet.
     for (const core::GraphNode& n : doc_.nodes())
       if (n.type == "SaveParams" && registry_.pluginOf(n.type) == self_)
@@ -107,6 +110,10 @@ class Checker {
   void evaluate(const QString& id) {
     const core::GraphNode* node = nodes_.value(id);
     if (!node || done_.count(id) || registry_.pluginOf(node->type) != self_) return;
+    if (alreadyRefused_.contains(id)) {
+      done_[id] = {};
+      return;
+    }
     core::NodeTypePtr type = registry_.find(node->type);
     if (type) done_[id] = evalNode(*node, core::withDefaults(type->spec(), node->params));
   }
@@ -467,6 +474,7 @@ class Checker {
   const DeviceCatalog& catalog_;
   const std::map<Device, int64_t>& limits_;
   core::ValidationReport& report_;
+  QSet<QString> alreadyRefused_;
   QHash<QString, const core::GraphNode*> nodes_;
   QHash<QString, QList<const core::GraphConnection*>> incoming_;
   std::map<QString, Outputs> done_;
