@@ -21,6 +21,7 @@
 #include <QPlainTextEdit>
 #include <QProgressBar>
 #include <QSaveFile>
+#include <QSet>
 #include <QSettings>
 #include <QSpinBox>
 #include <QStandardPaths>
@@ -110,6 +111,8 @@ MainWindow::MainWindow(const core::NodeTypeRegistry* registry, QWidget* parent)
   devicesTimer_.setSingleShot(true);
   devicesTimer_.setInterval(300);
   connect(&devicesTimer_, &QTimer::timeout, this, &MainWindow::refreshDevices);
+  // Precise: a coarse timer may fire 5% late, and unsaved work is promised to be at most 30 s old.
+  autosaveTimer_.setTimerType(Qt::PreciseTimer);
   autosaveTimer_.setInterval(30000);
   connect(&autosaveTimer_, &QTimer::timeout, this, &MainWindow::writeRecovery);
   autosaveTimer_.start();
@@ -128,7 +131,11 @@ MainWindow::~MainWindow() {
   // The scene observes doc_, which dies after the scene's parent (this) deletes it: disconnect first.
   doc_.disconnect(scene_);
   doc_.disconnect(inspector_);
-  scene_->disconnect(this);
+  // Children die in ~QWidget, after this object's members and its MainWindow part: a signal they send on the
+  // way (the undo stack's cleanChanged as it is destroyed) must not reach a slot of what is no longer a
+  // MainWindow (UBSan's "downcast of address ... not a MainWindow").
+  editor_->undoStack()->disconnect(this);
+  for (QObject* child : findChildren<QObject*>()) child->disconnect(this);
 }
 
 // ---------------------------------------------------------------------------------------------- layout
@@ -460,7 +467,32 @@ bool MainWindow::loadFile(const QString& path) {
           LogLevel::Warning,
           QString("type '%1' is not provided by any loaded plugin; kept as a missing node").arg(n.type),
           n.id);
+  logProblems(QFileInfo(path).fileName());
   return true;
+}
+
+void MainWindow::logProblems(const QString& fileName) {
+  // A file that opens can still be one a run refuses (a cycle, a bad param, a bad setting): say so when it
+  // opens, in the log and the status bar, not first at Run. Graph-level problems have no node to paint.
+  constexpr int kMaxLogged = 50;  // a hostile file holds thousands; the rest are painted on their nodes
+  QSet<QString> cycles;           // one cycle is one message on each of its nodes
+  int problems = 0;
+  for (const core::Issue& i : validation_.errors()) {
+    if (i.message.startsWith("cycle: ")) {
+      if (cycles.contains(i.message)) continue;
+      cycles.insert(i.message);
+    }
+    if (problems++ < kMaxLogged)
+      logMessage(LogLevel::Error, i.field.isEmpty() ? i.message : i.field + ": " + i.message, i.node);
+  }
+  if (problems == 0) return;
+  if (problems > kMaxLogged)
+    logMessage(LogLevel::Error, QString("... and %1 more problems, marked on their nodes").arg(problems - kMaxLogged));
+  statusBar()->showMessage(QString("%1 has %2 problem%3 a run would refuse: see the log and the marked nodes")
+                               .arg(fileName)
+                               .arg(problems)
+                               .arg(problems == 1 ? "" : "s"),
+                           10000);
 }
 
 bool MainWindow::saveFile(const QString& path) {
@@ -664,6 +696,7 @@ core::ValidationReport MainWindow::validateNow() {
   if (registry_) r = core::validate(doc_, *registry_);
   scene_->setValidation(r);
   inspector_->setValidation(r);
+  validation_ = r;
   return r;
 }
 

@@ -109,6 +109,7 @@ class MainWindow : public QMainWindow {
   void rebuildExamplesMenu();
   void addRecent(const QString& path);
   void setDocumentFrom(core::GraphDocument& loaded, const QString& file);
+  void logProblems(const QString& fileName);
   void onBatch(const QList<core::RunEvent>& events);
   void onRunFinished(bool ok, bool cancelled, const QString& message);
   void onSelectionChanged();
@@ -145,6 +146,7 @@ class MainWindow : public QMainWindow {
                            // a restored recovery file is unsaved work though the undo stack is clean
   QTimer validateTimer_, autosaveTimer_, devicesTimer_;
   QString lastMessage_;
+  core::ValidationReport validation_;  // of the last validateNow()
   QStringList devicesInUse_;
   PromptFn prompt_;
 };

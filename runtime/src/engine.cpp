@@ -1,6 +1,7 @@
 #include "gpunodes/engine.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "gpunodes/errors.h"
@@ -109,14 +110,23 @@ void Engine::push(OpFn fn, const std::vector<VarPtr>& reads, const std::vector<V
   if (ready) dispatch(op);
 }
 
-void Engine::dispatch(const std::shared_ptr<OpNode>& op) {
-  if (cancel_flag_.load()) {
+void Engine::dispatch(const std::shared_ptr<OpNode>& first) {
+  // After a cancel, ops complete here without running, and each completion readies its dependents: a work
+  // list, not recursion, so that a chain of a million queued ops (MatMul repeat) cannot overflow the stack.
+  std::vector<std::shared_ptr<OpNode>> todo{first};
+  while (!todo.empty()) {
+    std::shared_ptr<OpNode> op = std::move(todo.back());
+    todo.pop_back();
+    if (!cancel_flag_.load()) {
+      worker(op->device, op->stream).enqueue(op);
+      continue;
+    }
     op->error = std::make_exception_ptr(CancelledError());
     op->fn = nullptr;
-    complete(op);
-    return;
+    std::vector<std::shared_ptr<OpNode>> ready = finish(op);
+    // Reversed onto the stack, so they are taken in the order they became ready.
+    todo.insert(todo.end(), std::make_move_iterator(ready.rbegin()), std::make_move_iterator(ready.rend()));
   }
-  worker(op->device, op->stream).enqueue(op);
 }
 
 StreamWorker& Engine::worker(Device device, StreamKind stream) {
@@ -139,6 +149,10 @@ std::exception_ptr Engine::input_error(const OpNode& op) {
 }
 
 void Engine::complete(const std::shared_ptr<OpNode>& op) {
+  for (const std::shared_ptr<OpNode>& d : finish(op)) dispatch(d);
+}
+
+std::vector<std::shared_ptr<OpNode>> Engine::finish(const std::shared_ptr<OpNode>& op) {
   std::vector<std::shared_ptr<OpNode>> ready;
   std::vector<std::function<void(const TagOutcome&)>> waiters;
   TagOutcome outcome;
@@ -184,7 +198,7 @@ void Engine::complete(const std::shared_ptr<OpNode>& op) {
     --pending_;
   }
   done_cv_.notify_all();
-  for (auto& d : ready) dispatch(d);
+  return ready;
 }
 
 void Engine::when_done(const std::string& tag, std::function<void(const TagOutcome&)> done) {

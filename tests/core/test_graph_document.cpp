@@ -1,4 +1,5 @@
 // GraphDocument: readable ids, edits and their signals, and the node-type helpers.
+#include <QElapsedTimer>
 #include <QSignalSpy>
 #include <QtTest>
 
@@ -119,6 +120,48 @@ class GraphDocumentTest : public QObject {
     QCOMPARE(doc.connections().size(), 1);
     QVERIFY(doc.removeNode("x"));
     QCOMPARE(doc.connections().size(), 0);
+  }
+
+  void lookupsStayRightThroughEdits() {
+    // The id and wire caches behind node() and addConnection(), through every kind of change.
+    GraphDocument doc;
+    for (const char* id : {"a", "b", "c"}) doc.addNode(makeNode(id, "TestConst"));
+    QVERIFY(doc.addConnection(wire("a.out", "b.a")));
+    QVERIFY(!doc.addConnection(wire("a.out", "b.a")));
+    QVERIFY(doc.removeNode("a"));
+    QVERIFY(!doc.hasNode("a"));
+    QCOMPARE(doc.node("c")->id, QStringLiteral("c"));  // positions moved
+    QVERIFY(doc.connections().isEmpty());
+    QVERIFY(doc.addConnection(wire("b.out", "c.a")));
+    QVERIFY(doc.removeConnection(wire("b.out", "c.a")));
+    QVERIFY(doc.addConnection(wire("b.out", "c.a")));  // removed, so it may come back
+    QCOMPARE(doc.addNode(makeNode("b", "TestConst")), QStringLiteral("tc1"));  // taken: a fresh id
+    GraphDocument other;
+    other.addNode(makeNode("z", "TestConst"));
+    doc.replaceAll(other);
+    QVERIFY(!doc.hasNode("b") && doc.hasNode("z"));
+    QVERIFY(doc.addConnection(wire("b.out", "c.a")));  // the old wire went with the old contents
+    doc.setContents({makeNode("q", "A")}, {});
+    QVERIFY(doc.hasNode("q") && !doc.hasNode("z"));
+    doc.clear();
+    QVERIFY(!doc.hasNode("q"));
+    // Wires whose names would run together still differ.
+    QVERIFY(doc.addConnection(wire("ab.c", "d.e")));
+    QVERIFY(doc.addConnection(wire("a.bc", "d.e")));
+  }
+
+  void aHundredThousandNodesAndWiresAddInLinearTime() {
+    // A file or a pasted clipboard of 100,000 nodes: each add used to scan every node and wire before it.
+    QElapsedTimer timer;
+    timer.start();
+    GraphDocument doc;
+    constexpr int n = 100000;
+    for (int i = 0; i < n; ++i) doc.addNode(makeNode(QStringLiteral("n%1").arg(i), "TestConst"));
+    for (int i = 0; i + 1 < n; ++i)
+      QVERIFY(doc.addConnection(wire(QStringLiteral("n%1.out").arg(i), QStringLiteral("n%1.a").arg(i + 1))));
+    for (int i = 0; i < 1000; ++i) QVERIFY(doc.hasNode(QStringLiteral("n%1").arg(i * 97)));
+    QCOMPARE(doc.addNode(makeNode("n5", "TestConst")), QStringLiteral("tc1"));
+    QVERIFY2(timer.elapsed() < 3000 * gn::test::kTimeScale, qPrintable(QString::number(timer.elapsed())));
   }
 
   void endpointsParse() {

@@ -25,10 +25,13 @@ export ASAN_OPTIONS=detect_leaks=1
 export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0
 before=$(find tests/fuzz/crashers -type f | wc -l)
 status=0
-# -timeout: a graph that takes 10 s to load, check and dry-run is a hang (the budget is 2 s per file).
+# -timeout: a graph that takes 30 s to load, check, save, paste and dry-run under ASan is a hang (the budget is
+# 2 s per file without sanitizers; ASan and the harness's extra passes cost up to ten times that).
 # -malloc_limit_mb: one allocation over 2 GiB is a size that was not checked before it was asked for.
-$dir/bin/fuzz_graph $dir/corpus -max_total_time="$seconds" -max_len=1100000 -timeout=10 -rss_limit_mb=4096 \
-  -malloc_limit_mb=2048 -artifact_prefix=tests/fuzz/crashers/ -print_final_stats=1 || status=$?
+# Absolute paths: the harness works in a scratch folder, so that graphs writing files cannot touch the checkout.
+$dir/bin/fuzz_graph "$PWD/$dir/corpus" -max_total_time="$seconds" -max_len=1100000 -timeout=30 \
+  -rss_limit_mb=4096 -malloc_limit_mb=2048 -artifact_prefix="$PWD/tests/fuzz/crashers/" -print_final_stats=1 ||
+  status=$?
 after=$(find tests/fuzz/crashers -type f | wc -l)
 echo "fuzz: $seconds s, corpus $(find $dir/corpus -type f | wc -l) files, new crashers: $((after - before))" >&2
 exit $status

@@ -163,6 +163,29 @@ class EngineTest : public QObject {
     QCOMPARE(item(sum(ones(rt, {4}, Device::cpu()))), 4.0f);  // usable again
   }
 
+  void cancel_a_chain_of_200000_ops() {
+    // Each op writes the one variable, so each waits for the one before: after the cancel they complete one
+    // from the other without running. That cascade used to recurse once per op and overflow the stack
+    // (MatMul's repeat goes up to a million).
+    Runtime rt;
+    VarPtr v = new_var();
+    std::atomic<bool> release{false};
+    std::atomic<int> ran{0};
+    rt.engine().push([&](OpContext&) {
+      while (!release) std::this_thread::sleep_for(1ms);
+    }, {}, {v}, Device::cpu(), StreamKind::Compute, {"gate"});
+    for (int i = 0; i < 200000; ++i)
+      rt.engine().push([&](OpContext&) { ++ran; }, {}, {v}, Device::cpu(), StreamKind::Compute, {"link"});
+    const auto t0 = std::chrono::steady_clock::now();
+    rt.engine().cancel();
+    release = true;
+    QVERIFY_THROWS_EXCEPTION(CancelledError, rt.engine().wait_all());
+    const auto took = std::chrono::steady_clock::now() - t0;
+    QVERIFY2(took < 10s, "the cancelled chain took more than a few seconds to drain");
+    QCOMPARE(ran.load(), 0);
+    QCOMPARE(rt.engine().pending(), size_t(0));
+  }
+
   void when_done_fires_once_the_tags_ops_are_complete() {
     Runtime rt;
     std::atomic<int> finished{0};

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/serialize.h"
@@ -139,6 +140,23 @@ class NnModelsTest : public QObject {
         },
         {"mlp expects input [N, 1, 28, 28]"});
     expect_error([] { parse_arch("vgg"); }, {"vgg", "resnet18"});
+  }
+
+  void state_size_is_known_before_building() {
+    // The count graph checks use to refuse a model that cannot fit, against the models actually built.
+    Runtime rt;
+    for (ModelOptions o : {opts(Arch::Linear), opts(Arch::Mlp), opts(Arch::LeNet), opts(Arch::ResNet18)}) {
+      for (auto [classes, channels, side] : {std::tuple{10, 1, 28}, std::tuple{7, 3, 32}, std::tuple{100, 2, 12}}) {
+        o.classes = classes, o.in_channels = channels, o.image_size = side;
+        auto m = Model::create(rt, o, Device::cpu());
+        double built = 0;
+        for (const Parameter* p : m->state()) built += static_cast<double>(p->value.numel());
+        QCOMPARE(state_elements(o), built);
+      }
+    }
+    ModelOptions huge = opts(Arch::Mlp);
+    huge.in_channels = 100000, huge.image_size = 4096;
+    QVERIFY(state_elements(huge) * 4 > 1e15);  // petabytes, counted without building anything
   }
 
   void same_seed_same_parameters_on_every_device() {

@@ -5,10 +5,12 @@
 #include <QJsonDocument>
 #include <QMap>
 #include <QSet>
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "gpunodes/core/graph_document.h"
@@ -404,6 +406,12 @@ void Executor::Run::execute(const std::atomic<bool>& cancelled) {
         sessionErrors.insert(plugin,
                              QStringLiteral("%1 could not start: %2").arg(plugin->setName(), e.what()));
         continue;
+      } catch (...) {
+        // Only this plugin's nodes fail; the other plugins' sessions still run.
+        sessionErrors.insert(plugin, QStringLiteral("%1 could not start (an exception that is not a "
+                                                    "std::exception)")
+                                         .arg(plugin->setName()));
+        continue;
       }
       QJsonArray devices = session ? session->devices() : QJsonArray();
       std::lock_guard lock(sessionMutex);
@@ -612,9 +620,17 @@ QJsonObject Executor::report() const {
   if (!run_) return {};
   RunShared& s = *run_->shared;
   std::lock_guard lock(s.mutex);
+  // Inserted in key order: QJsonObject keeps its keys sorted, so inserting in document order moved the tail
+  // of the object on every insert, quadratic in a graph of 100,000 nodes.
+  QList<qsizetype> order(s.nodes.size());
+  std::iota(order.begin(), order.end(), qsizetype(0));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](qsizetype a, qsizetype b) { return s.nodes[a].id < s.nodes[b].id; });
   QJsonObject nodes;
-  for (const NodeState& n : s.nodes) {
-    if (nodes.contains(n.id)) continue;  // a duplicate id (an invalid graph) keeps its first entry
+  for (qsizetype k = 0; k < order.size(); ++k) {
+    const NodeState& n = s.nodes[order[k]];
+    // A duplicate id (an invalid graph) keeps its first entry: stable, so that one comes first.
+    if (k > 0 && s.nodes[order[k - 1]].id == n.id) continue;
     QJsonObject o = n.fields;
     o.insert("type", n.type);
     o.insert("status", n.status);

@@ -15,6 +15,16 @@ std::optional<Endpoint> Endpoint::parse(const QString& text) {
 
 GraphDocument::GraphDocument(QObject* parent) : QObject(parent) {}
 
+QString GraphDocument::wireKey(const GraphConnection& c) {
+  // The lengths first: then no two different wires share a key, whatever their names hold.
+  return QStringLiteral("%1:%2:%3:%4:%5.%6>%7.%8")
+      .arg(c.from.node.size())
+      .arg(c.from.port.size())
+      .arg(c.to.node.size())
+      .arg(c.to.port.size())
+      .arg(c.from.node, c.from.port, c.to.node, c.to.port);
+}
+
 bool GraphDocument::isValidId(const QString& id) {
   if (id.isEmpty() || id.size() > 64) return false;
   for (QChar c : id)
@@ -48,9 +58,16 @@ void GraphDocument::setView(const QJsonObject& v) {
 }
 
 int GraphDocument::indexOf(const QString& id) const {
-  for (int i = 0; i < nodes_.size(); ++i)
-    if (nodes_[i].id == id) return i;
-  return -1;
+  // A hash of id -> first position, rebuilt after a removal or a replacement: a scan per lookup made adding
+  // or pasting n nodes cost n^2, which a pasted clipboard or a loaded file of 100,000 nodes turns into a hang.
+  if (!indexValid_) {
+    index_.clear();
+    index_.reserve(nodes_.size());
+    for (int i = 0; i < nodes_.size(); ++i)
+      if (!index_.contains(nodes_[i].id)) index_.insert(nodes_[i].id, i);  // a duplicate id finds its first
+    indexValid_ = true;
+  }
+  return index_.value(id, -1);
 }
 
 const GraphNode* GraphDocument::node(const QString& id) const {
@@ -93,6 +110,7 @@ QString GraphDocument::makeId(const QString& type) const {
 QString GraphDocument::addNode(GraphNode node) {
   if (!isValidId(node.id) || indexOf(node.id) >= 0) node.id = makeId(node.type);
   nodes_.append(node);
+  if (indexValid_ && !index_.contains(node.id)) index_.insert(node.id, int(nodes_.size()) - 1);
   emit nodeAdded(node.id);
   emit changed();
   return node.id;
@@ -102,11 +120,13 @@ bool GraphDocument::removeNode(const QString& id) {
   const int i = indexOf(id);
   if (i < 0) return false;
   nodes_.removeAt(i);
+  indexValid_ = false;  // every later position moved
   // A loaded file may hold the id twice; the wires stay while a node of that id remains.
   if (indexOf(id) < 0) {
     for (int c = connections_.size() - 1; c >= 0; --c) {
       if (connections_[c].from.node != id && connections_[c].to.node != id) continue;
       const GraphConnection removed = connections_.takeAt(c);
+      wiresValid_ = false;
       emit connectionRemoved(removed);
     }
   }
@@ -147,7 +167,16 @@ bool GraphDocument::setParams(const QString& id, const QJsonObject& params) {
 }
 
 bool GraphDocument::addConnection(const GraphConnection& c) {
-  if (connections_.contains(c)) return false;
+  // The same cache idea as indexOf: a scan per added wire made pasting or building 100,000 wires quadratic.
+  if (!wiresValid_) {
+    wires_.clear();
+    wires_.reserve(connections_.size());
+    for (const GraphConnection& w : connections_) wires_.insert(wireKey(w));
+    wiresValid_ = true;
+  }
+  const QString key = wireKey(c);
+  if (wires_.contains(key)) return false;
+  wires_.insert(key);
   connections_.append(c);
   emit connectionAdded(c);
   emit changed();
@@ -158,6 +187,7 @@ bool GraphDocument::removeConnection(const GraphConnection& c) {
   const qsizetype i = connections_.indexOf(c);
   if (i < 0) return false;
   const GraphConnection removed = connections_.takeAt(i);
+  wiresValid_ = false;
   emit connectionRemoved(removed);
   emit changed();
   return true;
@@ -186,6 +216,7 @@ void GraphDocument::replaceAll(const GraphDocument& other) {
   extra_ = other.extra_;
   nodes_ = other.nodes_;
   connections_ = other.connections_;
+  indexValid_ = wiresValid_ = false;
   emit reset();
   emit changed();
 }
@@ -198,6 +229,7 @@ void GraphDocument::clear() {
   extra_ = {};
   nodes_.clear();
   connections_.clear();
+  indexValid_ = wiresValid_ = false;
   emit reset();
   emit changed();
 }
@@ -205,6 +237,7 @@ void GraphDocument::clear() {
 void GraphDocument::setContents(QList<GraphNode> nodes, QList<GraphConnection> connections) {
   nodes_ = std::move(nodes);
   connections_ = std::move(connections);
+  indexValid_ = wiresValid_ = false;
 }
 
 }  // namespace gn::core

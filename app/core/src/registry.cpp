@@ -96,6 +96,10 @@ void NodeTypeRegistry::addPlugin(NodeSetPlugin* plugin, const QString& origin) {
   } catch (const std::exception& e) {
     errors_.append({where, QStringLiteral("listing its node types failed: %1").arg(e.what())});
     return;
+  } catch (...) {
+    errors_.append({where, QStringLiteral("listing its node types failed (an exception that is not a "
+                                          "std::exception)")});
+    return;
   }
   plugins_.append(plugin);
   loadedPaths_.append(where);  // parallel to plugins_: where each came from

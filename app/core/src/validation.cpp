@@ -3,6 +3,7 @@
 #include <QHash>
 #include <QJsonArray>
 #include <QSet>
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <limits>
@@ -256,7 +257,12 @@ void checkCycles(const GraphDocument& doc, ValidationReport& report) {
   for (const GraphConnection& c : doc.connections()) {
     const auto from = index.constFind(c.from.node), to = index.constFind(c.to.node);
     if (from == index.constEnd() || to == index.constEnd()) continue;
-    if (!adj[*from].contains(*to)) adj[*from].append(*to);
+    adj[*from].append(*to);
+  }
+  // Duplicates out after the fact: a contains() per wire made one output feeding 100,000 inputs quadratic.
+  for (QList<int>& next : adj) {
+    std::sort(next.begin(), next.end());
+    next.erase(std::unique(next.begin(), next.end()), next.end());
   }
   for (QList<int> component : cyclicComponents(adj)) {
     std::sort(component.begin(), component.end());  // document order, so messages are stable
@@ -431,6 +437,10 @@ ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& regi
     } catch (const std::exception& e) {
       report.error(n.id, QStringLiteral("params"),
                    QStringLiteral("checking params failed: %1").arg(e.what()));
+    } catch (...) {
+      // Plugin code may throw anything; validation must still end with a report, never terminate().
+      report.error(n.id, QStringLiteral("params"),
+                   QStringLiteral("checking params failed: an exception that is not a std::exception"));
     }
   }
 
@@ -441,6 +451,10 @@ ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& regi
       plugin->validateGraph(doc, registry, settings, report);
     } catch (const std::exception& e) {
       report.error({}, {}, QStringLiteral("%1: graph check failed: %2").arg(plugin->setName(), e.what()));
+    } catch (...) {
+      report.error({}, {},
+                   QStringLiteral("%1: graph check failed: an exception that is not a std::exception")
+                       .arg(plugin->setName()));
     }
   }
   return report;

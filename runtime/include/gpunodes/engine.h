@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 #include <unordered_map>
 #include <vector>
 
@@ -116,6 +117,8 @@ class Engine {
   friend class StreamWorker;
   void dispatch(const std::shared_ptr<OpNode>& op);  // called with deps satisfied
   void complete(const std::shared_ptr<OpNode>& op);  // called by workers after running op
+  // Marks op done and returns the dependents that became ready, without dispatching them.
+  std::vector<std::shared_ptr<OpNode>> finish(const std::shared_ptr<OpNode>& op);
   std::exception_ptr input_error(const OpNode& op);  // an error stuck to what op reads
   StreamWorker& worker(Device device, StreamKind stream);
 

@@ -476,6 +476,34 @@ Init parse_init(const std::string& name) {
   throw Error("unknown initialiser '" + name + "': expected normal, xavier or kaiming");
 }
 
+double state_elements(const ModelOptions& o) {
+  // The layers build() makes, counted: weight and bias per linear and conv, four vectors per BatchNorm.
+  auto linear = [](double in, double out) { return out * in + out; };
+  auto conv = [](double in, double out, double k) { return out * in * k * k + out; };
+  auto bn = [](double c) { return 4 * c; };
+  auto residual = [&](double in, double out, bool projection) {
+    return conv(in, out, 3) + conv(out, out, 3) + (projection ? conv(in, out, 1) : 0) + 2 * bn(out);
+  };
+  const double c = static_cast<double>(o.in_channels), s = static_cast<double>(o.image_size);
+  const double classes = static_cast<double>(o.classes);
+  switch (o.arch) {
+    case Arch::Linear:
+      return linear(c, classes);
+    case Arch::Mlp:
+      return linear(c * s * s, 256) + linear(256, classes);
+    case Arch::LeNet: {
+      const double side = static_cast<double>(((o.image_size + 4 - 4) / 2 - 4) / 2);
+      return conv(c, 6, 5) + conv(6, 16, 5) + linear(16 * side * side, 120) + linear(120, 84) + linear(84, classes);
+    }
+    case Arch::ResNet18: {
+      double n = conv(c, 64, 3) + bn(64) + 2 * residual(64, 64, false);
+      for (double out : {128.0, 256.0, 512.0}) n += residual(out / 2, out, true) + residual(out, out, false);
+      return n + linear(512, classes);
+    }
+  }
+  return 0;
+}
+
 // --- Model -------------------------------------------------------------------------------------------------
 
 Model::Model(Runtime& rt, ModelOptions options, Device device)

@@ -43,6 +43,11 @@ struct ModelOptions {
   uint64_t seed = 0;
 };
 
+// How many float32 values the model's state (parameters and buffers) holds, from the options alone, without
+// building it: graph checks compare it with the device's memory before a run. A double, so that absurd
+// options give a huge number instead of overflowing.
+double state_elements(const ModelOptions& options);
+
 enum class Mode { Eval, Train };
 
 // A named tensor of the model's state. Weights and biases are trainable; BatchNorm running statistics are

@@ -2,10 +2,12 @@
 // settings and view state. It emits signals on every change and knows nothing about graphics, so the
 // editor, the headless runner and the tests share it.
 #pragma once
+#include <QHash>
 #include <QJsonObject>
 #include <QList>
 #include <QObject>
 #include <QPointF>
+#include <QSet>
 #include <QString>
 #include <optional>
 
@@ -92,6 +94,14 @@ class GraphDocument : public QObject {
   QJsonObject settings_, view_, extra_;
   QList<GraphNode> nodes_;
   QList<GraphConnection> connections_;
+  // id -> position of its first node, a cache that const lookups fill: like every QObject, a document is
+  // used from one thread at a time (the executor runs on a copy).
+  mutable QHash<QString, int> index_;
+  mutable bool indexValid_ = false;
+  // Every connection, as wireKey(), for addConnection's duplicate check; rebuilt after a removal.
+  QSet<QString> wires_;
+  bool wiresValid_ = false;
+  static QString wireKey(const GraphConnection& c);
 };
 
 }  // namespace gn::core
