@@ -4,6 +4,7 @@
 // that a run would refuse opens, and says so at once: the problem in the log and on the status bar, and each
 // node it concerns painted with it. Nothing takes more than 2 s, and the editor keeps working afterwards.
 #include <QFile>
+#include <QJsonArray>
 #include <QListWidget>
 #include <QStatusBar>
 #include <QUndoStack>
@@ -42,6 +43,7 @@ class HostileEditorTest : public QObject {
     const QString t = ed->addNode("Tensor", {250, 0});
     const QString m = ed->addNode("MatMul", {500, 0});
     ed->setParam(d, "kind", "cpu");
+    ed->setParam(t, "shape", QJsonArray{3, 3});
     ed->connect({d, "device"}, {t, "device"});
     ed->connect({t, "out"}, {m, "a"});
     ed->connect({t, "out"}, {m, "b"});
@@ -60,7 +62,7 @@ class HostileEditorTest : public QObject {
     edit(w.get());
     const QByteArray before = core::serializer::save(*w->document());
     QVERIFY(w->isDirty());
-    QVERIFY(w->validateNow().ok());
+    QVERIFY2(w->validateNow().ok(), qPrintable(w->validateNow().errors().value(0).text()));
     prompts_.clear();
     const int logBefore = w->log()->count();
 
