@@ -487,7 +487,8 @@ void MainWindow::logProblems(const QString& fileName) {
   }
   if (problems == 0) return;
   if (problems > kMaxLogged)
-    logMessage(LogLevel::Error, QString("... and %1 more problems, marked on their nodes").arg(problems - kMaxLogged));
+    logMessage(LogLevel::Error,
+               QString("... and %1 more problems, marked on their nodes").arg(problems - kMaxLogged));
   statusBar()->showMessage(QString("%1 has %2 problem%3 a run would refuse: see the log and the marked nodes")
                                .arg(fileName)
                                .arg(problems)

@@ -67,8 +67,8 @@ void Allocator::throw_oom(int64_t requested, int64_t free, int64_t cached) {
 }
 
 namespace {
-// The host's physical memory. A request beyond it cannot be met: with overcommit, malloc may still say yes and
-// the process is killed when the pages are touched; under ASan it aborts. Refusing it is the clear error.
+// The host's physical memory. A request beyond it cannot be met: with overcommit, malloc may still say yes
+// and the process is killed when the pages are touched; under ASan it aborts. Refusing it is the clear error.
 int64_t physical_memory() {
   static const int64_t bytes = [] {
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);

@@ -135,7 +135,8 @@ class GraphDocumentTest : public QObject {
     QVERIFY(doc.addConnection(wire("b.out", "c.a")));
     QVERIFY(doc.removeConnection(wire("b.out", "c.a")));
     QVERIFY(doc.addConnection(wire("b.out", "c.a")));  // removed, so it may come back
-    QCOMPARE(doc.addNode(makeNode("b", "TestConst")), QStringLiteral("tc1"));  // taken: a fresh id
+    // "b" is taken: a fresh id.
+    QCOMPARE(doc.addNode(makeNode("b", "TestConst")), QStringLiteral("tc1"));
     GraphDocument other;
     other.addNode(makeNode("z", "TestConst"));
     doc.replaceAll(other);

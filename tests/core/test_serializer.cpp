@@ -86,6 +86,26 @@ class SerializerTest : public QObject {
     QVERIFY(QJsonDocument::fromJson(first).isObject());
   }
 
+  void byteOrderMarksInsideStringsRoundTrip() {
+    // Found by fuzzing: Qt drops a raw U+FEFF at the start of a string it reads and files a key that starts
+    // with one out of order, so a second save wrote the keys in another order. Raw, escaped, in keys and in
+    // values: save, load, save gives the same bytes.
+    // Escaped strings, not raw ones: moc misreads these raw strings.
+    const QByteArray raw = "\xEF\xBB\xBF";
+    const QByteArray file = "{\"format\": \"gpunodes-graph\", \"version\": 1, \"settings\": {\"" + raw +
+                            "late\": 1, \"schedule\": \"" + raw +
+                            "parallel\", \"\\ufeffk\": \"\\ufeffv\"}, \"nodes\": [{\"id\": \"a\", \"type\": \"T\", "
+                            "\"params\": {\"" + raw + "x\": 1, \"y\": 2}}]}";
+    GraphDocument doc;
+    QString error;
+    QVERIFY2(ser::load(file, doc, &error), qPrintable(error));
+    const QByteArray first = ser::save(doc);
+    GraphDocument again;
+    QVERIFY2(ser::load(first, again, &error), qPrintable(error));
+    QCOMPARE(ser::save(again), first);
+    QVERIFY2(first.contains("\"\\ufeffk\": \"\\ufeffv\""), first.constData());  // escaped, so it survives
+  }
+
   void canonicalOutputDoesNotDependOnKeyOrderOrSpacing() {
     QByteArray shuffled =
         R"({"nodes": [{"params": {"b": 2, "a": 1}, "type": "T", "id": "t1", "position": [1, 2]}],
@@ -163,8 +183,10 @@ class SerializerTest : public QObject {
     // The text quoted is cut at the line end.
     QCOMPARE(loadError("x\n{}\n"),
              QStringLiteral("line 1, column 1: expected a JSON object at the top level (near x)"));
-    QCOMPARE(loadError("\n  null"), QStringLiteral("line 2, column 3: expected a JSON object at the top level (near null)"));
-    QCOMPARE(loadError("42"), QStringLiteral("line 1, column 1: expected a JSON object at the top level (near 42)"));
+    QCOMPARE(loadError("\n  null"),
+             QStringLiteral("line 2, column 3: expected a JSON object at the top level (near null)"));
+    QCOMPARE(loadError("42"),
+             QStringLiteral("line 1, column 1: expected a JSON object at the top level (near 42)"));
     QVERIFY(loadError("{\"a\": NaN}").startsWith("line 1, column"));
     // A one-line file still says which field: the text before the error comes with the message.
     const QString inf = loadError(

@@ -44,7 +44,9 @@ struct Run {
   qint64 ms = 0;
   QString describe() const {
     return QStringLiteral("%1 %2 after %3 ms\n--- stdout\n%4\n--- stderr\n%5")
-        .arg(crashed ? "crashed (signal)" : timedOut ? "timed out" : "exit")
+        .arg(crashed    ? "crashed (signal)"
+             : timedOut ? "timed out"
+                        : "exit")
         .arg(exitCode)
         .arg(ms)
         .arg(out.left(2000), err.left(3000));

@@ -44,9 +44,11 @@ QString expectError(const std::function<void()>& fn, const QStringList& needles)
     return {};
   }
   for (const QString& n : needles)
-    if (!what.contains(n)) QTest::qFail(qPrintable("'" + what + "' does not mention '" + n + "'"), __FILE__, __LINE__);
+    if (!what.contains(n))
+      QTest::qFail(qPrintable("'" + what + "' does not mention '" + n + "'"), __FILE__, __LINE__);
   if (timer.elapsed() > 1000 * kTimeScale)
-    QTest::qFail(qPrintable(QStringLiteral("took %1 ms: %2").arg(timer.elapsed()).arg(what)), __FILE__, __LINE__);
+    QTest::qFail(qPrintable(QStringLiteral("took %1 ms: %2").arg(timer.elapsed()).arg(what)), __FILE__,
+                 __LINE__);
   return what;
 }
 
@@ -135,7 +137,8 @@ class CorruptFilesTest : public QObject {
     QVERIFY(f.open(QIODevice::WriteOnly));
     QVERIFY(f.resize(20LL << 30));
     f.close();
-    expectError([&] { read_params_info(huge.toStdString()); }, {huge, "20.00 GiB", "limit for parameter files"});
+    expectError([&] { read_params_info(huge.toStdString()); },
+                {huge, "20.00 GiB", "limit for parameter files"});
     f.remove();
   }
 
@@ -143,10 +146,11 @@ class CorruptFilesTest : public QObject {
     Runtime rt;
     const long rssBefore = peakRssMiB();
     // Model sizes far past anything real, from a file whose checksum is right.
-    for (const std::string& sig : {std::string("mlp classes=10000000000000 in_channels=1 image_size=28"),
-                                   std::string("mlp classes=10 in_channels=1 image_size=4294967296"),
-                                   std::string("resnet18 classes=10 in_channels=-3"),
-                                   std::string("lenet classes=10 in_channels=1 image_size=9223372036854775807")}) {
+    for (const std::string& sig :
+         {std::string("mlp classes=10000000000000 in_channels=1 image_size=28"),
+          std::string("mlp classes=10 in_channels=1 image_size=4294967296"),
+          std::string("resnet18 classes=10 in_channels=-3"),
+          std::string("lenet classes=10 in_channels=1 image_size=9223372036854775807")}) {
       ParamsFile pf(sig);
       pf.u32(0);  // no entries: the model is built from the signature before they are compared
       const QString p = path("sig.params");
@@ -161,7 +165,8 @@ class CorruptFilesTest : public QObject {
       pf.u32(0);
       const QString p = path("big.params");
       writeFile(p, pf.finished());
-      expectError([&] { load_model(rt, p.toStdString(), Device::cpu()); }, {"Out of memory on cpu", "tried to allocate"});
+      expectError([&] { load_model(rt, p.toStdString(), Device::cpu()); },
+                  {"Out of memory on cpu", "tried to allocate"});
     }
     // A million entries announced, none there.
     {
@@ -190,7 +195,8 @@ class CorruptFilesTest : public QObject {
       writeFile(p, pf.finished());
       expectError([&] { read_params_info(p.toStdString()); }, {"corrupt", "bad shape"});
     }
-    QVERIFY2(peakRssMiB() - rssBefore < 512, qPrintable(QStringLiteral("memory grew by %1 MiB").arg(peakRssMiB() - rssBefore)));
+    QVERIFY2(peakRssMiB() - rssBefore < 512,
+             qPrintable(QStringLiteral("memory grew by %1 MiB").arg(peakRssMiB() - rssBefore)));
   }
 
   void datasetFilesWithAbsurdHeaders() {
@@ -206,8 +212,10 @@ class CorruptFilesTest : public QObject {
     // 5,000,000 images announced (3.9 GB), 10 bytes there: an error at once, and no 3.9 GB allocated.
     const long rssBefore = peakRssMiB();
     std::string d = dataset("claims", idx(3, {5000000, 28, 28}, "0123456789"), okLabels);
-    expectError([&] { load_fashion_mnist(Split::Train, d); }, {"train-images-idx3-ubyte", "corrupt", "ends inside the data"});
-    QVERIFY2(peakRssMiB() - rssBefore < 512, qPrintable(QStringLiteral("memory grew by %1 MiB").arg(peakRssMiB() - rssBefore)));
+    expectError([&] { load_fashion_mnist(Split::Train, d); },
+                {"train-images-idx3-ubyte", "corrupt", "ends inside the data"});
+    QVERIFY2(peakRssMiB() - rssBefore < 512,
+             qPrintable(QStringLiteral("memory grew by %1 MiB").arg(peakRssMiB() - rssBefore)));
     // Dimensions whose product passes 2^32, or wraps around 2^64.
     d = dataset("dims", idx(3, {0xFFFFFFFFu, 0xFFFFFFFFu, 0x10000u}, ""), okLabels);
     expectError([&] { load_fashion_mnist(Split::Train, d); }, {"implausible dimensions"});
@@ -221,11 +229,13 @@ class CorruptFilesTest : public QObject {
     d = dataset("label", idx(3, {3, 28, 28}, three), idx(1, {3}, std::string("\0\x0b\2", 3)));
     expectError([&] { load_fashion_mnist(Split::Train, d); }, {"label 11 at 1"});
     d = dataset("empty", "", okLabels);
-    expectError([&] { load_fashion_mnist(Split::Train, d); }, {"train-images-idx3-ubyte", "ends inside the header"});
+    expectError([&] { load_fashion_mnist(Split::Train, d); },
+                {"train-images-idx3-ubyte", "ends inside the header"});
     // A directory where the images file should be.
     QDir(dir_.path()).mkpath("dir/train-images-idx3-ubyte.gz");
     writeFile(path("dir/train-labels-idx1-ubyte"), okLabels);
-    expectError([&] { load_fashion_mnist(Split::Train, path("dir").toStdString()); }, {"train-images-idx3-ubyte.gz"});
+    expectError([&] { load_fashion_mnist(Split::Train, path("dir").toStdString()); },
+                {"train-images-idx3-ubyte.gz"});
     // And a good set of three images loads: the checks above are not simply refusing everything.
     d = dataset("good", idx(3, {3, 28, 28}, three), okLabels);
     DatasetPtr ok = load_fashion_mnist(Split::Train, d);

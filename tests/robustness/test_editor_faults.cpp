@@ -1,13 +1,13 @@
 // Faults seen from the editor: a run that runs out of memory, a node that throws, and a save that fails
 // midway. Each is reported where the user looks (the node, the log, a message), and the editor keeps its
 // document and keeps working.
-#include <csignal>
 #include <sys/resource.h>
 
 #include <QFile>
 #include <QJsonArray>
 #include <QListWidget>
 #include <QUndoStack>
+#include <csignal>
 
 #include "editor_test_util.h"
 #include "gpunodes/core/registry.h"
@@ -29,10 +29,11 @@ class EditorFaultsTest : public QObject {
 
   std::unique_ptr<MainWindow> window() {
     auto w = std::make_unique<MainWindow>(&registry_);
-    w->setPromptHandler([this](QMessageBox::Icon, const QString&, const QString& text, QMessageBox::StandardButtons) {
-      prompts_ << text;
-      return QMessageBox::Discard;
-    });
+    w->setPromptHandler(
+        [this](QMessageBox::Icon, const QString&, const QString& text, QMessageBox::StandardButtons) {
+          prompts_ << text;
+          return QMessageBox::Discard;
+        });
     w->show();
     return w;
   }

@@ -184,7 +184,8 @@ class FaultsTest : public QObject {
     QVERIFY2(!o.isEmpty(), "no report");
     QCOMPARE(o["ok"].toBool(), false);
     QCOMPARE(status(o, "mm_small"), QString("failed"));
-    QVERIFY(o["nodes"].toObject()["mm_small"].toObject()["error"].toString().contains("memory_limit 1.00 MiB"));
+    QVERIFY(
+        o["nodes"].toObject()["mm_small"].toObject()["error"].toString().contains("memory_limit 1.00 MiB"));
     QCOMPARE(status(o, "after"), QString("skipped"));
     // The independent branch completed, with its values.
     for (const char* id : {"a", "b", "c", "mm_host", "show"}) QCOMPARE(status(o, id), QString("ok"));
@@ -195,7 +196,8 @@ class FaultsTest : public QObject {
     // the same graph without the product holds (a and b), byte for byte.
     const QString baseFile = save("oom-baseline.json", baseline);
     const QString baseReport = dir_.filePath("oom-baseline-report.json");
-    const Run base = runProcess(GN_GPUNODES, {"run", baseFile, "--report", baseReport}, realNodes(), 60000 * kTimeScale);
+    const Run base =
+        runProcess(GN_GPUNODES, {"run", baseFile, "--report", baseReport}, realNodes(), 60000 * kTimeScale);
     QVERIFY2(base.exitCode == 0, qPrintable(base.describe()));
     const QJsonObject b = readJson(baseReport);
     for (const QString device : {"cpu", "cpu:1"})
@@ -235,10 +237,12 @@ class FaultsTest : public QObject {
     ex.wait();
     const auto took = std::chrono::steady_clock::now() - t0;
     QVERIFY2(took < 1s * kTimeScale,
-             qPrintable(QStringLiteral("cancel took %1 ms").arg(std::chrono::duration<double, std::milli>(took).count())));
+             qPrintable(QStringLiteral("cancel took %1 ms")
+                            .arg(std::chrono::duration<double, std::milli>(took).count())));
     const QJsonObject report = ex.report();
     QCOMPARE(report["cancelled"].toBool(), true);
-    QVERIFY2(status(report, "cp") == "cancelled" || status(report, "cp") == "failed", qPrintable(status(report, "cp")));
+    QVERIFY2(status(report, "cp") == "cancelled" || status(report, "cp") == "failed",
+             qPrintable(status(report, "cp")));
     QVERIFY(status(report, "show") != "ok");
     // No buffer leaked: nothing the cancelled copy allocated on cpu:1 survives, and cpu:0 holds x and the one
     // product that keep=last reuses, not the 20,000 dropped ones.
@@ -260,9 +264,11 @@ class FaultsTest : public QObject {
     ex.wait();
     QJsonObject report = ex.report();
     QCOMPARE(status(report, "t_std"), QString("failed"));
-    QCOMPARE(report["nodes"].toObject()["t_std"].toObject()["error"].toString(), QString("Thrower: a std exception"));
+    QCOMPARE(report["nodes"].toObject()["t_std"].toObject()["error"].toString(),
+             QString("Thrower: a std exception"));
     QCOMPARE(status(report, "t_int"), QString("failed"));
-    QVERIFY(report["nodes"].toObject()["t_int"].toObject()["error"].toString().contains("not a std::exception"));
+    QVERIFY(
+        report["nodes"].toObject()["t_int"].toObject()["error"].toString().contains("not a std::exception"));
     QCOMPARE(status(report, "t_string"), QString("failed"));
     QCOMPARE(status(report, "after"), QString("skipped"));
     QCOMPARE(status(report, "t_none"), QString("ok"));
@@ -281,11 +287,13 @@ class FaultsTest : public QObject {
     bad.addNode(makeNode("v", "Thrower", {{"throw", "validate"}}));
     ValidationReport v = validate(bad, registry);
     QVERIFY(!v.ok());
-    QVERIFY2(v.errors().value(0).text().contains("v: params: checking params failed"), qPrintable(v.errors().value(0).text()));
+    QVERIFY2(v.errors().value(0).text().contains("v: params: checking params failed"),
+             qPrintable(v.errors().value(0).text()));
     set.throwInGraphCheck = true;
     v = validate(one, registry);
     QVERIFY(!v.ok());
-    QVERIFY2(v.errors().value(0).text().contains("throwers: graph check failed"), qPrintable(v.errors().value(0).text()));
+    QVERIFY2(v.errors().value(0).text().contains("throwers: graph check failed"),
+             qPrintable(v.errors().value(0).text()));
     QVERIFY(!ex.start(one, RunSettings{}));
     set.throwInGraphCheck = false;
 

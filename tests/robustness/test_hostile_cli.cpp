@@ -52,12 +52,13 @@ class HostileCliTest : public QObject {
 
   QString write(const QString& name, const QByteArray& bytes) {
     QFile f(dir_.filePath(name));
-    if (!f.open(QIODevice::WriteOnly) || f.write(bytes) != bytes.size()) qFatal("cannot write %s", qPrintable(name));
+    if (!f.open(QIODevice::WriteOnly) || f.write(bytes) != bytes.size())
+      qFatal("cannot write %s", qPrintable(name));
     return f.fileName();
   }
 
-  // The contract for one refused file, under both commands. Files of 100,000 nodes get more than the 2 s: there
-  // the bound catches quadratic work, not a slow machine.
+  // The contract for one refused file, under both commands. Files of 100,000 nodes get more than the 2 s:
+  // there the bound catches quadratic work, not a slow machine.
   void expectRefused(const QString& file, const QString& word, int lines, int budgetMs = 2000) {
     const QString report = dir_.filePath("report.json");
     for (const QString& command : {QStringLiteral("validate"), QStringLiteral("run")}) {
@@ -77,10 +78,13 @@ class HostileCliTest : public QObject {
                  qPrintable("unexpected line \"" + line.left(300) + "\"\n" + what));
         if (line.startsWith("error: ")) errors.append(line);
       }
-      QVERIFY2(errors.size() == lines,
-               qPrintable(QStringLiteral("%1 error lines, expected %2\n").arg(errors.size()).arg(lines) + what));
-      QVERIFY2(errors.first().contains(word), qPrintable("the first error does not name \"" + word + "\"\n" + what));
-      for (const QString& e : errors) QVERIFY2(e.size() < 1000, qPrintable("a long message: " + e.left(1200)));
+      QVERIFY2(
+          errors.size() == lines,
+          qPrintable(QStringLiteral("%1 error lines, expected %2\n").arg(errors.size()).arg(lines) + what));
+      QVERIFY2(errors.first().contains(word),
+               qPrintable("the first error does not name \"" + word + "\"\n" + what));
+      for (const QString& e : errors)
+        QVERIFY2(e.size() < 1000, qPrintable("a long message: " + e.left(1200)));
       QVERIFY2(r.ms < budgetMs * kTimeScale, qPrintable(QStringLiteral("took %1 ms\n").arg(r.ms) + what));
       // The kernel keeps only the largest child's peak: a rise past the bound is this child's.
       const long rss = childrenPeakRssMiB();
@@ -90,7 +94,8 @@ class HostileCliTest : public QObject {
         QFile f(report);
         QVERIFY2(f.open(QIODevice::ReadOnly), qPrintable("no report\n" + what));
         const QJsonObject o = QJsonDocument::fromJson(f.readAll()).object();
-        QVERIFY2(o.contains("ok") && !o.value("ok").toBool(), qPrintable("the report does not say it failed"));
+        QVERIFY2(o.contains("ok") && !o.value("ok").toBool(),
+                 qPrintable("the report does not say it failed"));
       }
     }
   }
@@ -137,13 +142,17 @@ class HostileCliTest : public QObject {
     const QByteArray numbers = QByteArray(5 * 1000 * 1000, '1').replace("1", "1,");
     // Escaped strings, not raw ones: moc misreads a raw string that starts with a quote.
     QTest::newRow("enum param") << "init-10mb.json" << QByteArray("\"init\": \"uniform\"")
-                                << "\"init\": \"" + huge + "\"" << "init";
+                                << "\"init\": \"" + huge + "\""
+                                << "init";
     QTest::newRow("node type") << "type-10mb.json" << QByteArray("\"type\": \"MatMul\"")
-                               << "\"type\": \"" + huge + "\"" << "type";
+                               << "\"type\": \"" + huge + "\""
+                               << "type";
     QTest::newRow("tensor values") << "values-10mb.json" << QByteArray("\"init\": \"uniform\"")
-                                   << "\"init\": \"values\", \"values\": \"" + numbers + "\"" << "values";
+                                   << "\"init\": \"values\", \"values\": \"" + numbers + "\""
+                                   << "values";
     QTest::newRow("param name") << "param-name-10mb.json" << QByteArray("\"repeat\": 2")
-                                << "\"repeat\": 2, \"" + huge + "\": 1, \"keep\": 7" << "keep";
+                                << "\"repeat\": 2, \"" + huge + "\": 1, \"keep\": 7"
+                                << "keep";
   }
   void tenMegabyteStrings() {
     QFETCH(QString, name);
@@ -189,7 +198,8 @@ class HostileCliTest : public QObject {
     QByteArray nodes, conns;
     for (int i = 0; i < n; ++i) {
       if (i) nodes += ',', conns += ',';
-      nodes += QStringLiteral(R"({"id": "c%1", "type": "Elementwise", "params": {"op": "relu"}})").arg(i).toUtf8();
+      nodes +=
+          QStringLiteral(R"({"id": "c%1", "type": "Elementwise", "params": {"op": "relu"}})").arg(i).toUtf8();
       conns += QStringLiteral(R"({"from": "c%1.out", "to": "c%2.a"})").arg(i).arg((i + 1) % n).toUtf8();
     }
     QTest::newRow("cycle") << "cycle-100000.json" << graph(nodes, conns) << "cycle";

@@ -28,10 +28,11 @@ class HostileEditorTest : public QObject {
 
   std::unique_ptr<MainWindow> window() {
     auto w = std::make_unique<MainWindow>(&registry_);
-    w->setPromptHandler([this](QMessageBox::Icon, const QString&, const QString& text, QMessageBox::StandardButtons) {
-      prompts_ << text;
-      return QMessageBox::Discard;
-    });
+    w->setPromptHandler(
+        [this](QMessageBox::Icon, const QString&, const QString& text, QMessageBox::StandardButtons) {
+          prompts_ << text;
+          return QMessageBox::Discard;
+        });
     w->show();
     return w;
   }
@@ -95,7 +96,8 @@ class HostileEditorTest : public QObject {
       QVERIFY2(!report.ok(), "the file validates in the editor");
       QStringList logged;
       for (int i = logBefore; i < w->log()->count(); ++i)
-        if (w->log()->item(i)->data(Qt::UserRole + 2).toString() == "error") logged << w->log()->item(i)->text();
+        if (w->log()->item(i)->data(Qt::UserRole + 2).toString() == "error")
+          logged << w->log()->item(i)->text();
       QVERIFY2(!logged.isEmpty(), "no error in the log");
       QVERIFY2(logged.first().contains(word), qPrintable(logged.first().left(500) + "\nexpected: " + word));
       QVERIFY2(w->statusBar()->currentMessage().contains(name) &&
@@ -157,8 +159,9 @@ class HostileEditorTest : public QObject {
     const QString path = dir_.filePath("init-10mb.json");
     QFile f(path);
     QVERIFY(f.open(QIODevice::WriteOnly));
-    f.write(R"({"format": "gpunodes-graph", "version": 1, "nodes": [{"id": "x1", "type": "Tensor", "params": {"init": ")" +
-            QByteArray(10 * 1000 * 1000, 'x') + R"("}}]})");
+    f.write(
+        R"({"format": "gpunodes-graph", "version": 1, "nodes": [{"id": "x1", "type": "Tensor", "params": {"init": ")" +
+        QByteArray(10 * 1000 * 1000, 'x') + R"("}}]})");
     f.close();
     open(path, "init");
     f.remove();

@@ -171,9 +171,11 @@ class EngineTest : public QObject {
     VarPtr v = new_var();
     std::atomic<bool> release{false};
     std::atomic<int> ran{0};
-    rt.engine().push([&](OpContext&) {
-      while (!release) std::this_thread::sleep_for(1ms);
-    }, {}, {v}, Device::cpu(), StreamKind::Compute, {"gate"});
+    rt.engine().push(
+        [&](OpContext&) {
+          while (!release) std::this_thread::sleep_for(1ms);
+        },
+        {}, {v}, Device::cpu(), StreamKind::Compute, {"gate"});
     for (int i = 0; i < 200000; ++i)
       rt.engine().push([&](OpContext&) { ++ran; }, {}, {v}, Device::cpu(), StreamKind::Compute, {"link"});
     const auto t0 = std::chrono::steady_clock::now();

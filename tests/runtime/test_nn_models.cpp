@@ -146,7 +146,8 @@ class NnModelsTest : public QObject {
     // The count graph checks use to refuse a model that cannot fit, against the models actually built.
     Runtime rt;
     for (ModelOptions o : {opts(Arch::Linear), opts(Arch::Mlp), opts(Arch::LeNet), opts(Arch::ResNet18)}) {
-      for (auto [classes, channels, side] : {std::tuple{10, 1, 28}, std::tuple{7, 3, 32}, std::tuple{100, 2, 12}}) {
+      for (auto [classes, channels, side] :
+           {std::tuple{10, 1, 28}, std::tuple{7, 3, 32}, std::tuple{100, 2, 12}}) {
         o.classes = classes, o.in_channels = channels, o.image_size = side;
         auto m = Model::create(rt, o, Device::cpu());
         double built = 0;

@@ -59,7 +59,8 @@ void GraphDocument::setView(const QJsonObject& v) {
 
 int GraphDocument::indexOf(const QString& id) const {
   // A hash of id -> first position, rebuilt after a removal or a replacement: a scan per lookup made adding
-  // or pasting n nodes cost n^2, which a pasted clipboard or a loaded file of 100,000 nodes turns into a hang.
+  // or pasting n nodes cost n^2, which a pasted clipboard or a loaded file of 100,000 nodes turns into a
+  // hang.
   if (!indexValid_) {
     index_.clear();
     index_.reserve(nodes_.size());

@@ -7,6 +7,7 @@
 #include <QSaveFile>
 #include <QSet>
 #include <QVariant>
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 
@@ -20,14 +21,36 @@ const QString kFormat = QStringLiteral("gpunodes-graph");
 
 // ---- canonical writer --------------------------------------------------------------------------------
 // QJsonDocument sorts keys alphabetically and writes one value per line; ours puts format and version first
-// and one node or connection per line, so files read well and diff well. Keys inside objects are sorted
-// (QJsonObject iterates in key order), so the same document always gives the same bytes.
+// and one node or connection per line, so files read well and diff well. Keys inside objects are sorted,
+// so the same document always gives the same bytes.
+//
+// U+FEFF needs care (found by fuzzing): Qt's JSON drops it from the start of a string it reads raw, and a key
+// that starts with one is stored under one spelling and read back under another, so QJsonObject's own order
+// is not the order of the keys it hands out. Hence the writer escapes U+FEFF, which Qt reads back as it was,
+// and sorts the members itself.
+
+// The members in the order of their keys as read, each key once.
+QList<QPair<QString, QJsonValue>> members(const QJsonObject& o) {
+  QList<QPair<QString, QJsonValue>> m;
+  m.reserve(o.size());
+  for (auto it = o.begin(); it != o.end(); ++it) m.append({it.key(), it.value()});
+  std::stable_sort(m.begin(), m.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  m.erase(std::unique(m.begin(), m.end(), [](const auto& a, const auto& b) { return a.first == b.first; }),
+          m.end());
+  return m;
+}
 
 void writeString(QByteArray& out, const QString& s) {
   out += '"';
   const QByteArray utf8 = s.toUtf8();
-  for (char ch : utf8) {
+  for (qsizetype i = 0; i < utf8.size(); ++i) {
+    const char ch = utf8[i];
     const auto c = static_cast<unsigned char>(ch);
+    if (c == 0xEF && utf8.mid(i, 3) == "\xEF\xBB\xBF") {  // U+FEFF, escaped: see above
+      out += "\\ufeff";
+      i += 2;
+      continue;
+    }
     switch (c) {
       case '"':
         out += "\\\"";
@@ -68,12 +91,12 @@ void writeValue(QByteArray& out, const QJsonValue& v);
 void writeObject(QByteArray& out, const QJsonObject& o) {
   out += '{';
   bool first = true;
-  for (auto it = o.begin(); it != o.end(); ++it) {
+  for (const auto& [key, value] : members(o)) {
     if (!first) out += ", ";
     first = false;
-    writeString(out, it.key());
+    writeString(out, key);
     out += ": ";
-    writeValue(out, it.value());
+    writeValue(out, value);
   }
   out += '}';
 }
@@ -141,17 +164,19 @@ QJsonObject connectionJson(const GraphConnection& c) {
 void writeOrdered(QByteArray& out, const QJsonObject& o, const QStringList& order) {
   out += '{';
   bool first = true;
-  auto field = [&](const QString& key) {
+  auto field = [&](const QString& key, const QJsonValue& value) {
     if (!first) out += ", ";
     first = false;
     writeString(out, key);
     out += ": ";
-    writeValue(out, o.value(key));
+    writeValue(out, value);
   };
+  const QList<QPair<QString, QJsonValue>> all = members(o);
   for (const QString& key : order)
-    if (o.contains(key)) field(key);
-  for (auto it = o.begin(); it != o.end(); ++it)
-    if (!order.contains(it.key())) field(it.key());
+    for (const auto& [k, value] : all)
+      if (k == key) field(k, value);
+  for (const auto& [key, value] : all)
+    if (!order.contains(key)) field(key, value);
   out += '}';
 }
 
@@ -339,10 +364,10 @@ QByteArray save(const GraphDocument& doc) {
     else
       writeValue(out, o.value(k));
   }
-  for (auto it = o.begin(); it != o.end(); ++it) {
-    if (kTopKeys.contains(it.key())) continue;
-    key(it.key());
-    writeValue(out, it.value());
+  for (const auto& [k, value] : members(o)) {
+    if (kTopKeys.contains(k)) continue;
+    key(k);
+    writeValue(out, value);
   }
   out += "\n}\n";
   return out;

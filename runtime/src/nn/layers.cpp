@@ -12,8 +12,6 @@
 namespace gn::nn {
 namespace {
 
-constexpr int64_t kF = sizeof(float);
-
 std::atomic<bool> g_allow_tf32{true};
 
 // Runs `body` with the kernels of `device` on its compute stream: it reads `reads` and writes `writes`.

@@ -493,7 +493,8 @@ double state_elements(const ModelOptions& o) {
       return linear(c * s * s, 256) + linear(256, classes);
     case Arch::LeNet: {
       const double side = static_cast<double>(((o.image_size + 4 - 4) / 2 - 4) / 2);
-      return conv(c, 6, 5) + conv(6, 16, 5) + linear(16 * side * side, 120) + linear(120, 84) + linear(84, classes);
+      return conv(c, 6, 5) + conv(6, 16, 5) + linear(16 * side * side, 120) + linear(120, 84) +
+             linear(84, classes);
     }
     case Arch::ResNet18: {
       double n = conv(c, 64, 3) + bn(64) + 2 * residual(64, 64, false);

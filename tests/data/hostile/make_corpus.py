@@ -140,7 +140,7 @@ variant("unknown-types-many.json", "several unknown types among valid nodes", "W
 for name, shape, word in [("shape-negative", [4, -4], "shape"), ("shape-zero", [0, 4], "shape"),
                           ("shape-overflow", [2**40, 2**40], "shape"), ("shape-int64-max", [9223372036854775807], "shape"),
                           ("shape-float", [4.5, 4], "shape"), ("shape-string", "4x4", "shape"),
-                          ("shape-empty-dims", [[], []], "shape"), ("shape-rank-9", [2] * 9, "shape"),
+                          ("shape-empty-dims", [[], []], "shape"), ("shape-rank-9", [2] * 9, "2-d"),
                           ("shape-huge-but-fits", [200000, 200000], "shape")]:
     variant(f"{name}.json", f"Tensor shape {json.dumps(shape)}", word,
             lambda g, s=shape: g["nodes"][1]["params"].update(shape=s))
@@ -238,8 +238,12 @@ emit("control-chars-type.json", "raw control characters inside a node type", "ty
 
 # --- fuzz findings, kept as the fuzzer wrote them (tests/fuzz/run.sh); this script does not regenerate them
 FUZZ_FINDINGS = [
+    # Two mangled ids, two unknown types, and 4,996 MatMuls with inputs a and b open.
     ("fuzz-paste-5000-nodes.json", "fuzz: 5,000 nodes whose save, copy and paste took over 10 s (quadratic id and "
-     "wire lookups)", "mm", None),
+     "wire lookups)", "invalid id", 9996),
+    # A mutated unknown-types-many.json: a bad schedule, five unknown types, an init that is a number.
+    ("fuzz-bom-in-key.json", "fuzz: a settings key starting with a raw U+FEFF, which saved in another order the "
+     "second time", "schedule", 7),
 ]
 for name, attack, expect, lines in FUZZ_FINDINGS:
     if not os.path.exists(name):
