@@ -136,23 +136,26 @@ class Checker {
     return info ? info->total_memory : 0;
   }
 
-  // A batch that cannot fit on its device even when the device is otherwise empty.
-  void checkFits(const QString& id, const QString& field, Device d, double count, const Shape& shape,
-                 const QString& what) {
-    double numel = 1;
-    for (int64_t x : shape) numel *= static_cast<double>(x);
-    const double bytes = count * numel * sizeof(float);
+  // Something of `bytes` that cannot fit on its device even when the device is otherwise empty: false, and
+  // the error, when it does not.
+  bool checkFits(const QString& id, const QString& field, Device d, double bytes, const QString& what) {
     const int64_t cap = capacity(d);
-    if (cap <= 0 || bytes <= static_cast<double>(cap)) return;
+    if (cap <= 0 || bytes <= static_cast<double>(cap)) return true;
     report_.error(id, field,
-                  QString("%1 %2 x Tensor%3 (%4) cannot fit on %5, which has %6%7")
+                  QString("%1 (%2) cannot fit on %3, which has %4%5")
                       .arg(what)
-                      .arg(count, 0, 'g', 15)
-                      .arg(qs(shape_str(shape)))
                       .arg(qs(format_bytes(static_cast<int64_t>(std::min(bytes, 9.0e18)))))
                       .arg(qs(d.str()))
                       .arg(qs(format_bytes(cap)))
                       .arg(limits_.count(d) ? " (memory_limit)" : ""));
+    return false;
+  }
+  bool checkFits(const QString& id, const QString& field, Device d, double count, const Shape& shape,
+                 const QString& what) {
+    double numel = 1;
+    for (int64_t x : shape) numel *= static_cast<double>(x);
+    return checkFits(id, field, d, count * numel * sizeof(float),
+              QString("%1 %2 x Tensor%3").arg(what).arg(count, 0, 'g', 15).arg(qs(shape_str(shape))));
   }
 
   void checkSameDevice(const QString& id, const QString& field, const Known& a, const Known& b) {
@@ -211,9 +214,14 @@ class Checker {
       if (!devices.empty() && (!dev || dev->isDevices)) {
         t.devices = devices;
         t.count = double(count) * double(devices.size());
+        // A batch refused here is unknown downstream, so that its consumers do not say the same again.
         if (t.shape)
           for (const Device& d : devices)
-            checkFits(id, "params.shape", d, double(count), *t.shape, "the batch of");
+            if (!checkFits(id, "params.shape", d, double(count), *t.shape, "the batch of")) {
+              t.shape.reset();
+              t.count.reset();
+              break;
+            }
       }
       out["out"] = t;
     } else if (type == "Copy") {
@@ -267,6 +275,14 @@ class Checker {
         m.model = modelOptionsOf(p);
       } catch (const std::exception&) {
         // The params' own checks name the bad value.
+      }
+      // Parameters and buffers that cannot fit: refused before the run, not by the allocator mid-way.
+      if (m.model && m.devices.size() == 1) {
+        const double values = nn::state_elements(*m.model);
+        checkFits(id, "params.arch", m.devices.front(), values * sizeof(float),
+                  QString("the %1's %2 parameter and buffer values")
+                      .arg(p["arch"].toString())
+                      .arg(values, 0, 'g', 4));
       }
       out["model"] = m;
     } else if (type == "Dataset") {

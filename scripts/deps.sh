@@ -2,6 +2,7 @@
 # with one apt-get update. Needs root (or sudo) on a fresh machine; does nothing when all are present.
 GPUNODES_PACKAGES=(cmake ninja-build g++ pkg-config
   qt6-base-dev libqcustomplot-dev
+  qt6-qpa-plugins  # Qt's VNC platform: the display the killed-editor suite types into
   libopenblas-dev libopenblas0-openmp libdnnl-dev
   dataset-fashion-mnist
   xvfb xauth)

@@ -58,6 +58,12 @@ const Fonts& fonts() {
   return f;
 }
 
+// Text a node shows, cut to what could ever be visible on it: a hostile file's 10 MB param or type name
+// would otherwise be shaped whole on every layout, which takes seconds.
+QString clipped(const QString& s, qsizetype max = 160) {
+  return s.size() <= max ? s : s.left(max) + QChar(0x2026);
+}
+
 QStaticText staticText(const QString& s) {
   QStaticText t(s);
   t.setTextFormat(Qt::PlainText);
@@ -103,12 +109,12 @@ NodeItem::NodeItem(GraphScene* scene, const QString& id) : scene_(scene), id_(id
 void NodeItem::rebuild() {
   const core::GraphNode* n = scene_->document()->node(id_);
   if (!n) return;
-  typeName_ = n->type;
+  typeName_ = clipped(n->type, 60);
   ports_ = scene_->editor()->portsOf(id_);
   const core::NodeTypeSpec* spec = scene_->editor()->specOf(id_);
   headerColor_ = style::categoryColor(spec ? spec->category : QString("missing"));
   title_ = staticText(typeName_);
-  idText_ = staticText(id_);
+  idText_ = staticText(clipped(id_, 60));
   inLabels_.clear();
   outLabels_.clear();
   for (const core::PortSpec& p : ports_.inputs) inLabels_ << staticText(p.name);
@@ -128,7 +134,7 @@ void NodeItem::layout() {
   qreal maxIn = 0, maxOut = 0;
   for (const core::PortSpec& p : ports_.inputs) maxIn = qMax(maxIn, f.bodyM.horizontalAdvance(p.name));
   for (const core::PortSpec& p : ports_.outputs) maxOut = qMax(maxOut, f.bodyM.horizontalAdvance(p.name));
-  const qreal titleW = f.titleM.horizontalAdvance(typeName_) + f.smallM.horizontalAdvance(id_) + 22;
+  const qreal titleW = f.titleM.horizontalAdvance(typeName_) + f.smallM.horizontalAdvance(idText_.text()) + 22;
   // Room on the right of the title for the status badge ("running 100%").
   const qreal w = std::ceil(qMax<qreal>(170, qMax(titleW + 78, maxIn + maxOut + 44)));
 
@@ -143,13 +149,14 @@ void NodeItem::layout() {
     lines << QString("type '%1' is not loaded").arg(typeName_);
   }
   summary_.clear();
-  for (const QString& l : lines) summary_ << staticText(f.smallM.elidedText(l, Qt::ElideRight, w - 16));
+  for (const QString& l : lines)
+    summary_ << staticText(f.smallM.elidedText(clipped(l), Qt::ElideRight, w - 16));
 
   const QStringList errs = errors();
   const int rows = int(qMax(ports_.inputs.size(), ports_.outputs.size()));
   qreal h = kPortTop + rows * kPortRow + summary_.size() * kSummaryRow + 10;
   if (!errs.isEmpty()) {
-    errorLine_ = staticText(f.smallM.elidedText(errs.first(), Qt::ElideRight, w - 12));
+    errorLine_ = staticText(f.smallM.elidedText(clipped(errs.first()), Qt::ElideRight, w - 12));
     h += kErrorStrip;
   }
   prepareGeometryChange();
@@ -397,7 +404,7 @@ void NodeItem::hoverMoveEvent(QGraphicsSceneHoverEvent* e) {
   } else {
     const QStringList errs = errors(), warns = warnings();
     const core::NodeTypeSpec* spec = scene_->editor()->specOf(id_);
-    tip = QString("<b>%1</b> (%2)").arg(id_, typeName_);
+    tip = QString("<b>%1</b> (%2)").arg(clipped(id_, 60), typeName_);
     if (spec && !spec->description.isEmpty()) tip += "<br>" + spec->description.toHtmlEscaped();
     if (status_ != RunStatus::Idle) tip += "<br>status: " + runStatusName(status_);
     if (status_ == RunStatus::Done) tip += ", " + style::formatMs(timeMs_);

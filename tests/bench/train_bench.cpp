@@ -101,14 +101,8 @@ double our_step_seconds(Arch arch, int64_t batch, int windows, int steps, int th
   return best;
 }
 
-// PyTorch's seconds per step for the same models (d2l definitions), or negative when torch is missing.
-std::vector<double> torch_step_seconds(int threads, int windows, int steps, int resnet_steps) {
-  std::string script = R"PY(
-import sys, time
-import torch
-from torch import nn
-from torch.nn import functional as F
-torch.set_num_threads(int(sys.argv[1])); windows = int(sys.argv[2]); steps = int(sys.argv[3]); rsteps = int(sys.argv[4])
+// d2l's ResNet-18 for Fashion-MNIST in PyTorch (3x3 stem, no max-pool), the peer of ours: both scripts use it.
+constexpr const char* kTorchResNet18 = R"PY(
 class Residual(nn.Module):
     def __init__(self, i, o, use_1x1conv=False, strides=1):
         super().__init__()
@@ -122,9 +116,21 @@ class Residual(nn.Module):
         return F.relu(Y + X)
 def stage(i, o, first):
     return nn.Sequential(Residual(i, o, not first, 1 if first else 2), Residual(o, o))
-resnet = nn.Sequential(nn.Conv2d(1, 64, 3, 1, 1), nn.BatchNorm2d(64), nn.ReLU(), stage(64, 64, True),
-    stage(64, 128, False), stage(128, 256, False), stage(256, 512, False), nn.AdaptiveAvgPool2d((1, 1)),
-    nn.Flatten(), nn.Linear(512, 10))
+def resnet18():
+    return nn.Sequential(nn.Conv2d(1, 64, 3, 1, 1), nn.BatchNorm2d(64), nn.ReLU(), stage(64, 64, True),
+        stage(64, 128, False), stage(128, 256, False), stage(256, 512, False), nn.AdaptiveAvgPool2d((1, 1)),
+        nn.Flatten(), nn.Linear(512, 10))
+)PY";
+
+// PyTorch's seconds per step for the same models (d2l definitions), or negative when torch is missing.
+std::vector<double> torch_step_seconds(int threads, int windows, int steps, int resnet_steps) {
+  std::string script = R"PY(
+import sys, time
+import torch
+from torch import nn
+from torch.nn import functional as F
+torch.set_num_threads(int(sys.argv[1])); windows = int(sys.argv[2]); steps = int(sys.argv[3]); rsteps = int(sys.argv[4])
+)PY" + std::string(kTorchResNet18) + R"PY(resnet = resnet18()
 mlp = nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
 lenet = nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.Sigmoid(), nn.AvgPool2d(2, 2), nn.Conv2d(6, 16, 5),
     nn.Sigmoid(), nn.AvgPool2d(2, 2), nn.Flatten(), nn.Linear(400, 120), nn.Sigmoid(), nn.Linear(120, 84),
@@ -283,22 +289,7 @@ def load(p):
     return (torch.tensor(x.reshape(-1, 1, 28, 28).copy(), device=dev).float() / 255,
             torch.tensor(l.astype(np.int64), device=dev))
 Xtr, ytr = load('train'); Xte, yte = load('t10k')
-class Residual(nn.Module):
-    def __init__(self, i, o, use_1x1conv=False, strides=1):
-        super().__init__()
-        self.conv1 = nn.Conv2d(i, o, 3, padding=1, stride=strides)
-        self.conv2 = nn.Conv2d(o, o, 3, padding=1)
-        self.conv3 = nn.Conv2d(i, o, 1, stride=strides) if use_1x1conv else None
-        self.bn1 = nn.BatchNorm2d(o); self.bn2 = nn.BatchNorm2d(o)
-    def forward(self, X):
-        Y = F.relu(self.bn1(self.conv1(X))); Y = self.bn2(self.conv2(Y))
-        if self.conv3: X = self.conv3(X)
-        return F.relu(Y + X)
-def stage(i, o, first):
-    return nn.Sequential(Residual(i, o, not first, 1 if first else 2), Residual(o, o))
-net = nn.Sequential(nn.Conv2d(1, 64, 3, 1, 1), nn.BatchNorm2d(64), nn.ReLU(), stage(64, 64, True),
-    stage(64, 128, False), stage(128, 256, False), stage(256, 512, False), nn.AdaptiveAvgPool2d((1, 1)),
-    nn.Flatten(), nn.Linear(512, 10)).to(dev)
+)PY" + std::string(kTorchResNet18) + R"PY(net = resnet18().to(dev)
 for m in net.modules():
     if type(m) in [nn.Linear, nn.Conv2d]: nn.init.normal_(m.weight, std=0.01)
 opt = torch.optim.SGD(net.parameters(), lr=lr); loss = nn.CrossEntropyLoss()

@@ -13,14 +13,9 @@
 #include <QtTest>
 #include <csignal>
 
-namespace {
+#include "time_scale.h"
 
-// Time bounds catch hangs, not speed; sanitizer builds run several times slower and get more room.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr int kTimeScale = 10;
-#else
-constexpr int kTimeScale = 1;
-#endif
+namespace {
 
 struct Result {
   int exitCode = -1;

@@ -267,7 +267,7 @@ class ExecutorTest : public QObject {
     timer.start();
     ex.cancel();
     events += collect(ex, 5000);
-    QVERIFY2(timer.elapsed() < 1000 * gn::test::kTimeScale, qPrintable(QString::number(timer.elapsed())));
+    QVERIFY2(timer.elapsed() < 1000 * kTimeScale, qPrintable(QString::number(timer.elapsed())));
     QCOMPARE(events.last().kind, Kind::RunFinished);
     QVERIFY(!events.last().ok);
     QCOMPARE(events.last().message, QStringLiteral("cancelled"));
@@ -397,7 +397,7 @@ class ExecutorTest : public QObject {
       QList<RunEvent> events;
       QVERIFY(waitFor(ex, Kind::NodeStarted, "a1", events));
     }
-    QVERIFY(timer.elapsed() < 5000 * gn::test::kTimeScale);
+    QVERIFY(timer.elapsed() < 5000 * kTimeScale);
   }
 
   void chromeTraceIsATraceEventArray() {

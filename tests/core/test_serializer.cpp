@@ -267,7 +267,7 @@ class SerializerTest : public QObject {
     QVERIFY(e.startsWith("line 1, column"));
     const QString e2 = loadError(QByteArray(100000, '{'));
     QVERIFY2(!e2.isEmpty() && e2 != "(loaded)", qPrintable(e2));
-    QVERIFY(timer.elapsed() < 2000 * gn::test::kTimeScale);
+    QVERIFY(timer.elapsed() < 2000 * kTimeScale);
   }
 
   void filesOverTheLimitAreRefusedBeforeReading() {

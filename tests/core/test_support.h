@@ -5,16 +5,9 @@
 
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/registry.h"
+#include "time_scale.h"
 
 namespace gn::test {
-
-// Time bounds in these suites catch hangs and quadratic blowups, not speed; sanitizer builds run several
-// times slower, so they get more room.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr int kTimeScale = 10;
-#else
-constexpr int kTimeScale = 1;
-#endif
 
 // The test-only node set (TestConst, TestAdd), loaded the way the host loads every plugin.
 inline const core::NodeTypeRegistry& testRegistry() {

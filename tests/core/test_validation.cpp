@@ -191,7 +191,7 @@ class ValidationTest : public QObject {
     const ValidationReport r = check(doc);
     // A hang detector, not a benchmark: a quadratic walk over 10^5 nodes takes minutes, a linear one well
     // under a second on a quiet machine. The bound leaves room for a loaded CI machine.
-    QVERIFY2(timer.elapsed() < 10000 * gn::test::kTimeScale, qPrintable(QString::number(timer.elapsed())));
+    QVERIFY2(timer.elapsed() < 10000 * kTimeScale, qPrintable(QString::number(timer.elapsed())));
     QCOMPARE(r.errors().size(), kNodes);
     const QString text = r.errors()[0].message;
     QCOMPARE(text, QStringLiteral("cycle: n0 -> n1 -> n2 -> n3 -> n4 -> n5 -> n6 -> n7 -> n8 -> n9 -> ... -> "

@@ -11,10 +11,12 @@
 #include <QTemporaryDir>
 #include <QTest>
 #include <algorithm>
+#include <memory>
 
 #include "canvas.h"
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/serializer.h"
+#include "main_window.h"
 
 namespace gn::testing {
 
@@ -63,6 +65,21 @@ inline QByteArray normalized(const core::GraphDocument& doc) {
   o.insert("connections", sc);
   o.remove("view");
   return QJsonDocument(o).toJson(QJsonDocument::Compact);
+}
+
+// A shown main window whose questions never open a dialog: each one's text is added to `prompts`, and it is
+// answered with `*answer` (Discard when null), read at the time of the question.
+inline std::unique_ptr<editor::MainWindow> promptRecordingWindow(
+    const core::NodeTypeRegistry* registry, QStringList* prompts,
+    const QMessageBox::StandardButton* answer = nullptr) {
+  auto w = std::make_unique<editor::MainWindow>(registry);
+  w->setPromptHandler(
+      [prompts, answer](QMessageBox::Icon, const QString&, const QString& text, QMessageBox::StandardButtons) {
+        *prompts << text;
+        return answer ? *answer : QMessageBox::Discard;
+      });
+  w->show();
+  return w;
 }
 
 // Settings (dock layout, recent files) and recovery files go to a private folder, never the user's.

@@ -22,14 +22,7 @@ class TestFiles : public QObject {
   QMessageBox::StandardButton answer_ = QMessageBox::Discard;
 
   std::unique_ptr<MainWindow> makeWindow() {
-    auto w = std::make_unique<MainWindow>(&registry_);
-    w->setPromptHandler(
-        [this](QMessageBox::Icon, const QString&, const QString& text, QMessageBox::StandardButtons) {
-          prompts_ << text;
-          return answer_;
-        });
-    w->show();
-    return w;
+    return testing::promptRecordingWindow(&registry_, &prompts_, &answer_);
   }
 
   void buildGraph(MainWindow* w) {

@@ -12,6 +12,9 @@ const QStringList kExamples{"devices",      "tensors-and-copies",  "matmul-cpu-v
                             "log-per-step", "two-device-parallel", "compute-copy-overlap",
                             "quickstart"};
 
+// Runs of a graph in which an overlap of two threads' spans must show up at least once.
+constexpr int kOverlapAttempts = 5;
+
 void setShape(GraphDocument& doc, const QString& id, int n) {
   doc.setParam(id, "shape", QJsonArray{n, n});
 }
@@ -214,15 +217,20 @@ class ExamplesTest : public QObject {
       doc.setParam("mm2", "repeat", 10);
       RunSettings settings = settingsOf(doc);
       settings.schedule = schedule;  // what --schedule does
-      RunResult r = runGraph(doc, settings);
-      QVERIFY2(r.failures().isEmpty(), qPrintable(r.failures().join("\n")));
-      const QList<TraceSpan> a = r.spansOf("mm1", "matmul"), b = r.spansOf("mm2", "matmul");
-      QCOMPARE(a.size(), 10);
-      QCOMPARE(b.size(), 10);
-      QVERIFY(a[0].device != b[0].device);
+      // Parallel: the two devices' products overlap in one of kOverlapAttempts runs (a busy machine may run
+      // one thread at a time for a while). Sequential: they never do, in any run.
       int overlapping = 0;
-      for (const TraceSpan& x : a)
-        for (const TraceSpan& y : b) overlapping += overlap(x, y);
+      const int attempts = schedule == "parallel" ? kOverlapAttempts : 2;
+      for (int attempt = 0; attempt < attempts && (overlapping == 0 || schedule != "parallel"); ++attempt) {
+        RunResult r = runGraph(doc, settings);
+        QVERIFY2(r.failures().isEmpty(), qPrintable(r.failures().join("\n")));
+        const QList<TraceSpan> a = r.spansOf("mm1", "matmul"), b = r.spansOf("mm2", "matmul");
+        QCOMPARE(a.size(), 10);
+        QCOMPARE(b.size(), 10);
+        QVERIFY(a[0].device != b[0].device);
+        for (const TraceSpan& x : a)
+          for (const TraceSpan& y : b) overlapping += overlap(x, y);
+      }
       if (schedule == "parallel")
         QVERIFY2(overlapping > 0, "no matmul of device 0 overlapped one of device 1 under parallel");
       else
@@ -273,15 +281,20 @@ class ExamplesTest : public QObject {
     setShape(doc, "x", 384);
     doc.setParam("run1", "repeat", 8);
     doc.setParam("run2", "repeat", 8);
-    RunResult r = runGraph(doc);
-    QVERIFY2(r.failures().isEmpty(), qPrintable(r.failures().join("\n")));
-    int overlapping = 0, blockingOverlaps = 0;
-    for (const TraceSpan& c : r.spansOf("copy_overlap"))
-      for (const TraceSpan& m : r.spansOf("run2", "matmul")) overlapping += overlap(c, m);
-    for (const TraceSpan& c : r.spansOf("copy_blocking"))
-      for (const TraceSpan& m : r.spansOf("run1", "matmul")) blockingOverlaps += overlap(c, m);
+    // Overlap needs the copy thread to be scheduled while a product runs, which a machine busy with other
+    // tests may not do in one run: it must happen in one of kOverlapAttempts. Blocking copies must never.
+    int overlapping = 0;
+    for (int attempt = 0; attempt < kOverlapAttempts && overlapping == 0; ++attempt) {
+      RunResult r = runGraph(doc);
+      QVERIFY2(r.failures().isEmpty(), qPrintable(r.failures().join("\n")));
+      int blockingOverlaps = 0;
+      for (const TraceSpan& c : r.spansOf("copy_overlap"))
+        for (const TraceSpan& m : r.spansOf("run2", "matmul")) overlapping += overlap(c, m);
+      for (const TraceSpan& c : r.spansOf("copy_blocking"))
+        for (const TraceSpan& m : r.spansOf("run1", "matmul")) blockingOverlaps += overlap(c, m);
+      QCOMPARE(blockingOverlaps, 0);
+    }
     QVERIFY2(overlapping > 0, "no non-blocking copy overlapped a product still being computed");
-    QCOMPARE(blockingOverlaps, 0);
   }
 
   void quickstart_values() {

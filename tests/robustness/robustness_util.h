@@ -9,14 +9,9 @@
 #include <QString>
 #include <QStringList>
 
-namespace gn::robustness {
+#include "time_scale.h"
 
-// Time bounds catch hangs, not speed; sanitizer builds run several times slower and get more room.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr int kTimeScale = 10;
-#else
-constexpr int kTimeScale = 1;
-#endif
+namespace gn::robustness {
 
 // One line of tests/data/hostile/MANIFEST.tsv.
 struct HostileFile {

@@ -17,17 +17,12 @@
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/data.h"
 #include "gpunodes/nn/serialize.h"
+#include "time_scale.h"
 
 using namespace gn;
 using namespace gn::nn;
 
 namespace {
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr int kTimeScale = 10;
-#else
-constexpr int kTimeScale = 1;
-#endif
 
 // Runs fn, which must throw gn::Error naming every needle, within a second; returns the message.
 QString expectError(const std::function<void()>& fn, const QStringList& needles) {

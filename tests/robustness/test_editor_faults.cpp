@@ -19,7 +19,6 @@
 using namespace gn;
 using editor::MainWindow;
 using editor::RunStatus;
-using robustness::kTimeScale;
 
 class EditorFaultsTest : public QObject {
   Q_OBJECT
@@ -28,14 +27,7 @@ class EditorFaultsTest : public QObject {
   QStringList prompts_;
 
   std::unique_ptr<MainWindow> window() {
-    auto w = std::make_unique<MainWindow>(&registry_);
-    w->setPromptHandler(
-        [this](QMessageBox::Icon, const QString&, const QString& text, QMessageBox::StandardButtons) {
-          prompts_ << text;
-          return QMessageBox::Discard;
-        });
-    w->show();
-    return w;
+    return testing::promptRecordingWindow(&registry_, &prompts_);
   }
 
   static bool logHas(MainWindow* w, const QString& text) {

@@ -17,7 +17,6 @@
 
 using namespace gn;
 using editor::MainWindow;
-using robustness::kTimeScale;
 
 class HostileEditorTest : public QObject {
   Q_OBJECT
@@ -27,14 +26,7 @@ class HostileEditorTest : public QObject {
   QTemporaryDir dir_;
 
   std::unique_ptr<MainWindow> window() {
-    auto w = std::make_unique<MainWindow>(&registry_);
-    w->setPromptHandler(
-        [this](QMessageBox::Icon, const QString&, const QString& text, QMessageBox::StandardButtons) {
-          prompts_ << text;
-          return QMessageBox::Discard;
-        });
-    w->show();
-    return w;
+    return testing::promptRecordingWindow(&registry_, &prompts_);
   }
 
   // Unsaved work: a small graph that validates.

@@ -25,13 +25,9 @@
 #include <cstring>
 #include <thread>
 
-namespace {
+#include "time_scale.h"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr int kTimeScale = 5;
-#else
-constexpr int kTimeScale = 1;
-#endif
+namespace {
 
 constexpr qint64 kAutosaveMs = 30000;  // the promise: unsaved work is at most this old in the recovery file
 

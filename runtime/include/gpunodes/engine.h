@@ -41,6 +41,9 @@ struct OpContext {
 struct Var {
   std::shared_ptr<OpNode> last_writer;
   std::vector<std::shared_ptr<OpNode>> readers_since_write;
+  // Finished readers are dropped from the list when it reaches this size, which then doubles past what is
+  // left: 20,000 queued products of one tensor cost amortised constant time each, not a scan per push.
+  size_t prune_readers_at = 64;
   std::exception_ptr error;
 };
 using VarPtr = std::shared_ptr<Var>;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -58,7 +59,17 @@ HostFacts read_host_facts() {
   return f;
 }
 
-int machine_cores() { return std::max(1u, std::thread::hardware_concurrency()); }
+// The cores the CPU devices share: the machine's, or fewer when OMP_NUM_THREADS asks for fewer, as it would of
+// any OpenMP program (the per-thread omp_set_num_threads below would otherwise override it). The
+// ThreadSanitizer suites set it to 1: libgomp is not instrumented, so TSan cannot see its barriers.
+int machine_cores() {
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+    const int asked = std::atoi(env);
+    if (asked > 0) cores = std::min(cores, asked);
+  }
+  return cores;
+}
 
 // Cores for one of `n` CPU devices: an even share, at least one.
 int core_share(int n) { return std::max(1, machine_cores() / std::max(1, n)); }
