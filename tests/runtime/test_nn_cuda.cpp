@@ -10,18 +10,12 @@
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/serialize.h"
 #include "gpunodes/nn/trainer.h"
+#include "nn_test_util.h"
 
 using namespace gn;
 using namespace gn::nn;
 
 namespace {
-
-ModelOptions opts(Arch arch, uint64_t seed = 0) {
-  ModelOptions o;
-  o.arch = arch;
-  o.seed = seed;
-  return o;
-}
 
 double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0;
@@ -59,8 +53,8 @@ class NnCudaTest : public QObject {
 
   void same_seed_same_parameters_as_the_cpu() {
     for (Arch a : {Arch::Mlp, Arch::LeNet, Arch::ResNet18}) {
-      auto c = Model::create(*rt_, opts(a, 5), Device::cpu());
-      auto g = Model::create(*rt_, opts(a, 5), gpu_);
+      auto c = Model::create(*rt_, modelOptions(a, 5), Device::cpu());
+      auto g = Model::create(*rt_, modelOptions(a, 5), gpu_);
       QCOMPARE(g->describe()[0].device, gpu_);
       for (size_t i = 0; i < c->state().size(); ++i)
         QCOMPARE(to_host(g->state()[i]->value), to_host(c->state()[i]->value));
@@ -75,8 +69,8 @@ class NnCudaTest : public QObject {
   }
   void forward_and_backward_match_the_cpu() {
     QFETCH(int, arch);
-    auto c = Model::create(*rt_, opts(static_cast<Arch>(arch), 7), Device::cpu());
-    auto g = Model::create(*rt_, opts(static_cast<Arch>(arch), 7), gpu_);
+    auto c = Model::create(*rt_, modelOptions(static_cast<Arch>(arch), 7), Device::cpu());
+    auto g = Model::create(*rt_, modelOptions(static_cast<Arch>(arch), 7), gpu_);
     Tensor xc = uniform(*rt_, {8, 1, 28, 28}, Device::cpu(), 3);
     Tensor yc = from_values(*rt_, {8}, Device::cpu(), {0, 1, 2, 3, 4, 5, 6, 7});
     Tensor xg = copy(xc, gpu_), yg = copy(yc, gpu_);
@@ -99,8 +93,8 @@ class NnCudaTest : public QObject {
   }
 
   void training_on_the_gpu_follows_the_cpu() {
-    auto c = Model::create(*rt_, opts(Arch::LeNet, 1), Device::cpu());
-    auto g = Model::create(*rt_, opts(Arch::LeNet, 1), gpu_);
+    auto c = Model::create(*rt_, modelOptions(Arch::LeNet, 1), Device::cpu());
+    auto g = Model::create(*rt_, modelOptions(Arch::LeNet, 1), gpu_);
     TrainOptions o;
     o.batch_size = 128;
     o.sgd = {0.1f, 0.9f, 0};
@@ -120,13 +114,13 @@ class NnCudaTest : public QObject {
   }
 
   void save_on_the_gpu_load_on_the_cpu() {
-    auto g = Model::create(*rt_, opts(Arch::ResNet18, 3), gpu_);
+    auto g = Model::create(*rt_, modelOptions(Arch::ResNet18, 3), gpu_);
     const std::string path = (std::filesystem::temp_directory_path() / "gn_nn_cuda_test.gnparams").string();
     save_params(*g, path);
     auto c = load_model(*rt_, path, Device::cpu());
     for (size_t i = 0; i < c->state().size(); ++i)
       QCOMPARE(to_host(c->state()[i]->value), to_host(g->state()[i]->value));
-    auto back = Model::create(*rt_, opts(Arch::ResNet18, 4), gpu_);
+    auto back = Model::create(*rt_, modelOptions(Arch::ResNet18, 4), gpu_);
     load_params(*back, path);
     QCOMPARE(to_host(back->state().back()->value), to_host(c->state().back()->value));
     std::filesystem::remove(path);
@@ -134,8 +128,8 @@ class NnCudaTest : public QObject {
 
   void gpu_and_cpu_together_equal_one_device() {
     // The seed's exercise 2: a GPU and the CPU share each batch; gradients meet on the host.
-    auto one = Model::create(*rt_, opts(Arch::Mlp, 2), gpu_);
-    auto two = Model::create(*rt_, opts(Arch::Mlp, 2), gpu_);
+    auto one = Model::create(*rt_, modelOptions(Arch::Mlp, 2), gpu_);
+    auto two = Model::create(*rt_, modelOptions(Arch::Mlp, 2), gpu_);
     TrainOptions o;
     o.batch_size = 128;
     Trainer t1(*one, {gpu_}, o), t2(*two, {gpu_, Device::cpu()}, o);
@@ -155,8 +149,8 @@ class NnCudaTest : public QObject {
 
   void nccl_data_parallel_equals_one_gpu() {
     if (rt_->cuda_device_count() < 2) QSKIP("needs two GPUs");
-    auto one = Model::create(*rt_, opts(Arch::LeNet, 2), gpu_);
-    auto two = Model::create(*rt_, opts(Arch::LeNet, 2), gpu_);
+    auto one = Model::create(*rt_, modelOptions(Arch::LeNet, 2), gpu_);
+    auto two = Model::create(*rt_, modelOptions(Arch::LeNet, 2), gpu_);
     TrainOptions o;
     o.batch_size = 256;
     Trainer t1(*one, {gpu_}, o), t2(*two, {gpu_, Device::cuda(1)}, o);
@@ -174,7 +168,7 @@ class NnCudaTest : public QObject {
   }
 
   void cancel_on_the_gpu_frees_memory() {
-    auto m = Model::create(*rt_, opts(Arch::LeNet), gpu_);
+    auto m = Model::create(*rt_, modelOptions(Arch::LeNet), gpu_);
     rt_->engine().wait_all();
     const int64_t baseline = rt_->memory_stats(gpu_).allocated_bytes.current;
     {

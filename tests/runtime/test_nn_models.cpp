@@ -10,19 +10,13 @@
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/serialize.h"
 #include "gpunodes/nn/trainer.h"
+#include "nn_test_util.h"
 
 using namespace gn;
 using namespace gn::nn;
 namespace fs = std::filesystem;
 
 namespace {
-
-ModelOptions opts(Arch arch, uint64_t seed = 0) {
-  ModelOptions o;
-  o.arch = arch;
-  o.seed = seed;
-  return o;
-}
 
 double stddev(const std::vector<float>& v) {
   double m = 0, s = 0;
@@ -73,7 +67,7 @@ class NnModelsTest : public QObject {
     // The seed: net = nn.Sequential(nn.Linear(3, 1)); net.to(try_gpu()); net(X); net[0].weight.data.device.
     Runtime rt({.cpu_devices = 2});
     const Device d = rt.try_gpu();
-    ModelOptions o = opts(Arch::Linear);
+    ModelOptions o = modelOptions(Arch::Linear);
     o.in_channels = 3;
     o.classes = 1;
     auto net = Model::create(rt, o, d);
@@ -97,7 +91,7 @@ class NnModelsTest : public QObject {
 
   void architectures_have_pytorch_names_and_sizes() {
     Runtime rt;
-    auto mlp = Model::create(rt, opts(Arch::Mlp), Device::cpu());
+    auto mlp = Model::create(rt, modelOptions(Arch::Mlp), Device::cpu());
     auto mi = mlp->describe();
     QCOMPARE(mi.size(), size_t(4));
     QCOMPARE(mi[0].name, std::string("1.weight"));
@@ -105,13 +99,13 @@ class NnModelsTest : public QObject {
     QCOMPARE(mi[3].name, std::string("3.bias"));
     QCOMPARE(mlp->parameter_count(), int64_t(784 * 256 + 256 + 256 * 10 + 10));
 
-    auto lenet = Model::create(rt, opts(Arch::LeNet), Device::cpu());
+    auto lenet = Model::create(rt, modelOptions(Arch::LeNet), Device::cpu());
     QCOMPARE(lenet->parameter_count(), int64_t(61706));  // d2l's LeNet
     QCOMPARE(lenet->describe()[0].shape, (Shape{6, 1, 5, 5}));
     QCOMPARE(lenet->describe()[4].name, std::string("7.weight"));
     QCOMPARE(lenet->describe()[4].shape, (Shape{120, 400}));
 
-    auto resnet = Model::create(rt, opts(Arch::ResNet18), Device::cpu());
+    auto resnet = Model::create(rt, modelOptions(Arch::ResNet18), Device::cpu());
     auto ri = resnet->describe();
     QCOMPARE(ri.size(), size_t(110));  // PyTorch's state_dict without num_batches_tracked
     QCOMPARE(resnet->parameters().size(), size_t(76));
@@ -145,7 +139,7 @@ class NnModelsTest : public QObject {
   void state_size_is_known_before_building() {
     // The count graph checks use to refuse a model that cannot fit, against the models actually built.
     Runtime rt;
-    for (ModelOptions o : {opts(Arch::Linear), opts(Arch::Mlp), opts(Arch::LeNet), opts(Arch::ResNet18)}) {
+    for (ModelOptions o : {modelOptions(Arch::Linear), modelOptions(Arch::Mlp), modelOptions(Arch::LeNet), modelOptions(Arch::ResNet18)}) {
       for (auto [classes, channels, side] :
            {std::tuple{10, 1, 28}, std::tuple{7, 3, 32}, std::tuple{100, 2, 12}}) {
         o.classes = classes, o.in_channels = channels, o.image_size = side;
@@ -155,7 +149,7 @@ class NnModelsTest : public QObject {
         QCOMPARE(state_elements(o), built);
       }
     }
-    ModelOptions huge = opts(Arch::Mlp);
+    ModelOptions huge = modelOptions(Arch::Mlp);
     huge.in_channels = 100000, huge.image_size = 4096;
     QVERIFY(state_elements(huge) * 4 > 1e15);  // petabytes, counted without building anything
   }
@@ -163,9 +157,9 @@ class NnModelsTest : public QObject {
   void same_seed_same_parameters_on_every_device() {
     Runtime rt({.cpu_devices = 2});
     for (Arch a : {Arch::Mlp, Arch::LeNet}) {
-      auto m0 = Model::create(rt, opts(a, 5), Device::cpu(0));
-      auto m1 = Model::create(rt, opts(a, 5), Device::cpu(1));
-      auto m2 = Model::create(rt, opts(a, 6), Device::cpu(0));
+      auto m0 = Model::create(rt, modelOptions(a, 5), Device::cpu(0));
+      auto m1 = Model::create(rt, modelOptions(a, 5), Device::cpu(1));
+      auto m2 = Model::create(rt, modelOptions(a, 6), Device::cpu(0));
       auto s0 = m0->state(), s1 = m1->state(), s2 = m2->state();
       QCOMPARE(s1[0]->value.device(), Device::cpu(1));
       for (size_t i = 0; i < s0.size(); ++i) QCOMPARE(to_host(s0[i]->value), to_host(s1[i]->value));
@@ -177,7 +171,7 @@ class NnModelsTest : public QObject {
 
   void initialisers_have_their_spread() {
     Runtime rt;
-    ModelOptions o = opts(Arch::Mlp, 1);
+    ModelOptions o = modelOptions(Arch::Mlp, 1);
     auto normal = Model::create(rt, o, Device::cpu());
     auto w = to_host(normal->state()[0]->value);
     QVERIFY(std::abs(stddev(w) - 0.01) < 0.0005);
@@ -196,7 +190,7 @@ class NnModelsTest : public QObject {
 
   void resnet18_loss_falls_on_a_tiny_subset() {
     Runtime rt;
-    ModelOptions o = opts(Arch::ResNet18, 3);
+    ModelOptions o = modelOptions(Arch::ResNet18, 3);
     auto net = Model::create(rt, o, Device::cpu());
     DatasetPtr tiny = take(load_fashion_mnist(Split::Train), 16);
     TrainOptions to;
@@ -225,7 +219,7 @@ class NnModelsTest : public QObject {
   void save_load_compare_across_devices() {
     Runtime rt({.cpu_devices = 2});
     TempDir dir;
-    auto a = Model::create(rt, opts(Arch::LeNet, 1), Device::cpu(0));
+    auto a = Model::create(rt, modelOptions(Arch::LeNet, 1), Device::cpu(0));
     // Train a little so the values are not just the seed's.
     TrainOptions to;
     to.batch_size = 32;
@@ -243,7 +237,7 @@ class NnModelsTest : public QObject {
     QCOMPARE(info.entries[0].name, std::string("0.weight"));
 
     // Into a model of another seed on the other device: identical values, identical outputs.
-    auto b = Model::create(rt, opts(Arch::LeNet, 99), Device::cpu(1));
+    auto b = Model::create(rt, modelOptions(Arch::LeNet, 99), Device::cpu(1));
     load_params(*b, path);
     for (size_t i = 0; i < a->state().size(); ++i)
       QCOMPARE(to_host(a->state()[i]->value), to_host(b->state()[i]->value));
@@ -255,11 +249,11 @@ class NnModelsTest : public QObject {
     QCOMPARE(to_host(c->state()[3]->value), to_host(a->state()[3]->value));
 
     // BatchNorm buffers travel too.
-    auto r1 = Model::create(rt, opts(Arch::ResNet18, 1), Device::cpu(0));
+    auto r1 = Model::create(rt, modelOptions(Arch::ResNet18, 1), Device::cpu(0));
     write_values(r1->state()[5]->value, std::vector<float>(64, 3.5f));
     const std::string rpath = dir.file("resnet.gnparams");
     save_params(*r1, rpath);
-    auto r2 = Model::create(rt, opts(Arch::ResNet18, 2), Device::cpu(1));
+    auto r2 = Model::create(rt, modelOptions(Arch::ResNet18, 2), Device::cpu(1));
     load_params(*r2, rpath);
     QCOMPARE(to_host(r2->state()[5]->value), std::vector<float>(64, 3.5f));
     QCOMPARE(to_host(r2->state().back()->value), to_host(r1->state().back()->value));
@@ -268,13 +262,13 @@ class NnModelsTest : public QObject {
   void loading_the_wrong_file_fails_clearly() {
     Runtime rt;
     TempDir dir;
-    auto lenet = Model::create(rt, opts(Arch::LeNet), Device::cpu());
-    auto mlp = Model::create(rt, opts(Arch::Mlp), Device::cpu());
+    auto lenet = Model::create(rt, modelOptions(Arch::LeNet), Device::cpu());
+    auto mlp = Model::create(rt, modelOptions(Arch::Mlp), Device::cpu());
     const std::string path = dir.file("lenet.gnparams");
     save_params(*lenet, path);
     const auto before = to_host(mlp->state()[0]->value);
     expect_error([&] { load_params(*mlp, path); }, {"lenet", "mlp", QString::fromStdString(path)});
-    ModelOptions ten_out = opts(Arch::LeNet);
+    ModelOptions ten_out = modelOptions(Arch::LeNet);
     ten_out.classes = 5;
     auto lenet5 = Model::create(rt, ten_out, Device::cpu());
     expect_error([&] { load_params(*lenet5, path); }, {"classes=10", "classes=5"});

@@ -10,19 +10,13 @@
 
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/trainer.h"
+#include "nn_test_util.h"
 
 using namespace gn;
 using namespace gn::nn;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-ModelOptions opts(Arch arch, uint64_t seed = 0) {
-  ModelOptions o;
-  o.arch = arch;
-  o.seed = seed;
-  return o;
-}
 
 // Largest |a - b| relative to max(1, |a|) over every parameter and buffer.
 double max_rel_diff(const Model& a, const Model& b) {
@@ -52,7 +46,7 @@ class NnTrainTest : public QObject {
   void mlp_learns_fashion_mnist_on_the_cpu() {
     // The setting: 3 epochs, batch 256, lr 0.1, normal(0.01) weights. PyTorch reaches 0.80 here.
     Runtime rt;
-    auto mlp = Model::create(rt, opts(Arch::Mlp, 1), Device::cpu());
+    auto mlp = Model::create(rt, modelOptions(Arch::Mlp, 1), Device::cpu());
     TrainOptions o;
     o.epochs = 3;
     o.batch_size = 256;
@@ -98,7 +92,7 @@ class NnTrainTest : public QObject {
     QFETCH(int, arch);
     QFETCH(double, share0);
     Runtime rt({.cpu_devices = 2});
-    const ModelOptions o = opts(static_cast<Arch>(arch), 3);
+    const ModelOptions o = modelOptions(static_cast<Arch>(arch), 3);
     auto single = Model::create(rt, o, Device::cpu(0));
     auto parallel = Model::create(rt, o, Device::cpu(0));
     TrainOptions to;
@@ -133,7 +127,7 @@ class NnTrainTest : public QObject {
 
   void splits_follow_the_shares() {
     Runtime rt({.cpu_devices = 2});
-    auto m = Model::create(rt, opts(Arch::Mlp), Device::cpu(0));
+    auto m = Model::create(rt, modelOptions(Arch::Mlp), Device::cpu(0));
     Trainer t(*m, {Device::cpu(0), Device::cpu(1)});
     QCOMPARE(t.split(256), (std::vector<int64_t>{128, 128}));
     QCOMPARE(t.split(97), (std::vector<int64_t>{49, 48}));
@@ -149,7 +143,7 @@ class NnTrainTest : public QObject {
   void balancing_measures_each_device() {
     // Two CPU devices of equal speed: measured shares stay near even, sum to one, and are reported.
     Runtime rt({.cpu_devices = 2});
-    auto m = Model::create(rt, opts(Arch::Mlp), Device::cpu(0));
+    auto m = Model::create(rt, modelOptions(Arch::Mlp), Device::cpu(0));
     TrainOptions o;
     o.epochs = 1;
     o.batch_size = 64;
@@ -167,7 +161,7 @@ class NnTrainTest : public QObject {
 
   void training_a_model_on_another_device_leaves_the_result_in_the_model() {
     Runtime rt({.cpu_devices = 2});
-    auto m = Model::create(rt, opts(Arch::Mlp, 2), Device::cpu(1));
+    auto m = Model::create(rt, modelOptions(Arch::Mlp, 2), Device::cpu(1));
     const auto before = to_host(m->state()[0]->value);
     TrainOptions o;
     o.epochs = 1;
@@ -180,7 +174,7 @@ class NnTrainTest : public QObject {
 
   void engine_cancel_mid_epoch_returns_fast_and_frees_memory() {
     Runtime rt;
-    auto m = Model::create(rt, opts(Arch::Mlp), Device::cpu());
+    auto m = Model::create(rt, modelOptions(Arch::Mlp), Device::cpu());
     rt.engine().wait_all();
     const int64_t baseline = rt.memory_stats(Device::cpu()).allocated_bytes.current;
     DatasetPtr train = load_fashion_mnist(Split::Train);
@@ -223,7 +217,7 @@ class NnTrainTest : public QObject {
 
   void trainer_cancel_stops_at_the_next_batch() {
     Runtime rt({.cpu_devices = 2});
-    auto m = Model::create(rt, opts(Arch::LeNet), Device::cpu(0));
+    auto m = Model::create(rt, modelOptions(Arch::LeNet), Device::cpu(0));
     rt.engine().wait_all();
     const int64_t base0 = rt.memory_stats(Device::cpu(0)).allocated_bytes.current;
     const int64_t base1 = rt.memory_stats(Device::cpu(1)).allocated_bytes.current;
