@@ -489,6 +489,8 @@ void MainWindow::logProblems(const QString& fileName) {
   if (problems > kMaxLogged)
     logMessage(LogLevel::Error,
                QString("... and %1 more problems, marked on their nodes").arg(problems - kMaxLogged));
+  // The log comes to the front of its dock, so the messages are in view without a click.
+  if (auto* logDock = findChild<QDockWidget*>("logDock")) logDock->raise();
   statusBar()->showMessage(QString("%1 has %2 problem%3 a run would refuse: see the log and the marked nodes")
                                .arg(fileName)
                                .arg(problems)
