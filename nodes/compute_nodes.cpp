@@ -52,7 +52,7 @@ class MatMulNode final : public GpuNode {
     auto b = tensorInput(ctx, "b");
     const size_t n = pairedSize("MatMul", a->size(), b->size());
     const QJsonObject& p = ctx.params();
-    const int64_t repeat = p["repeat"].toInteger(1);
+    const int64_t repeat = p["repeat"].toInteger();
     if (repeat < 1) throw Error("repeat must be at least 1");
     const bool keepAll = p["keep"].toString() != "last";
     MatMulOptions o{p["trans_a"].toBool(), p["trans_b"].toBool(),
@@ -157,8 +157,8 @@ class ElementwiseNode final : public GpuNode {
       for (size_t i = 0; i < n; ++i)
         out.push_back(binary(bop, a->at(pick(a->size(), i)), b->at(pick(b->size(), i))));
     } else {
-      const float scale = static_cast<float>(p["scale"].toDouble(1));
-      const float shift = static_cast<float>(p["shift"].toDouble(0));
+      const float scale = static_cast<float>(p["scale"].toDouble());
+      const float shift = static_cast<float>(p["shift"].toDouble());
       for (const Tensor& x : a->tensors()) {
         if (op == "exp")
           out.push_back(exp(x));

@@ -210,7 +210,7 @@ class Checker {
       auto dev = input(id, "device");
       std::vector<Device> devices = dev ? dev->devices : std::vector<Device>{Device::cpu()};
       t.shape = shapeOf(p["shape"]);
-      const qint64 count = p["count"].toInteger(1);
+      const qint64 count = p["count"].toInteger();
       if (!devices.empty() && (!dev || dev->isDevices)) {
         t.devices = devices;
         t.count = double(count) * double(devices.size());
@@ -340,7 +340,7 @@ class Checker {
     d.channels = 1;
     const qint64 resize = p["resize"].toInteger();
     d.side = resize > 0 ? resize : 28;
-    d.batch = p["batch_size"].toInteger(256);
+    d.batch = p["batch_size"].toInteger();
     if (p["name"].toString() != "fashion-mnist") return d;
     // The loader's message, before the run: what is missing, where, and how to install it.
     const QString dir = p["path"].toString();
@@ -444,7 +444,7 @@ class Checker {
         }
       }
     }
-    const qint64 repeat = p["repeat"].toInteger(1);
+    const qint64 repeat = p["repeat"].toInteger();
     const bool keepAll = p["keep"].toString() != "last";
     if (auto n = pairCounts(id, "inputs.b", a, b)) {
       out.count = *n * (keepAll ? double(repeat) : 1.0);

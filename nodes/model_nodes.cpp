@@ -61,7 +61,7 @@ class ModelNode final : public GpuNode {
 
   QStringList validateParams(const QJsonObject& params) const override {
     QStringList problems;
-    const double std = params["init_std"].toDouble(-1);
+    const double std = params["init_std"].toDouble();
     if (params["init"].toString() == "normal" && !(std > 0 && std < 1e6))
       problems.append("init_std: must be above 0");
     if (params["arch"].toString() == "lenet" && params["image_size"].toInteger() < 12)

@@ -55,11 +55,11 @@ std::shared_ptr<const DatasetValue> datasetInput(const core::NodeContext& ctx, c
 nn::ModelOptions modelOptionsOf(const QJsonObject& p) {
   nn::ModelOptions o;
   o.arch = nn::parse_arch(p["arch"].toString().toStdString());
-  o.classes = p["classes"].toInteger(10);
-  o.in_channels = p["in_channels"].toInteger(1);
-  o.image_size = p["image_size"].toInteger(28);
+  o.classes = p["classes"].toInteger();
+  o.in_channels = p["in_channels"].toInteger();
+  o.image_size = p["image_size"].toInteger();
   o.init = nn::parse_init(p["init"].toString().toStdString());
-  o.init_std = static_cast<float>(p["init_std"].toDouble(0.01));
+  o.init_std = static_cast<float>(p["init_std"].toDouble());
   o.seed = static_cast<uint64_t>(p["seed"].toInteger());
   return o;
 }

@@ -77,7 +77,7 @@ ParsedSettings parseSettings(const core::RunSettings& settings) {
     for (auto it = o.begin(); it != o.end(); ++it) {
       const QString field = "settings.memory_limit." + it.key();
       auto device = Device::parse(it.key().toStdString());
-      const double bytes = it.value().toDouble(-1);
+      const double bytes = it.value().toDouble();
       if (!device) {
         p.errors.append({field, "\"" + it.key() + "\" is not a device (cpu, cpu:N, cuda:N)"});
       } else if (!it.value().isDouble() || !std::isfinite(bytes) || bytes < 1 || bytes > 9.0e18 ||

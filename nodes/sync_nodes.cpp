@@ -80,7 +80,7 @@ class InspectNode final : public GpuNode {
 
   void execute(core::NodeContext& ctx) const override {
     auto in = tensorInput(ctx, "in");
-    const int64_t maxValues = ctx.params()["max_values"].toInteger(1000);
+    const int64_t maxValues = ctx.params()["max_values"].toInteger();
     QJsonArray entries;
     for (size_t i = 0; i < in->size(); ++i) {
       if (ctx.cancelled()) throw CancelledError();

@@ -60,7 +60,7 @@ class TensorNode final : public GpuNode {
     } else {
       try {
         numel = checked_numel(*shape);
-        const double total = static_cast<double>(numel) * sizeof(float) * params["count"].toDouble(1);
+        const double total = static_cast<double>(numel) * sizeof(float) * params["count"].toDouble();
         if (total > 9.0e18) problems.append("shape x count: the batch's size overflows 64 bits");
       } catch (const ShapeError& e) {
         problems.append("shape: " + QString::fromUtf8(e.what()));
@@ -97,7 +97,7 @@ class TensorNode final : public GpuNode {
     const int64_t numel = checked_numel(*shape);
     std::vector<Device> devices = deviceInput(ctx, "device");
     if (devices.empty()) devices.push_back(Device::cpu());
-    const int64_t count = p["count"].toInteger(1);
+    const int64_t count = p["count"].toInteger();
     for (const Device& d : devices) {
       if (!rt.has(d)) throw Error("no such device: " + d.str());
       ensureFits(rt, d, count, numel * static_cast<int64_t>(sizeof(float)), "Tensor");

@@ -62,10 +62,10 @@ class DatasetNode final : public GpuNode {
     const QJsonObject& p = ctx.params();
     DatasetSpec spec;
     spec.name = p["name"].toString();
-    spec.batchSize = p["batch_size"].toInteger(256);
-    spec.resize = p["resize"].toInteger(0);
+    spec.batchSize = p["batch_size"].toInteger();
+    spec.resize = p["resize"].toInteger();
     spec.shuffleSeed = static_cast<uint64_t>(p["shuffle_seed"].toInteger());
-    const int64_t limit = p["limit"].toInteger(0);
+    const int64_t limit = p["limit"].toInteger();
     const QString split = p["split"].toString();
     const bool wantTrain = split != "test", wantTest = split != "train";
     if (spec.name == "synthetic") {
@@ -148,8 +148,8 @@ class TrainNode final : public GpuNode {
 
   QStringList validateParams(const QJsonObject& params) const override {
     QStringList problems;
-    const double lr = params["lr"].toDouble(-1), momentum = params["momentum"].toDouble(-1),
-                 wd = params["weight_decay"].toDouble(-1);
+    const double lr = params["lr"].toDouble(), momentum = params["momentum"].toDouble(),
+                 wd = params["weight_decay"].toDouble();
     if (!(lr > 0 && lr < 1e6)) problems.append("lr: must be above 0");
     if (!(momentum >= 0 && momentum < 1)) problems.append("momentum: must be at least 0 and below 1");
     if (!(wd >= 0 && wd < 1e6)) problems.append("weight_decay: must be 0 or more");
@@ -174,14 +174,14 @@ class TrainNode final : public GpuNode {
 
     const QJsonObject& p = ctx.params();
     nn::TrainOptions o;
-    o.epochs = p["epochs"].toInteger(10);
+    o.epochs = p["epochs"].toInteger();
     o.batch_size = ds.batchSize;
-    o.sgd.lr = static_cast<float>(p["lr"].toDouble(0.1));
-    o.sgd.momentum = static_cast<float>(p["momentum"].toDouble(0));
-    o.sgd.weight_decay = static_cast<float>(p["weight_decay"].toDouble(0));
+    o.sgd.lr = static_cast<float>(p["lr"].toDouble());
+    o.sgd.momentum = static_cast<float>(p["momentum"].toDouble());
+    o.sgd.weight_decay = static_cast<float>(p["weight_decay"].toDouble());
     o.shuffle_seed = ds.shuffleSeed + static_cast<uint64_t>(p["seed"].toInteger());
     o.resize = ds.resize;
-    o.log_every = p["log_every"].toInteger(50);
+    o.log_every = p["log_every"].toInteger();
     o.balance = p["balance"].toBool();
 
     // A copy on the first device: the input value is shared with whatever else reads it.

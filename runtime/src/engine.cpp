@@ -122,10 +122,10 @@ void Engine::push(OpFn fn, const std::vector<VarPtr>& reads, const std::vector<V
 void Engine::dispatch(const std::shared_ptr<OpNode>& first) {
   // After a cancel, ops complete here without running, and each completion readies its dependents: a work
   // list, not recursion, so that a chain of a million queued ops (MatMul repeat) cannot overflow the stack.
-  std::vector<std::shared_ptr<OpNode>> todo{first};
-  while (!todo.empty()) {
-    std::shared_ptr<OpNode> op = std::move(todo.back());
-    todo.pop_back();
+  std::vector<std::shared_ptr<OpNode>> work{first};
+  while (!work.empty()) {
+    std::shared_ptr<OpNode> op = std::move(work.back());
+    work.pop_back();
     if (!cancel_flag_.load()) {
       worker(op->device, op->stream).enqueue(op);
       continue;
@@ -134,7 +134,7 @@ void Engine::dispatch(const std::shared_ptr<OpNode>& first) {
     op->fn = nullptr;
     std::vector<std::shared_ptr<OpNode>> ready = finish(op);
     // Reversed onto the stack, so they are taken in the order they became ready.
-    todo.insert(todo.end(), std::make_move_iterator(ready.rbegin()), std::make_move_iterator(ready.rend()));
+    work.insert(work.end(), std::make_move_iterator(ready.rbegin()), std::make_move_iterator(ready.rend()));
   }
 }
 

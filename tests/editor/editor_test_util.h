@@ -15,6 +15,7 @@
 
 #include "canvas.h"
 #include "gpunodes/core/graph_document.h"
+#include "gpunodes/core/registry.h"
 #include "gpunodes/core/serializer.h"
 #include "main_window.h"
 
@@ -65,6 +66,14 @@ inline QByteArray normalized(const core::GraphDocument& doc) {
   o.insert("connections", sc);
   o.remove("view");
   return QJsonDocument(o).toJson(QJsonDocument::Compact);
+}
+
+// Loads the plugin at `path` into `registry`: empty when it loaded, else why it did not.
+inline QString loadPlugin(core::NodeTypeRegistry& registry, const QString& path) {
+  if (registry.loadPluginFile(path)) return {};
+  QString why = QStringLiteral("the node plugin did not load:");
+  for (const auto& e : registry.loadErrors()) why += "\n" + e.path + ": " + e.reason;
+  return why;
 }
 
 // A shown main window whose questions never open a dialog: each one's text is added to `prompts`, and it is

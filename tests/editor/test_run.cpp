@@ -38,11 +38,8 @@ class TestRun : public QObject {
  private slots:
   void initTestCase() {
 #ifdef GN_NODES_PLUGIN
-    if (!registry_.loadPluginFile(GN_NODES_PLUGIN)) {
-      QString why;
-      for (const auto& e : registry_.loadErrors()) why += e.path + ": " + e.reason + "\n";
-      QFAIL(qPrintable("the node plugin did not load: " + why));
-    }
+    const QString failed = testing::loadPlugin(registry_, GN_NODES_PLUGIN);
+    QVERIFY2(failed.isEmpty(), qPrintable(failed));
 #else
     QSKIP("built without the gpunodes_nodes plugin target");
 #endif

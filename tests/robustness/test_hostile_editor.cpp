@@ -116,11 +116,8 @@ class HostileEditorTest : public QObject {
  private slots:
   void initTestCase() {
     QVERIFY(dir_.isValid());
-    if (!registry_.loadPluginFile(GN_NODES_PLUGIN)) {
-      QString why;
-      for (const auto& e : registry_.loadErrors()) why += e.path + ": " + e.reason + "\n";
-      QFAIL(qPrintable("the node plugin did not load: " + why));
-    }
+    const QString failed = testing::loadPlugin(registry_, GN_NODES_PLUGIN);
+    QVERIFY2(failed.isEmpty(), qPrintable(failed));
   }
 
   void everyHostileFile_data() {
