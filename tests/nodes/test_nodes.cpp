@@ -2,6 +2,7 @@
 // session (tags, completion, cancel, memory), out-of-memory, and the device table.
 #include <QtTest>
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "nodes_test_util.h"
@@ -141,6 +142,41 @@ class NodesTest : public QObject {
     QCOMPARE(errors.size(), 1);
     QVERIFY2(errors[0].contains("cuda:3 is not present") && errors[0].contains("fallback is off"),
              qPrintable(errors[0]));
+  }
+
+  void tensor_values_are_read_as_people_write_them() {
+    // Accepted: commas, spaces, tabs and newlines in any mix, signs, exponents, bare points.
+    GraphDocument doc;
+    const QString written = "+1,-2.5  3e2\t.5,\n-7.,  ,1E-1 ";
+    doc.addNode(makeNode("ok", "Tensor", {{"shape", QJsonArray{6}}, {"init", "values"}, {"values", written}}));
+    // Refused, each with the token it stopped at.
+    const QList<QPair<QString, QString>> refused = {
+        {"1, 2, x", "\"x\" is not a finite number"},     {"1, inf", "\"inf\" is not a finite number"},
+        {"nan 2", "\"nan\" is not a finite number"},      {"1e999", "\"1e999\" is not a finite number"},
+        {"+-1", "\"+-1\" is not a finite number"},        {"1;2", "\"1;2\" is not a finite number"},
+        {"0x10", "\"0x10\" is not a finite number"},      {"1,+", "\"+\" is not a finite number"},
+        {"1 2 3", "the shape [6] needs 6 values, not 3"}};
+    for (int i = 0; i < refused.size(); ++i)
+      doc.addNode(makeNode(QString("bad%1").arg(i), "Tensor",
+                           {{"shape", QJsonArray{6}}, {"init", "values"}, {"values", refused[i].first}}));
+    const ValidationReport report = validate(doc, registry(), settingsOf(doc));
+    QVERIFY2(messagesFor(report, "ok", Issue::Severity::Error).isEmpty(),
+             qPrintable(messagesFor(report, "ok", Issue::Severity::Error).join("\n")));
+    for (int i = 0; i < refused.size(); ++i) {
+      const QStringList errors = messagesFor(report, QString("bad%1").arg(i), Issue::Severity::Error);
+      QVERIFY2(errors.size() == 1 && errors[0].contains(refused[i].second),
+               qPrintable(refused[i].first + " -> " + errors.join(" | ")));
+    }
+
+    // The values arrive as written: compared with the C library's own reading of each token.
+    Harness h(RunSettings{});
+    auto t = h.execute("ok", "Tensor", {{"shape", QJsonArray{6}}, {"init", "values"}, {"values", written}}, {});
+    auto shown = h.execute("shown", "Inspect", {{"max_values", 6}}, {{"in", t->outputs["out"]}});
+    const QJsonArray got = shown->fields["inspect"].toArray()[0].toObject()["values"].toArray();
+    const char* tokens[] = {"+1", "-2.5", "3e2", ".5", "-7.", "1E-1"};
+    QCOMPARE(got.size(), 6);
+    for (int i = 0; i < 6; ++i)
+      QCOMPARE(static_cast<float>(got[i].toDouble()), static_cast<float>(std::strtod(tokens[i], nullptr)));
   }
 
   void problems_are_reported_per_node_all_at_once() {

@@ -49,6 +49,7 @@ QByteArray graph(const QByteArray& nodes, const QByteArray& connections, const Q
 class HostileCliTest : public QObject {
   Q_OBJECT
   QTemporaryDir dir_;
+  QList<QPair<double, QString>> closest_;  // each run's share of its time budget, and what ran
 
   QString write(const QString& name, const QByteArray& bytes) {
     QFile f(dir_.filePath(name));
@@ -57,8 +58,9 @@ class HostileCliTest : public QObject {
     return f.fileName();
   }
 
-  // The contract for one refused file, under both commands. Files of 100,000 nodes get more than the 2 s:
-  // there the bound catches quadratic work, not a slow machine.
+  // The contract for one refused file, under both commands. Files of 100,000 nodes get 10 s, not 2 s: they
+  // take 1.5-3.5 s here (most of it writing a 66 MB per-node report), and the bound is there to catch
+  // quadratic work, which on 100,000 nodes took 38-213 s each time it crept in.
   void expectRefused(const QString& file, const QString& word, int lines, int budgetMs = 2000) {
     const QString report = dir_.filePath("report.json");
     for (const QString& command : {QStringLiteral("validate"), QStringLiteral("run")}) {
@@ -85,6 +87,10 @@ class HostileCliTest : public QObject {
                qPrintable("the first error does not name \"" + word + "\"\n" + what));
       for (const QString& e : errors)
         QVERIFY2(e.size() < 1000, qPrintable("a long message: " + e.left(1200)));
+      closest_.append({double(r.ms) / (budgetMs * kTimeScale), QStringLiteral("%1 ms of %2: %3 %4")
+                                                                       .arg(r.ms)
+                                                                       .arg(budgetMs * kTimeScale)
+                                                                       .arg(command, QFileInfo(file).fileName())});
       QVERIFY2(r.ms < budgetMs * kTimeScale, qPrintable(QStringLiteral("took %1 ms\n").arg(r.ms) + what));
       // The kernel keeps only the largest child's peak: a rise past the bound is this child's.
       const long rss = childrenPeakRssMiB();
@@ -102,6 +108,13 @@ class HostileCliTest : public QObject {
 
  private slots:
   void initTestCase() { QVERIFY(dir_.isValid()); }
+
+  // The time margin, for reading a CI log: a run near its budget shows up before it fails.
+  void cleanupTestCase() {
+    std::sort(closest_.begin(), closest_.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (qsizetype i = 0; i < std::min<qsizetype>(10, closest_.size()); ++i)
+      qInfo("closest to its time budget: %s", qPrintable(closest_[i].second));
+  }
 
   void theCorpusIsLargeAndDescribed() {
     const QList<HostileFile> files = readManifest(GN_HOSTILE_DIR);
@@ -231,7 +244,7 @@ class HostileCliTest : public QObject {
     QFETCH(QByteArray, bytes);
     QFETCH(QString, word);
     const QString file = write(name, bytes);
-    expectRefused(file, word, 1, 5000);
+    expectRefused(file, word, 1, 10000);
     QFile::remove(file);
   }
 };
