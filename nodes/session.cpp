@@ -265,8 +265,7 @@ void NodesSession::finish() {
 
 QList<core::TraceSpan> NodesSession::takeSpans() {
   std::lock_guard lock(cursorMutex_);
-  std::vector<Span> spans = runtime_->profiler().spans(spanCursor_);
-  spanCursor_ += spans.size();
+  std::vector<Span> spans = runtime_->profiler().spans(spanCursor_, &spanCursor_);
   QList<core::TraceSpan> out;
   out.reserve(qsizetype(spans.size()));
   for (const Span& s : spans)
@@ -277,8 +276,7 @@ QList<core::TraceSpan> NodesSession::takeSpans() {
 
 QList<core::MemorySampleEvent> NodesSession::takeMemory() {
   std::lock_guard lock(cursorMutex_);
-  std::vector<MemorySample> samples = runtime_->profiler().memory_samples(memoryCursor_);
-  memoryCursor_ += samples.size();
+  std::vector<MemorySample> samples = runtime_->profiler().memory_samples(memoryCursor_, &memoryCursor_);
   QList<core::MemorySampleEvent> out;
   out.reserve(qsizetype(samples.size()));
   for (const MemorySample& m : samples) out.append({qs(m.device.str()), m.t_us, m.allocated, m.reserved});

@@ -36,7 +36,8 @@ void OpContext::check_cancelled() const {
 
 namespace {
 thread_local std::string current_tag;
-}
+thread_local bool on_stream_worker = false;  // this thread runs ops: its pushes must never wait for them
+}  // namespace
 
 ScopedOpTag::ScopedOpTag(std::string tag) : previous_(std::move(current_tag)) { current_tag = std::move(tag); }
 ScopedOpTag::~ScopedOpTag() { current_tag = std::move(previous_); }
@@ -67,6 +68,21 @@ size_t Engine::pending() const {
   return pending_;
 }
 
+void Engine::set_max_queued(size_t ops) {
+  {
+    std::lock_guard lock(mutex_);
+    max_queued_ = std::max<size_t>(1, ops);
+  }
+  room_cv_.notify_all();
+}
+
+bool Engine::has_room_for_waiting_hosts() const { return hosts_waiting_ > 0 && pending_ <= max_queued_ / 2; }
+
+size_t Engine::max_queued() const {
+  std::lock_guard lock(mutex_);
+  return max_queued_;
+}
+
 void Engine::push(OpFn fn, const std::vector<VarPtr>& reads, const std::vector<VarPtr>& writes, Device device,
                   StreamKind stream, OpInfo info) {
   auto op = std::make_shared<OpNode>();
@@ -80,7 +96,14 @@ void Engine::push(OpFn fn, const std::vector<VarPtr>& reads, const std::vector<V
 
   bool ready;
   {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
+    // Backpressure, down to half the bound: one wake-up per half a backlog, not one per finished op. A
+    // cancel lets the host through at once, since every queued op is about to be dropped.
+    if (!on_stream_worker && pending_ >= max_queued_ && !cancel_flag_.load()) {
+      ++hosts_waiting_;
+      room_cv_.wait(lock, [&] { return pending_ <= max_queued_ / 2 || cancel_flag_.load(); });
+      --hosts_waiting_;
+    }
     const uint64_t serial = next_op_serial.fetch_add(1, std::memory_order_relaxed);
     auto depend_on = [&](const std::shared_ptr<OpNode>& other) {
       if (!other || other->done || other == op || other->depended_on_by == serial) return;
@@ -165,6 +188,7 @@ std::vector<std::shared_ptr<OpNode>> Engine::finish(const std::shared_ptr<OpNode
   std::vector<std::shared_ptr<OpNode>> ready;
   std::vector<std::function<void(const TagOutcome&)>> waiters;
   TagOutcome outcome;
+  bool room = false;  // a host waiting in push may go on
   {
     std::lock_guard lock(mutex_);
     op->done = true;
@@ -192,7 +216,10 @@ std::vector<std::shared_ptr<OpNode>> Engine::finish(const std::shared_ptr<OpNode
         if (!waiters.empty() || !st.outcome.error) tags_.erase(it);
       }
     }
-    if (waiters.empty()) --pending_;
+    if (waiters.empty()) {
+      --pending_;
+      room = has_room_for_waiting_hosts();
+    }
   }
   if (!waiters.empty()) {
     // The op counts as pending until its waiters have run, so that wait_all() returning means every
@@ -205,8 +232,10 @@ std::vector<std::shared_ptr<OpNode>> Engine::finish(const std::shared_ptr<OpNode
     }
     std::lock_guard lock(mutex_);
     --pending_;
+    room = has_room_for_waiting_hosts();
   }
   done_cv_.notify_all();
+  if (room) room_cv_.notify_all();
   return ready;
 }
 
@@ -239,7 +268,13 @@ void Engine::wait_all() {
   if (auto e = std::exchange(first_error_, nullptr)) std::rethrow_exception(e);
 }
 
-void Engine::cancel() { cancel_flag_.store(true); }
+void Engine::cancel() {
+  {
+    std::lock_guard lock(mutex_);  // a host waiting in push must not miss the flag between check and sleep
+    cancel_flag_.store(true);
+  }
+  room_cv_.notify_all();
+}
 
 void Engine::reset_cancel() {
   std::lock_guard lock(mutex_);
@@ -284,6 +319,7 @@ std::pair<double, double> StreamWorker::run_timed(const OpFn& fn, OpContext& ctx
 }
 
 void StreamWorker::loop() {
+  on_stream_worker = true;
   try {
     on_thread_start();
   } catch (...) {

@@ -8,7 +8,8 @@
 
 namespace gn {
 
-Profiler::Profiler() : epoch_(std::chrono::steady_clock::now()) {}
+Profiler::Profiler(size_t kept_spans, size_t kept_memory_samples)
+    : epoch_(std::chrono::steady_clock::now()), spans_(kept_spans), memory_(kept_memory_samples) {}
 
 double Profiler::to_us(std::chrono::steady_clock::time_point t) const {
   return std::chrono::duration<double, std::micro>(t - epoch_).count();
@@ -18,35 +19,32 @@ double Profiler::now_us() const { return to_us(std::chrono::steady_clock::now())
 
 void Profiler::record(Span span) {
   std::lock_guard lock(mutex_);
-  spans_.push_back(std::move(span));
+  spans_.push(std::move(span));
 }
 
 void Profiler::record(MemorySample sample) {
   std::lock_guard lock(mutex_);
-  memory_.push_back(sample);
+  memory_.push(sample);
 }
 
-std::vector<Span> Profiler::spans(size_t from) const {
+std::vector<Span> Profiler::spans(size_t from, size_t* next) const {
   std::lock_guard lock(mutex_);
-  if (from >= spans_.size()) return {};
-  return {spans_.begin() + static_cast<ptrdiff_t>(from), spans_.end()};
+  return spans_.since(from, next);
 }
 
-std::vector<MemorySample> Profiler::memory_samples(size_t from) const {
+std::vector<MemorySample> Profiler::memory_samples(size_t from, size_t* next) const {
   std::lock_guard lock(mutex_);
-  if (from >= memory_.size()) return {};
-  return {memory_.begin() + static_cast<ptrdiff_t>(from), memory_.end()};
+  return memory_.since(from, next);
 }
 
 size_t Profiler::span_count() const {
   std::lock_guard lock(mutex_);
-  return spans_.size();
+  return spans_.end();
 }
 
-void Profiler::clear() {
+size_t Profiler::dropped_spans() const {
   std::lock_guard lock(mutex_);
-  spans_.clear();
-  memory_.clear();
+  return spans_.dropped();
 }
 
 static std::string json_escape(const std::string& s) {
@@ -109,7 +107,11 @@ std::string Profiler::chrome_trace_json() const {
                   static_cast<long long>(m.reserved));
     add(buf);
   }
-  out += "\n]}\n";
+  out += "\n]";
+  // A trace of the newest spans only says so, where trace viewers show a file's metadata.
+  if (const size_t dropped = dropped_spans())
+    out += ",\"otherData\":{\"dropped_spans\":\"" + std::to_string(dropped) + " older spans were not kept\"}";
+  out += "}\n";
   return out;
 }
 

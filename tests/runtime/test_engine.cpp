@@ -1,8 +1,10 @@
 // The dependency engine: hazards, overlap from the spans, the sequential schedule, errors and cancel.
 #include <QtTest>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <thread>
 
 #include "gpunodes/errors.h"
@@ -168,6 +170,9 @@ class EngineTest : public QObject {
     // from the other without running. That cascade used to recurse once per op and overflow the stack
     // (MatMul's repeat goes up to a million).
     Runtime rt;
+    // The gate below waits for the host, which the backlog bound would make wait for the gate: this test is
+    // about a chain longer than the default bound, so it lifts it.
+    rt.engine().set_max_queued(1000000);
     VarPtr v = new_var();
     std::atomic<bool> release{false};
     std::atomic<int> ran{0};
@@ -186,6 +191,73 @@ class EngineTest : public QObject {
     QVERIFY2(took < 10s, "the cancelled chain took more than a few seconds to drain");
     QCOMPARE(ran.load(), 0);
     QCOMPARE(rt.engine().pending(), size_t(0));
+  }
+
+  void a_host_loop_waits_for_a_bounded_backlog() {
+    Runtime rt;
+    Engine& engine = rt.engine();
+    QCOMPARE(engine.max_queued(), Engine::kDefaultMaxQueued);
+    engine.set_max_queued(8);
+    VarPtr v = new_var();
+    std::vector<int> order;  // written by the ops, in turn: each writes v, so each waits for the one before
+    size_t most = 0;
+    for (int i = 0; i < 2000; ++i) {
+      engine.push(
+          [&order, i](OpContext&) {
+            order.push_back(i);
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+          },
+          {}, {v}, Device::cpu(), StreamKind::Compute, {"step"});
+      most = std::max(most, engine.pending());
+    }
+    engine.wait_all();
+    QVERIFY2(most <= 8, qPrintable(QString("%1 ops queued at once").arg(most)));
+    QVERIFY(most >= 2);  // the host did run ahead, up to the bound
+    QCOMPARE(int(order.size()), 2000);
+    QVERIFY(std::is_sorted(order.begin(), order.end()));
+    QVERIFY(std::adjacent_find(order.begin(), order.end()) == order.end());
+  }
+
+  void pushes_from_a_worker_never_wait_for_the_backlog() {
+    // An op that pushes more ops (as freeing a tensor inside an op does) would wait for itself forever.
+    Runtime rt;
+    Engine& engine = rt.engine();
+    engine.set_max_queued(1);
+    std::atomic<int> ran{0};
+    engine.push(
+        [&](OpContext&) {
+          for (int i = 0; i < 100; ++i)
+            engine.push([&](OpContext&) { ++ran; }, {}, {new_var()}, Device::cpu(), StreamKind::Copy, {"inner"});
+        },
+        {}, {new_var()}, Device::cpu(), StreamKind::Compute, {"outer"});
+    auto drained = std::async(std::launch::async, [&] { engine.wait_all(); });
+    QVERIFY2(drained.wait_for(10s) == std::future_status::ready, "an op pushing from its worker deadlocked");
+    QCOMPARE(ran.load(), 100);
+  }
+
+  void cancel_releases_a_host_waiting_for_the_backlog() {
+    Runtime rt;
+    Engine& engine = rt.engine();
+    engine.set_max_queued(1);
+    std::atomic<bool> started{false};
+    engine.push(
+        [&](OpContext& c) {
+          started = true;
+          while (!c.cancelled()) std::this_thread::sleep_for(1ms);
+        },
+        {}, {new_var()}, Device::cpu(), StreamKind::Compute, {"long"});
+    while (!started) std::this_thread::sleep_for(1ms);
+    std::atomic<bool> ran{false};
+    auto pushing = std::async(std::launch::async, [&] {
+      engine.push([&](OpContext&) { ran = true; }, {}, {new_var()}, Device::cpu(), StreamKind::Compute, {"next"});
+    });
+    QVERIFY(pushing.wait_for(200ms) == std::future_status::timeout);  // held back by the long op
+    const auto t0 = std::chrono::steady_clock::now();
+    engine.cancel();
+    QVERIFY2(pushing.wait_for(1s) == std::future_status::ready, "the waiting push did not see the cancel");
+    QVERIFY(std::chrono::steady_clock::now() - t0 < 1s);
+    QVERIFY_THROWS_EXCEPTION(CancelledError, engine.wait_all());
+    QVERIFY(!ran);  // dropped, as every op queued after a cancel is
   }
 
   void when_done_fires_once_the_tags_ops_are_complete() {
@@ -245,6 +317,55 @@ class EngineTest : public QObject {
     TagOutcome again{std::make_exception_ptr(Error("stale"))};
     rt.engine().when_done("producer", [&](const TagOutcome& o) { again = o; });
     QVERIFY(!again.error);
+  }
+
+  void the_profiler_keeps_the_newest_spans_by_position() {
+    Profiler p(4, 3);
+    for (int i = 0; i < 10; ++i) {
+      p.record(Span{"op" + std::to_string(i), "n", Device::cpu(), StreamKind::Compute, double(i), i + 0.5});
+      p.record(MemorySample{double(i), Device::cpu(), i, i});
+    }
+    QCOMPARE(p.span_count(), size_t(10));
+    QCOMPARE(p.dropped_spans(), size_t(6));
+    auto names = [](const std::vector<Span>& spans) {
+      std::vector<std::string> out;
+      for (const Span& s : spans) out.push_back(s.name);
+      return out;
+    };
+    // A reader that fell behind gets what is kept, and its next position skips what was dropped.
+    size_t next = 0;
+    QCOMPARE(names(p.spans(2, &next)), (std::vector<std::string>{"op6", "op7", "op8", "op9"}));
+    QCOMPARE(next, size_t(10));
+    // One that keeps up loses nothing.
+    QCOMPARE(names(p.spans(8, &next)), (std::vector<std::string>{"op8", "op9"}));
+    QVERIFY(p.spans(next, &next).empty());
+    QCOMPARE(next, size_t(10));
+    p.record(Span{"op10", "n", Device::cpu(), StreamKind::Compute, 10, 10.5});
+    QCOMPARE(names(p.spans(next, &next)), (std::vector<std::string>{"op10"}));
+    QCOMPARE(next, size_t(11));
+    const std::vector<MemorySample> kept = p.memory_samples(0, &next);
+    QCOMPARE(kept.size(), size_t(3));
+    QCOMPARE(kept.front().allocated, int64_t(7));
+    QCOMPARE(next, size_t(10));
+    // The trace holds what is kept and says how much is not.
+    const QJsonObject trace = QJsonDocument::fromJson(QByteArray::fromStdString(p.chrome_trace_json())).object();
+    int spans = 0;
+    for (const QJsonValue& e : trace["traceEvents"].toArray()) spans += e.toObject()["ph"] == "X";
+    QCOMPARE(spans, 4);
+    QVERIFY(trace["otherData"].toObject()["dropped_spans"].toString().startsWith("7 older spans"));
+  }
+
+  void a_long_run_keeps_a_bounded_profile() {
+    // A million-op host loop used to keep every span: 120 MB more per million ops.
+    Runtime rt;
+    VarPtr v = new_var();
+    const size_t ops = Profiler::kKeptSpans + 1000;
+    for (size_t i = 0; i < ops; ++i)
+      rt.engine().push([](OpContext&) {}, {}, {v}, Device::cpu(), StreamKind::Compute, {"tiny"});
+    rt.engine().wait_all();
+    QCOMPARE(rt.profiler().span_count(), ops);
+    QCOMPARE(rt.profiler().spans().size(), Profiler::kKeptSpans);
+    QCOMPARE(rt.profiler().dropped_spans(), size_t(1000));
   }
 
   void blocking_reads_are_marked_in_the_trace() {

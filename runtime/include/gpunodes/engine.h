@@ -88,7 +88,12 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Enqueues op; returns at once. reads and writes may overlap or be empty.
+  // Enqueues op and returns, at once unless max_queued() ops are already pushed and unfinished: then a
+  // host thread waits for the backlog to shrink to half that, as a full CUDA launch queue makes the host
+  // wait. Without the bound, a host loop of a million tiny ops (MatMul repeat) queued them all, about
+  // 450 bytes each. Ops pushed from a worker thread (a tensor freed by an op, a when_done callback) never
+  // wait: the backlog waits on them.
+  // reads and writes may overlap or be empty.
   void push(OpFn op, const std::vector<VarPtr>& reads, const std::vector<VarPtr>& writes, Device device,
             StreamKind stream, OpInfo info);
 
@@ -109,6 +114,9 @@ class Engine {
   bool cancelled() const { return cancel_flag_.load(); }
 
   size_t pending() const;
+  static constexpr size_t kDefaultMaxQueued = 65536;  // about 30 MB of queued ops
+  void set_max_queued(size_t ops);                    // at least 1
+  size_t max_queued() const;
 
   // Calls done once no op pushed with `tag` is pending: at once on this thread when none is, otherwise on
   // the thread that completes the last one, with no engine lock held. The outcome covers the tag's ops
@@ -128,10 +136,14 @@ class Engine {
   WorkerFactory factory_;
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
+  std::condition_variable room_cv_;  // a host waiting in push: the backlog is down to half the bound
+  size_t hosts_waiting_ = 0;
+  bool has_room_for_waiting_hosts() const;  // with mutex_ held
   std::map<std::pair<Device, int>, std::unique_ptr<StreamWorker>> workers_;
   std::shared_ptr<OpNode> last_pushed_;  // sequential schedule chains every op after this one
   Schedule schedule_ = Schedule::Parallel;
   size_t pending_ = 0;
+  size_t max_queued_ = kDefaultMaxQueued;
   std::exception_ptr first_error_;
   std::atomic<bool> cancel_flag_{false};
   // Per tag: ops not yet completed, their outcome so far, and who waits for them. An entry goes away when
