@@ -2,6 +2,7 @@
 
 #include <qcustomplot.h>
 
+#include "recent.h"
 #include "style.h"
 
 namespace gn::editor {
@@ -175,6 +176,13 @@ void PlotsPanel::addMemory(const QList<core::MemorySampleEvent>& samples) {
     it->allocated->addData(t, s.allocated / mib);
     it->reserved->addData(t, s.reserved / mib);
     it->peak->addData(t, it->peakBytes / mib);
+  }
+  // Every allocation is a sample: a long run keeps the newest, as the timeline keeps the newest spans.
+  for (const DeviceGraphs& g : devices_) {
+    const int count = g.allocated->dataCount();
+    if (count <= kKeptRunItems + kKeptRunItems / 4) continue;
+    const double from = (g.allocated->data()->constBegin() + (count - kKeptRunItems))->key;
+    for (QCPGraph* graph : {g.allocated, g.reserved, g.peak}) graph->data()->removeBefore(from);
   }
   if (!samples.isEmpty()) memoryDirty_ = true;
 }

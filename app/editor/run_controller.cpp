@@ -2,6 +2,7 @@
 
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/registry.h"
+#include "recent.h"
 
 namespace gn::editor {
 
@@ -38,6 +39,7 @@ bool RunController::start(const core::GraphDocument& doc, core::ValidationReport
   if (validation) *validation = report;
   spans_.clear();
   memory_.clear();
+  droppedSpans_ = 0;
   active_ = true;
   cancelling_ = false;
   ++runs_;
@@ -63,15 +65,19 @@ void RunController::poll() {
   bool done = false, ok = true;
   QString message;
   auto scan = [&](const QList<core::RunEvent>& list) {
+    QList<core::TraceSpan> spans;
+    QList<core::MemorySampleEvent> memory;
     for (const core::RunEvent& e : list) {
-      if (e.kind == core::RunEvent::Kind::Span) spans_.append(e.span);
-      if (e.kind == core::RunEvent::Kind::Memory) memory_.append(e.memory);
+      if (e.kind == core::RunEvent::Kind::Span) spans.append(e.span);
+      if (e.kind == core::RunEvent::Kind::Memory) memory.append(e.memory);
       if (e.kind == core::RunEvent::Kind::RunFinished) {
         done = true;
         ok = e.ok;
         message = e.message;
       }
     }
+    droppedSpans_ += appendKeepingNewest(spans_, spans);
+    appendKeepingNewest(memory_, memory);
   };
   scan(events);
   if (!done && !exec_->isRunning()) {

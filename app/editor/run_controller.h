@@ -31,9 +31,10 @@ class RunController : public QObject {
   double elapsedMs() const { return active_ ? double(clock_.nsecsElapsed()) / 1e6 : lastWallMs_; }
   void setIntervalMs(int ms) { timer_.setInterval(ms); }
 
-  // From the last run (partial while running).
+  // From the last run (partial while running). Spans and memory samples: the newest kKeptRunItems.
   QJsonObject report() const;
   const QList<core::TraceSpan>& spans() const { return spans_; }
+  qsizetype droppedSpans() const { return droppedSpans_; }  // older spans not kept
   const QList<core::MemorySampleEvent>& memory() const { return memory_; }
   int runCount() const { return runs_; }
 
@@ -52,6 +53,7 @@ class RunController : public QObject {
   double lastWallMs_ = 0;
   int runs_ = 0;
   QList<core::TraceSpan> spans_;
+  qsizetype droppedSpans_ = 0;
   QList<core::MemorySampleEvent> memory_;
 };
 

@@ -4,8 +4,10 @@
 #include <QPainter>
 #include <QToolTip>
 #include <QWheelEvent>
+#include <algorithm>
 #include <cmath>
 
+#include "recent.h"
 #include "style.h"
 
 namespace gn::editor {
@@ -31,6 +33,7 @@ TimelineView::TimelineView(QWidget* parent) : QWidget(parent) {
 
 void TimelineView::clear() {
   spans_.clear();
+  droppedSpans_ = 0;
   spanRow_.clear();
   lanes_.clear();
   laneTops_.clear();
@@ -47,6 +50,7 @@ void TimelineView::clear() {
 void TimelineView::addSpans(const QList<core::TraceSpan>& spans) {
   if (spans.isEmpty()) return;
   bool relayout = false;
+  QList<core::TraceSpan> added;
   for (const core::TraceSpan& s : spans) {
     const QString key = s.device + '\t' + s.stream;
     auto it = laneIndex_.find(key);
@@ -65,10 +69,19 @@ void TimelineView::addSpans(const QList<core::TraceSpan>& spans) {
     } else {
       lane.rowEnd[row] = s.endUs;
     }
-    lane.spans.append(int(spans_.size()));
+    lane.spans.append(int(spans_.size() + added.size()));
     spanRow_.append(row);
-    spans_.append(s);
+    added.append(s);
     maxEnd_ = qMax(maxEnd_, s.endUs);
+  }
+  if (const qsizetype dropped = appendKeepingNewest(spans_, added)) {
+    // Indices into spans_ shift down; each lane's are in ascending order, so its dropped ones lead.
+    spanRow_.remove(0, dropped);
+    for (Lane& lane : lanes_) {
+      lane.spans.erase(lane.spans.begin(), std::lower_bound(lane.spans.begin(), lane.spans.end(), dropped));
+      for (int& i : lane.spans) i -= int(dropped);
+    }
+    droppedSpans_ += dropped;
   }
   if (relayout) {
     // Rows in device, then stream order (the map is sorted by its key).
@@ -150,6 +163,11 @@ void TimelineView::paintEvent(QPaintEvent*) {
     p.drawLine(x, kRulerH, x, height());
     p.setPen(fg);
     p.drawText(x + 3, kRulerH - 6, style::formatMs(t / 1000.0));
+  }
+  if (droppedSpans_ > 0) {
+    p.setPen(QColor(0x80, 0x86, 0x8e));
+    p.drawText(QRect(kLabelW, 0, width() - kLabelW - 6, kRulerH - 4), Qt::AlignRight | Qt::AlignVCenter,
+               QString("newest %L1 spans; %L2 older not kept").arg(spans_.size()).arg(droppedSpans_));
   }
   if (spans_.isEmpty()) {
     p.setPen(QColor(0x80, 0x86, 0x8e));

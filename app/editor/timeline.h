@@ -23,7 +23,8 @@ class TimelineView : public QWidget {
   // Colours follow the graph's node order, so neighbouring nodes get clearly different colours.
   void setNodeOrder(const QStringList& ids);
   QColor colorOf(const QString& node) const;
-  int spanCount() const { return int(spans_.size()); }
+  int spanCount() const { return int(spans_.size()); }  // kept: the newest kKeptRunItems
+  qsizetype droppedSpans() const { return droppedSpans_; }
   QStringList laneNames() const;
   const QVector<core::TraceSpan>& spans() const { return spans_; }
   // The span under a widget position, or -1; its tooltip text.
@@ -60,6 +61,7 @@ class TimelineView : public QWidget {
   void updateMinimumHeight();
 
   QVector<core::TraceSpan> spans_;
+  qsizetype droppedSpans_ = 0;
   QMap<QString, int> laneIndex_;  // "device\tstream" -> index into lanes_, sorted for display
   QVector<Lane> lanes_;
   QVector<int> laneOrder_;  // display row -> lane

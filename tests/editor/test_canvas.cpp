@@ -17,6 +17,8 @@
 #include "main_window.h"
 #include "node_search.h"
 #include "palette.h"
+#include "plots.h"
+#include "recent.h"
 #include "timeline.h"
 
 using namespace gn;
@@ -474,6 +476,40 @@ class TestCanvas : public QObject {
     QVERIFY(tl->viewStartUs() > start);
     QTest::mouseDClick(tl, Qt::LeftButton, {}, QPoint(400, 60));
     QCOMPARE(tl->viewStartUs(), 0.0);
+  }
+
+  void timelineAndMemoryPlotKeepTheNewest() {
+    // A run of millions of ops: the editor keeps the newest kKeptRunItems spans and memory samples.
+    editor::TimelineView tl;
+    tl.resize(800, 200);
+    const qsizetype keep = editor::kKeptRunItems, total = keep + keep / 4 + 10000;
+    const qsizetype firstKept = total - keep;
+    for (qsizetype start = 0; start < total; start += 10000) {
+      QList<core::TraceSpan> batch;
+      for (qsizetype i = start; i < start + 10000; ++i) {
+        core::TraceSpan span{QString("s%1").arg(i), "add", i % 2 ? "cpu:1" : "cpu", "compute",
+                             double(i), i + 0.5, 0, 0, false};
+        // The oldest span to be kept is long and alone at the end of its lane: findable once the indices
+        // into the kept spans have shifted.
+        if (i == firstKept) span.startUs = 1e9, span.endUs = 2e9;
+        batch << span;
+      }
+      tl.addSpans(batch);
+    }
+    QCOMPARE(tl.spanCount(), int(keep));
+    QCOMPARE(tl.droppedSpans(), firstKept);
+    QCOMPARE(tl.spans().first().node, QString("s%1").arg(firstKept));
+    QCOMPARE(tl.spans().last().node, QString("s%1").arg(total - 1));
+    tl.fit();
+    QCOMPARE(tl.spanAt(tl.spanCenter(0)), 0);
+    QVERIFY(tl.describe(0).contains(QString("s%1").arg(firstKept)));
+    QVERIFY(!tl.grab().isNull());  // paints, with the note on what was not kept
+
+    editor::PlotsPanel* plots = w_->plots();
+    QList<core::MemorySampleEvent> samples;
+    for (qsizetype i = 0; i < total; ++i) samples << core::MemorySampleEvent{"cpu", double(i), i, i};
+    plots->addMemory(samples);
+    QCOMPARE(plots->memoryPoints(), int(keep));
   }
 
   void settingsAreUndoableEdits() {
