@@ -164,11 +164,6 @@ void TimelineView::paintEvent(QPaintEvent*) {
     p.setPen(fg);
     p.drawText(x + 3, kRulerH - 6, style::formatMs(t / 1000.0));
   }
-  if (droppedSpans_ > 0) {
-    p.setPen(QColor(0x80, 0x86, 0x8e));
-    p.drawText(QRect(kLabelW, 0, width() - kLabelW - 6, kRulerH - 4), Qt::AlignRight | Qt::AlignVCenter,
-               QString("newest %L1 spans; %L2 older not kept").arg(spans_.size()).arg(droppedSpans_));
-  }
   if (spans_.isEmpty()) {
     p.setPen(QColor(0x80, 0x86, 0x8e));
     p.drawText(rect().adjusted(kLabelW, kRulerH, 0, 0), Qt::AlignCenter,
@@ -209,6 +204,15 @@ void TimelineView::paintEvent(QPaintEvent*) {
   p.setPen(grid);
   p.drawLine(kLabelW, 0, kLabelW, height());
   p.drawLine(0, kRulerH, width(), kRulerH);
+  if (droppedSpans_ > 0) {
+    // At the ruler's right end, on the background, so that tick labels do not run through it.
+    const QString note = QString("newest %L1 spans; %L2 older not kept").arg(spans_.size()).arg(droppedSpans_);
+    const int w = fm.horizontalAdvance(note) + 12;
+    const QRect box(width() - w - 4, 1, w, kRulerH - 3);
+    p.fillRect(box, QColor(0x1e, 0x20, 0x24));
+    p.setPen(QColor(0x80, 0x86, 0x8e));
+    p.drawText(box, Qt::AlignCenter, note);
+  }
 }
 
 int TimelineView::spanAt(QPoint pos) const {
