@@ -1,8 +1,8 @@
 #include "node_util.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 
 #include "gpunodes/errors.h"
@@ -136,7 +136,8 @@ std::optional<std::vector<float>> parseValues(const QString& text, QString* erro
     const auto [stop, ec] = std::from_chars(digits, tokenEnd, v);
     if (ec != std::errc() || stop != tokenEnd || digits == tokenEnd || !std::isfinite(v)) {
       if (error)
-        *error = "\"" + QString::fromUtf8(p, std::min<qsizetype>(tokenEnd - p, 20)) + "\" is not a finite number";
+        *error =
+            "\"" + QString::fromUtf8(p, std::min<qsizetype>(tokenEnd - p, 20)) + "\" is not a finite number";
       return std::nullopt;
     }
     out.push_back(static_cast<float>(v));

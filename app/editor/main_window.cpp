@@ -894,9 +894,9 @@ bool MainWindow::exportTrace(const QString& path) {
     return false;
   }
   const QString kept = run_->droppedSpans() > 0 ? QString("the newest %L1 spans; %L2 older were not kept")
-                                                       .arg(run_->spans().size())
-                                                       .arg(run_->droppedSpans())
-                                                 : QString("%1 spans").arg(run_->spans().size());
+                                                      .arg(run_->spans().size())
+                                                      .arg(run_->droppedSpans())
+                                                : QString("%1 spans").arg(run_->spans().size());
   logMessage(LogLevel::Info,
              QString("Wrote the trace (%1) to %2; open it in Perfetto or chrome://tracing").arg(kept, path));
   return true;

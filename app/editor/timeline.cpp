@@ -206,7 +206,8 @@ void TimelineView::paintEvent(QPaintEvent*) {
   p.drawLine(0, kRulerH, width(), kRulerH);
   if (droppedSpans_ > 0) {
     // At the ruler's right end, on the background, so that tick labels do not run through it.
-    const QString note = QString("newest %L1 spans; %L2 older not kept").arg(spans_.size()).arg(droppedSpans_);
+    const QString note =
+        QString("newest %L1 spans; %L2 older not kept").arg(spans_.size()).arg(droppedSpans_);
     const int w = fm.horizontalAdvance(note) + 12;
     const QRect box(width() - w - 4, 1, w, kRulerH - 3);
     p.fillRect(box, QColor(0x1e, 0x20, 0x24));

@@ -39,11 +39,18 @@ thread_local std::string current_tag;
 thread_local bool on_stream_worker = false;  // this thread runs ops: its pushes must never wait for them
 }  // namespace
 
-ScopedOpTag::ScopedOpTag(std::string tag) : previous_(std::move(current_tag)) { current_tag = std::move(tag); }
-ScopedOpTag::~ScopedOpTag() { current_tag = std::move(previous_); }
-const std::string& ScopedOpTag::current() { return current_tag; }
+ScopedOpTag::ScopedOpTag(std::string tag) : previous_(std::move(current_tag)) {
+  current_tag = std::move(tag);
+}
+ScopedOpTag::~ScopedOpTag() {
+  current_tag = std::move(previous_);
+}
+const std::string& ScopedOpTag::current() {
+  return current_tag;
+}
 
-Engine::Engine(Profiler& profiler, WorkerFactory factory) : profiler_(profiler), factory_(std::move(factory)) {}
+Engine::Engine(Profiler& profiler, WorkerFactory factory)
+    : profiler_(profiler), factory_(std::move(factory)) {}
 
 Engine::~Engine() {
   {
@@ -76,7 +83,9 @@ void Engine::set_max_queued(size_t ops) {
   room_cv_.notify_all();
 }
 
-bool Engine::has_room_for_waiting_hosts() const { return hosts_waiting_ > 0 && pending_ <= max_queued_ / 2; }
+bool Engine::has_room_for_waiting_hosts() const {
+  return hosts_waiting_ > 0 && pending_ <= max_queued_ / 2;
+}
 
 size_t Engine::max_queued() const {
   std::lock_guard lock(mutex_);
@@ -111,7 +120,9 @@ void Engine::push(OpFn fn, const std::vector<VarPtr>& reads, const std::vector<V
       other->dependents.push_back(op);
       ++op->pending_deps;
     };
-    auto is_written = [&](const VarPtr& v) { return std::find(writes.begin(), writes.end(), v) != writes.end(); };
+    auto is_written = [&](const VarPtr& v) {
+      return std::find(writes.begin(), writes.end(), v) != writes.end();
+    };
     // Read after write: wait for the last writer.
     for (const VarPtr& v : reads) depend_on(v->last_writer);
     // Write after write and write after read: wait for the last writer and every reader since.
@@ -286,7 +297,9 @@ void Engine::reset_cancel() {
 
 StreamWorker::StreamWorker(Device device, StreamKind stream) : device_(device), stream_(stream) {}
 
-StreamWorker::~StreamWorker() { stop(); }
+StreamWorker::~StreamWorker() {
+  stop();
+}
 
 void StreamWorker::start(Engine* engine, Profiler* profiler) {
   engine_ = engine;

@@ -15,7 +15,9 @@ double Profiler::to_us(std::chrono::steady_clock::time_point t) const {
   return std::chrono::duration<double, std::micro>(t - epoch_).count();
 }
 
-double Profiler::now_us() const { return to_us(std::chrono::steady_clock::now()); }
+double Profiler::now_us() const {
+  return to_us(std::chrono::steady_clock::now());
+}
 
 void Profiler::record(Span span) {
   std::lock_guard lock(mutex_);
@@ -65,7 +67,9 @@ static std::string json_escape(const std::string& s) {
 }
 
 // Chrome's trace-event format wants integer pids; give each device one, in a stable order.
-static int device_pid(Device d) { return (d.is_cuda() ? 1000 : 0) + d.index + 1; }
+static int device_pid(Device d) {
+  return (d.is_cuda() ? 1000 : 0) + d.index + 1;
+}
 
 std::string Profiler::chrome_trace_json() const {
   std::vector<Span> all = spans();
@@ -84,11 +88,11 @@ std::string Profiler::chrome_trace_json() const {
   char buf[512];
   for (auto& [d, _] : devices) {
     int pid = device_pid(d);
-    add("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) +
-        ",\"args\":{\"name\":\"" + d.str() + "\"}}");
+    add("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) + ",\"args\":{\"name\":\"" +
+        d.str() + "\"}}");
     for (StreamKind s : {StreamKind::Compute, StreamKind::Copy})
-      add("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) +
-          ",\"tid\":" + std::to_string(static_cast<int>(s)) + ",\"args\":{\"name\":\"" + stream_name(s) + "\"}}");
+      add("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) + ",\"tid\":" +
+          std::to_string(static_cast<int>(s)) + ",\"args\":{\"name\":\"" + stream_name(s) + "\"}}");
   }
   for (const Span& s : all) {
     std::snprintf(buf, sizeof buf,

@@ -487,8 +487,15 @@ class TestCanvas : public QObject {
     for (qsizetype start = 0; start < total; start += 10000) {
       QList<core::TraceSpan> batch;
       for (qsizetype i = start; i < start + 10000; ++i) {
-        core::TraceSpan span{QString("s%1").arg(i), "add", i % 2 ? "cpu:1" : "cpu", "compute",
-                             double(i), i + 0.5, 0, 0, false};
+        core::TraceSpan span{QString("s%1").arg(i),
+                             "add",
+                             i % 2 ? "cpu:1" : "cpu",
+                             "compute",
+                             double(i),
+                             i + 0.5,
+                             0,
+                             0,
+                             false};
         // The oldest span to be kept is long and alone at the end of its lane: findable once the indices
         // into the kept spans have shifted.
         if (i == firstKept) span.startUs = 1e9, span.endUs = 2e9;

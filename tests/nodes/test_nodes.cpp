@@ -148,13 +148,14 @@ class NodesTest : public QObject {
     // Accepted: commas, spaces, tabs and newlines in any mix, signs, exponents, bare points.
     GraphDocument doc;
     const QString written = "+1,-2.5  3e2\t.5,\n-7.,  ,1E-1 ";
-    doc.addNode(makeNode("ok", "Tensor", {{"shape", QJsonArray{6}}, {"init", "values"}, {"values", written}}));
+    doc.addNode(
+        makeNode("ok", "Tensor", {{"shape", QJsonArray{6}}, {"init", "values"}, {"values", written}}));
     // Refused, each with the token it stopped at.
     const QList<QPair<QString, QString>> refused = {
         {"1, 2, x", "\"x\" is not a finite number"},     {"1, inf", "\"inf\" is not a finite number"},
-        {"nan 2", "\"nan\" is not a finite number"},      {"1e999", "\"1e999\" is not a finite number"},
-        {"+-1", "\"+-1\" is not a finite number"},        {"1;2", "\"1;2\" is not a finite number"},
-        {"0x10", "\"0x10\" is not a finite number"},      {"1,+", "\"+\" is not a finite number"},
+        {"nan 2", "\"nan\" is not a finite number"},     {"1e999", "\"1e999\" is not a finite number"},
+        {"+-1", "\"+-1\" is not a finite number"},       {"1;2", "\"1;2\" is not a finite number"},
+        {"0x10", "\"0x10\" is not a finite number"},     {"1,+", "\"+\" is not a finite number"},
         {"1 2 3", "the shape [6] needs 6 values, not 3"}};
     for (int i = 0; i < refused.size(); ++i)
       doc.addNode(makeNode(QString("bad%1").arg(i), "Tensor",
@@ -170,7 +171,8 @@ class NodesTest : public QObject {
 
     // The values arrive as written: compared with the C library's own reading of each token.
     Harness h(RunSettings{});
-    auto t = h.execute("ok", "Tensor", {{"shape", QJsonArray{6}}, {"init", "values"}, {"values", written}}, {});
+    auto t =
+        h.execute("ok", "Tensor", {{"shape", QJsonArray{6}}, {"init", "values"}, {"values", written}}, {});
     auto shown = h.execute("shown", "Inspect", {{"max_values", 6}}, {{"in", t->outputs["out"]}});
     const QJsonArray got = shown->fields["inspect"].toArray()[0].toObject()["values"].toArray();
     const char* tokens[] = {"+1", "-2.5", "3e2", ".5", "-7.", "1E-1"};

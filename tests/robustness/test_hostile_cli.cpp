@@ -87,10 +87,11 @@ class HostileCliTest : public QObject {
                qPrintable("the first error does not name \"" + word + "\"\n" + what));
       for (const QString& e : errors)
         QVERIFY2(e.size() < 1000, qPrintable("a long message: " + e.left(1200)));
-      closest_.append({double(r.ms) / (budgetMs * kTimeScale), QStringLiteral("%1 ms of %2: %3 %4")
-                                                                       .arg(r.ms)
-                                                                       .arg(budgetMs * kTimeScale)
-                                                                       .arg(command, QFileInfo(file).fileName())});
+      closest_.append(
+          {double(r.ms) / (budgetMs * kTimeScale), QStringLiteral("%1 ms of %2: %3 %4")
+                                                       .arg(r.ms)
+                                                       .arg(budgetMs * kTimeScale)
+                                                       .arg(command, QFileInfo(file).fileName())});
       QVERIFY2(r.ms < budgetMs * kTimeScale, qPrintable(QStringLiteral("took %1 ms\n").arg(r.ms) + what));
       // The kernel keeps only the largest child's peak: a rise past the bound is this child's.
       const long rss = childrenPeakRssMiB();
@@ -111,7 +112,8 @@ class HostileCliTest : public QObject {
 
   // The time margin, for reading a CI log: a run near its budget shows up before it fails.
   void cleanupTestCase() {
-    std::sort(closest_.begin(), closest_.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::sort(closest_.begin(), closest_.end(),
+              [](const auto& a, const auto& b) { return a.first > b.first; });
     for (qsizetype i = 0; i < std::min<qsizetype>(10, closest_.size()); ++i)
       qInfo("closest to its time budget: %s", qPrintable(closest_[i].second));
   }

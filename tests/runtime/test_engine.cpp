@@ -1,6 +1,5 @@
 // The dependency engine: hazards, overlap from the spans, the sequential schedule, errors and cancel.
 #include <QtTest>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -28,7 +27,9 @@ void push_logged(Engine& e, std::vector<int>& log, std::mutex& m, int id, std::c
       reads, writes, d, s, {"op" + std::to_string(id)});
 }
 
-bool overlap(const Span& a, const Span& b) { return a.start_us < b.end_us && b.start_us < a.end_us; }
+bool overlap(const Span& a, const Span& b) {
+  return a.start_us < b.end_us && b.start_us < a.end_us;
+}
 
 // Two independent matmul chains, one per CPU device; returns the spans tagged "chain0" and "chain1".
 std::pair<std::vector<Span>, std::vector<Span>> run_two_chains(Schedule schedule) {
@@ -41,7 +42,8 @@ std::pair<std::vector<Span>, std::vector<Span>> run_two_chains(Schedule schedule
   for (int d = 0; d < 2; ++d) {
     ScopedOpTag tag("chain" + std::to_string(d));
     Tensor x = uniform(rt, {512, 512}, Device::cpu(d), d);
-    rt.engine().push([](OpContext&) {}, {gate}, {x.var()}, Device::cpu(d), StreamKind::Compute, {"wait gate"});
+    rt.engine().push([](OpContext&) {}, {gate}, {x.var()}, Device::cpu(d), StreamKind::Compute,
+                     {"wait gate"});
     for (int i = 0; i < 6; ++i) x = scale_shift(matmul(x, x), 1e-3f, 0);
   }
   rt.engine().wait_all();
@@ -128,8 +130,8 @@ class EngineTest : public QObject {
     Runtime rt;
     VarPtr a = new_var(), b = new_var();
     std::atomic<bool> dependent_ran{false};
-    rt.engine().push([](OpContext&) { throw Error("boom in op"); }, {}, {a}, Device::cpu(), StreamKind::Compute,
-                     {"failing"});
+    rt.engine().push([](OpContext&) { throw Error("boom in op"); }, {}, {a}, Device::cpu(),
+                     StreamKind::Compute, {"failing"});
     rt.engine().push([&](OpContext&) { dependent_ran = true; }, {a}, {b}, Device::cpu(), StreamKind::Compute,
                      {"dependent"});
     try {
@@ -162,7 +164,7 @@ class EngineTest : public QObject {
     rt.engine().reset_cancel();
     rt.engine().wait_all();
     QCOMPARE(rt.memory_stats(Device::cpu()).allocated_bytes.current, int64_t(0));  // nothing leaked
-    QCOMPARE(item(sum(ones(rt, {4}, Device::cpu()))), 4.0f);  // usable again
+    QCOMPARE(item(sum(ones(rt, {4}, Device::cpu()))), 4.0f);                       // usable again
   }
 
   void cancel_a_chain_of_200000_ops() {
@@ -227,7 +229,8 @@ class EngineTest : public QObject {
     engine.push(
         [&](OpContext&) {
           for (int i = 0; i < 100; ++i)
-            engine.push([&](OpContext&) { ++ran; }, {}, {new_var()}, Device::cpu(), StreamKind::Copy, {"inner"});
+            engine.push([&](OpContext&) { ++ran; }, {}, {new_var()}, Device::cpu(), StreamKind::Copy,
+                        {"inner"});
         },
         {}, {new_var()}, Device::cpu(), StreamKind::Compute, {"outer"});
     auto drained = std::async(std::launch::async, [&] { engine.wait_all(); });
@@ -252,7 +255,8 @@ class EngineTest : public QObject {
     while (!started) std::this_thread::sleep_for(1ms);
     std::atomic<bool> ran{false};
     auto pushing = std::async(std::launch::async, [&] {
-      engine.push([&](OpContext&) { ran = true; }, {}, {new_var()}, Device::cpu(), StreamKind::Compute, {"next"});
+      engine.push([&](OpContext&) { ran = true; }, {}, {new_var()}, Device::cpu(), StreamKind::Compute,
+                  {"next"});
     });
     QVERIFY(pushing.wait_for(200ms) == std::future_status::timeout);  // held back by the long op
     engine.cancel();
@@ -351,7 +355,8 @@ class EngineTest : public QObject {
     QCOMPARE(kept.front().allocated, int64_t(7));
     QCOMPARE(next, size_t(10));
     // The trace holds what is kept and says how much is not.
-    const QJsonObject trace = QJsonDocument::fromJson(QByteArray::fromStdString(p.chrome_trace_json())).object();
+    const QJsonObject trace =
+        QJsonDocument::fromJson(QByteArray::fromStdString(p.chrome_trace_json())).object();
     int spans = 0;
     for (const QJsonValue& e : trace["traceEvents"].toArray()) spans += e.toObject()["ph"] == "X";
     QCOMPARE(spans, 4);

@@ -47,7 +47,9 @@ struct Var {
   std::exception_ptr error;
 };
 using VarPtr = std::shared_ptr<Var>;
-inline VarPtr new_var() { return std::make_shared<Var>(); }
+inline VarPtr new_var() {
+  return std::make_shared<Var>();
+}
 
 struct OpInfo {
   std::string name;
@@ -92,8 +94,9 @@ class Engine {
   // host thread waits for the backlog to shrink to half that, as a full CUDA launch queue makes the host
   // wait. Without the bound, a host loop of a million tiny ops (MatMul repeat) queued them all, about
   // 450 bytes each. Ops pushed from a worker thread (a tensor freed by an op, a when_done callback) never
-  // wait: the backlog waits on them.
-  // reads and writes may overlap or be empty.
+  // wait: the backlog waits on them. With the bound, an op may wait only for ops pushed before it, not
+  // for the host or a later op (a multi-device all-reduce is one op for that reason): behind a full
+  // backlog, the host could not push what it waits for. reads and writes may overlap or be empty.
   void push(OpFn op, const std::vector<VarPtr>& reads, const std::vector<VarPtr>& writes, Device device,
             StreamKind stream, OpInfo info);
 

@@ -56,7 +56,7 @@ class RecentWindow {
 
  private:
   size_t capacity_;
-  size_t dropped_ = 0;     // also where the oldest kept item sits, modulo the capacity, once full
+  size_t dropped_ = 0;  // also where the oldest kept item sits, modulo the capacity, once full
   std::vector<T> items_;
 };
 
