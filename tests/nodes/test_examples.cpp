@@ -215,8 +215,8 @@ class ExamplesTest : public QObject {
       setShape(doc, "x1", 512);  // tens of ms per branch: long enough to overlap on a loaded machine
       setShape(doc, "x2", 512);
       // Under a sanitizer the host's work between the branches is several times slower, and OpenBLAS is
-      // not: the branches get that much more work, so the second starts before the first ends. With 10, one
-      // TSan run in about 17 saw no overlap in any of its tries.
+      // not: the branches get that much more work, so the second starts before the first ends. With 10, 2
+      // TSan runs in 18 saw no overlap in any of their tries.
       const int repeat = 10 * kTimeScale;
       doc.setParam("mm1", "repeat", repeat);
       doc.setParam("mm2", "repeat", repeat);
