@@ -59,7 +59,7 @@ class HostileCliTest : public QObject {
   }
 
   // The contract for one refused file, under both commands. Files of 100,000 nodes get 10 s, not 2 s: they
-  // take 1.5-3.5 s here (most of it writing a 66 MB per-node report), and the bound is there to catch
+  // take 1.5-3.5 s here (validation, and a 66 MB per-node report), and the bound is there to catch
   // quadratic work, which on 100,000 nodes took 38-213 s each time it crept in.
   void expectRefused(const QString& file, const QString& word, int lines, int budgetMs = 2000) {
     const QString report = dir_.filePath("report.json");
