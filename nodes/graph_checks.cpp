@@ -155,7 +155,7 @@ class Checker {
     double numel = 1;
     for (int64_t x : shape) numel *= static_cast<double>(x);
     return checkFits(id, field, d, count * numel * sizeof(float),
-              QString("%1 %2 x Tensor%3").arg(what).arg(count, 0, 'g', 15).arg(qs(shape_str(shape))));
+                     QString("%1 %2 x Tensor%3").arg(what).arg(count, 0, 'g', 15).arg(qs(shape_str(shape))));
   }
 
   void checkSameDevice(const QString& id, const QString& field, const Known& a, const Known& b) {

@@ -134,7 +134,8 @@ void NodeItem::layout() {
   qreal maxIn = 0, maxOut = 0;
   for (const core::PortSpec& p : ports_.inputs) maxIn = qMax(maxIn, f.bodyM.horizontalAdvance(p.name));
   for (const core::PortSpec& p : ports_.outputs) maxOut = qMax(maxOut, f.bodyM.horizontalAdvance(p.name));
-  const qreal titleW = f.titleM.horizontalAdvance(typeName_) + f.smallM.horizontalAdvance(idText_.text()) + 22;
+  const qreal titleW =
+      f.titleM.horizontalAdvance(typeName_) + f.smallM.horizontalAdvance(idText_.text()) + 22;
   // Room on the right of the title for the status badge ("running 100%").
   const qreal w = std::ceil(qMax<qreal>(170, qMax(titleW + 78, maxIn + maxOut + 44)));
 

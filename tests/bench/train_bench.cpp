@@ -101,7 +101,8 @@ double our_step_seconds(Arch arch, int64_t batch, int windows, int steps, int th
   return best;
 }
 
-// d2l's ResNet-18 for Fashion-MNIST in PyTorch (3x3 stem, no max-pool), the peer of ours: both scripts use it.
+// d2l's ResNet-18 for Fashion-MNIST in PyTorch (3x3 stem, no max-pool), the peer of ours: both scripts use
+// it.
 constexpr const char* kTorchResNet18 = R"PY(
 class Residual(nn.Module):
     def __init__(self, i, o, use_1x1conv=False, strides=1):
@@ -130,7 +131,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 torch.set_num_threads(int(sys.argv[1])); windows = int(sys.argv[2]); steps = int(sys.argv[3]); rsteps = int(sys.argv[4])
-)PY" + std::string(kTorchResNet18) + R"PY(resnet = resnet18()
+)PY" + std::string(kTorchResNet18) +
+                       R"PY(resnet = resnet18()
 mlp = nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
 lenet = nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.Sigmoid(), nn.AvgPool2d(2, 2), nn.Conv2d(6, 16, 5),
     nn.Sigmoid(), nn.AvgPool2d(2, 2), nn.Flatten(), nn.Linear(400, 120), nn.Sigmoid(), nn.Linear(120, 84),
@@ -289,7 +291,8 @@ def load(p):
     return (torch.tensor(x.reshape(-1, 1, 28, 28).copy(), device=dev).float() / 255,
             torch.tensor(l.astype(np.int64), device=dev))
 Xtr, ytr = load('train'); Xte, yte = load('t10k')
-)PY" + std::string(kTorchResNet18) + R"PY(net = resnet18().to(dev)
+)PY" + std::string(kTorchResNet18) +
+                             R"PY(net = resnet18().to(dev)
 for m in net.modules():
     if type(m) in [nn.Linear, nn.Conv2d]: nn.init.normal_(m.weight, std=0.01)
 opt = torch.optim.SGD(net.parameters(), lr=lr); loss = nn.CrossEntropyLoss()

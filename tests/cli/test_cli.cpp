@@ -533,11 +533,13 @@ class CliTest : public QObject {
   }
 
   void theSummaryShowsTheLastValueOfEachMetric() {
-    const Result r = gpunodes({"run", GN_EXAMPLES_DIR "/log-per-step.json", "--set", "mm_step.repeat=20", "--set", "mm_log.repeat=20"},
+    const Result r = gpunodes({"run", GN_EXAMPLES_DIR "/log-per-step.json", "--set", "mm_step.repeat=20",
+                               "--set", "mm_log.repeat=20"},
                               QProcessEnvironment::systemEnvironment());
     EXPECT_EXIT(r, 0);
     QVERIFY2(r.out.contains("metric (last value of n samples)"), qPrintable(r.out));
-    QVERIFY2(QRegularExpression("norm_step = [0-9.e+-]+  \\(n = 20\\)").match(r.out).hasMatch(), qPrintable(r.out));
+    QVERIFY2(QRegularExpression("norm_step = [0-9.e+-]+  \\(n = 20\\)").match(r.out).hasMatch(),
+             qPrintable(r.out));
   }
 
   void ctrlCCancelsARealLongRun() {

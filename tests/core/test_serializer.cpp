@@ -92,10 +92,12 @@ class SerializerTest : public QObject {
     // values: save, load, save gives the same bytes.
     // Escaped strings, not raw ones: moc misreads these raw strings.
     const QByteArray raw = "\xEF\xBB\xBF";
-    const QByteArray file = "{\"format\": \"gpunodes-graph\", \"version\": 1, \"settings\": {\"" + raw +
-                            "late\": 1, \"schedule\": \"" + raw +
-                            "parallel\", \"\\ufeffk\": \"\\ufeffv\"}, \"nodes\": [{\"id\": \"a\", \"type\": \"T\", "
-                            "\"params\": {\"" + raw + "x\": 1, \"y\": 2}}]}";
+    const QByteArray file =
+        "{\"format\": \"gpunodes-graph\", \"version\": 1, \"settings\": {\"" + raw +
+        "late\": 1, \"schedule\": \"" + raw +
+        "parallel\", \"\\ufeffk\": \"\\ufeffv\"}, \"nodes\": [{\"id\": \"a\", \"type\": \"T\", "
+        "\"params\": {\"" +
+        raw + "x\": 1, \"y\": 2}}]}";
     GraphDocument doc;
     QString error;
     QVERIFY2(ser::load(file, doc, &error), qPrintable(error));

@@ -82,11 +82,11 @@ inline std::unique_ptr<editor::MainWindow> promptRecordingWindow(
     const core::NodeTypeRegistry* registry, QStringList* prompts,
     const QMessageBox::StandardButton* answer = nullptr) {
   auto w = std::make_unique<editor::MainWindow>(registry);
-  w->setPromptHandler(
-      [prompts, answer](QMessageBox::Icon, const QString&, const QString& text, QMessageBox::StandardButtons) {
-        *prompts << text;
-        return answer ? *answer : QMessageBox::Discard;
-      });
+  w->setPromptHandler([prompts, answer](QMessageBox::Icon, const QString&, const QString& text,
+                                        QMessageBox::StandardButtons) {
+    *prompts << text;
+    return answer ? *answer : QMessageBox::Discard;
+  });
   w->show();
   return w;
 }

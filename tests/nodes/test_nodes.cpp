@@ -65,6 +65,10 @@ class NodesTest : public QObject {
         QVERIFY2(!p.doc.isEmpty(), qPrintable(name + "." + p.name + " has no doc string"));
         QVERIFY2(checkParam(p, p.defaultValue).isEmpty(),
                  qPrintable(name + "." + p.name + " default is invalid"));
+        // Node code reads numbers without a fallback (p["lr"].toDouble()): params arrive filled with these
+        // defaults, so each number needs a real one, or a missing param would read as 0.
+        if (p.type == ParamType::Int || p.type == ParamType::Float)
+          QVERIFY2(p.defaultValue.isDouble(), qPrintable(name + "." + p.name + " has no numeric default"));
       }
       for (const PortSpec& p : t->spec().inputs + t->spec().outputs)
         QVERIFY2(!p.doc.isEmpty(), qPrintable(name + "." + p.name + " has no doc string"));

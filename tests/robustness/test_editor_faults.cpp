@@ -26,9 +26,7 @@ class EditorFaultsTest : public QObject {
   core::NodeTypeRegistry registry_;
   QStringList prompts_;
 
-  std::unique_ptr<MainWindow> window() {
-    return testing::promptRecordingWindow(&registry_, &prompts_);
-  }
+  std::unique_ptr<MainWindow> window() { return testing::promptRecordingWindow(&registry_, &prompts_); }
 
   static bool logHas(MainWindow* w, const QString& text) {
     for (int i = 0; i < w->log()->count(); ++i)

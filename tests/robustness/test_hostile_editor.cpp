@@ -25,9 +25,7 @@ class HostileEditorTest : public QObject {
   QStringList prompts_;
   QTemporaryDir dir_;
 
-  std::unique_ptr<MainWindow> window() {
-    return testing::promptRecordingWindow(&registry_, &prompts_);
-  }
+  std::unique_ptr<MainWindow> window() { return testing::promptRecordingWindow(&registry_, &prompts_); }
 
   // Unsaved work: a small graph that validates.
   static void edit(MainWindow* w) {

@@ -139,7 +139,8 @@ class NnModelsTest : public QObject {
   void state_size_is_known_before_building() {
     // The count graph checks use to refuse a model that cannot fit, against the models actually built.
     Runtime rt;
-    for (ModelOptions o : {modelOptions(Arch::Linear), modelOptions(Arch::Mlp), modelOptions(Arch::LeNet), modelOptions(Arch::ResNet18)}) {
+    for (ModelOptions o : {modelOptions(Arch::Linear), modelOptions(Arch::Mlp), modelOptions(Arch::LeNet),
+                           modelOptions(Arch::ResNet18)}) {
       for (auto [classes, channels, side] :
            {std::tuple{10, 1, 28}, std::tuple{7, 3, 32}, std::tuple{100, 2, 12}}) {
         o.classes = classes, o.in_channels = channels, o.image_size = side;

@@ -287,7 +287,8 @@ void Executor::Run::pump() {
 
 void Executor::Run::waitFor(const std::function<bool()>& ready, const std::atomic<bool>& cancelled) {
   std::unique_lock lock(shared->mutex);
-  while (!shared->cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return ready() || cancelled.load(); })) {
+  while (!shared->cv.wait_for(lock, std::chrono::milliseconds(50),
+                              [&] { return ready() || cancelled.load(); })) {
   }
 }
 

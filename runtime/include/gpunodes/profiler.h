@@ -47,8 +47,10 @@ class RecentWindow {
   // What is kept from position `from` on; *next (when given) becomes the position after the last one.
   std::vector<T> since(size_t from, size_t* next = nullptr) const {
     if (next) *next = end();
+    const size_t first = std::max(from, dropped_);
     std::vector<T> out;
-    for (size_t i = std::max(from, dropped_); i < end(); ++i) out.push_back(items_[i % capacity_]);
+    out.reserve(end() > first ? end() - first : 0);
+    for (size_t i = first; i < end(); ++i) out.push_back(items_[i % capacity_]);
     return out;
   }
   size_t end() const { return dropped_ + items_.size(); }  // how many were ever pushed

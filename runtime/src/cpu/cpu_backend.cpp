@@ -59,8 +59,8 @@ HostFacts read_host_facts() {
   return f;
 }
 
-// The cores the CPU devices share: the machine's, or fewer when OMP_NUM_THREADS asks for fewer, as it would of
-// any OpenMP program (the per-thread omp_set_num_threads below would otherwise override it). The
+// The cores the CPU devices share: the machine's, or fewer when OMP_NUM_THREADS asks for fewer, as it would
+// of any OpenMP program (the per-thread omp_set_num_threads below would otherwise override it). The
 // ThreadSanitizer suites set it to 1: libgomp is not instrumented, so TSan cannot see its barriers.
 int machine_cores() {
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -72,7 +72,9 @@ int machine_cores() {
 }
 
 // Cores for one of `n` CPU devices: an even share, at least one.
-int core_share(int n) { return std::max(1, machine_cores() / std::max(1, n)); }
+int core_share(int n) {
+  return std::max(1, machine_cores() / std::max(1, n));
+}
 
 class CpuStreamWorker final : public StreamWorker {
  public:
@@ -155,8 +157,8 @@ class CpuBackend final : public Backend {
       // Row r of op(A) starts at a + r*lda (no transpose) or at column r (transpose).
       const float* a = g.trans_a ? g.a + r0 : g.a + r0 * lda;
       cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
-                  static_cast<int>(rows), static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, a, lda, g.b, ldb,
-                  0.0f, g.c + r0 * g.n, static_cast<int>(g.n));
+                  static_cast<int>(rows), static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, a, lda, g.b,
+                  ldb, 0.0f, g.c + r0 * g.n, static_cast<int>(g.n));
     }
   }
 
@@ -231,6 +233,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int cpu_devices) { return std::make_unique<CpuBackend>(cpu_devices); }
+std::unique_ptr<Backend> make_cpu_backend(int cpu_devices) {
+  return std::make_unique<CpuBackend>(cpu_devices);
+}
 
 }  // namespace gn
