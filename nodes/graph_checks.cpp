@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "gpunodes/errors.h"
+#include "layer_nodes.h"
 #include "model_values.h"
 #include "node_util.h"
 #include "session.h"
@@ -39,6 +40,7 @@ struct Known {
   std::optional<Shape> shape;   // Tensors: every element's shape
   std::optional<double> count;  // Tensors: the batch size (a double: unchecked params may be absurd)
   std::optional<nn::ModelOptions> model;  // Model: the architecture
+  nn::LayerNodePtr layer;                 // Layer: the activation and what it is built from
   // Dataset: image channels and side (after resize), which splits it has, the batch size.
   std::optional<int64_t> channels, side, batch;
   bool hasTrain = true, hasTest = true;
@@ -177,6 +179,49 @@ class Checker {
     return std::nullopt;
   }
 
+  // A layer whose inputs are known gets its shape, or the error that names the port and both shapes.
+  Known evalLayer(const QString& id, nn::LayerKind kind, const QJsonObject& p) {
+    Known k;
+    std::vector<nn::LayerNodePtr> inputs;
+    for (const std::string& port : nn::layer_ports(kind)) {
+      std::optional<Known> in = input(id, qs(port));
+      if (!in || !in->layer) return k;  // open (the host says so) or unknown upstream
+      inputs.push_back(in->layer);
+    }
+    try {
+      k.layer = nn::make_layer(layerSpecOf(kind, id, p), std::move(inputs));
+      report_.setFacts(id, layerFacts(*k.layer));
+    } catch (const nn::LayerError& e) {
+      report_.error(id, e.port().empty() ? QString("params") : "inputs." + qs(e.port()), qs(e.what()));
+    }
+    return k;
+  }
+
+  Known evalNetwork(const QString& id, const QJsonObject& p) {
+    Known m;
+    auto dev = input(id, "device");
+    if (!dev)
+      m.devices = {Device::cpu()};
+    else if (dev->isDevices && !dev->devices.empty())
+      m.devices = {dev->devices.front()};
+    const Known out = input(id, "out").value_or(Known{});
+    if (!out.layer) return m;
+    try {
+      m.model = networkOptionsOf(*out.layer, p);
+    } catch (const Error& e) {  // no Input, or two
+      report_.error(id, "inputs.out", qs(e.what()));
+      return m;
+    }
+    report_.setFacts(id, networkFacts(*m.model->network));
+    if (m.devices.size() == 1) {
+      const double values = nn::state_elements(*m.model);
+      if (!checkFits(id, "inputs.out", m.devices.front(), values * sizeof(float),
+                     QString("the network's %1 parameter and buffer values").arg(values, 0, 'g', 4)))
+        m.model.reset();
+    }
+    return m;
+  }
+
   Outputs evalNode(const core::GraphNode& node, const QJsonObject& p) {
     const QString& id = node.id;
     const QString& type = node.type;
@@ -264,6 +309,10 @@ class Checker {
       Known t = input(id, "in").value_or(Known{});
       t.isTensors = true;
       out["out"] = t;
+    } else if (auto kind = nn::parse_layer_kind(type.toStdString())) {
+      out["out"] = evalLayer(id, *kind, p);
+    } else if (type == "Network") {
+      out["model"] = evalNetwork(id, p);
     } else if (type == "Model") {
       Known m;
       auto dev = input(id, "device");
@@ -307,8 +356,14 @@ class Checker {
       t.isTensors = true;
       t.devices = model.devices;
       t.count = in.count;
-      if (model.model && in.shape && !in.shape->empty())
-        t.shape = Shape{(*in.shape)[0], model.model->classes};
+      if (model.model && in.shape && !in.shape->empty()) {
+        if (model.model->arch == nn::Arch::Network) {
+          t.shape = model.model->network->infer().back().out;
+          t.shape->insert(t.shape->begin(), (*in.shape)[0]);
+        } else {
+          t.shape = Shape{(*in.shape)[0], model.model->classes};
+        }
+      }
       out["out"] = t;
     } else if (type == "Parameters") {
       Known t;

@@ -14,13 +14,6 @@ namespace {
 
 using core::PortType;
 
-void reportModel(core::NodeContext& ctx, const nn::Model& m) {
-  ctx.reportField("signature", qs(m.signature()));
-  ctx.reportField("device_of_model", qs(m.device().str()));
-  ctx.reportField("parameter_count", static_cast<double>(m.parameter_count()));
-  ctx.reportField("parameters", describeJson(m));
-}
-
 class ModelNode final : public GpuNode {
  public:
   ModelNode()
@@ -149,17 +142,24 @@ class SaveParamsNode final : public GpuNode {
             .category = "Models",
             .description =
                 "Writes the model's parameters and buffers to a file, whatever device they are on (a "
-                "blocking "
-                "read). The format is gpunodes' documented binary one (runtime/include/gpunodes/nn/"
-                "serialize.h: magic GNPARAMS, the model signature, names and shapes, float32 values, "
-                "CRC-32); it does not depend on the device, so a file saved from a GPU loads onto the CPU.",
+                "blocking read). format gpunodes: gpunodes' documented binary format (runtime/include/"
+                "gpunodes/nn/serialize.h: magic GNPARAMS, the model signature, names and shapes, float32 "
+                "values, CRC-32). format safetensors: Hugging Face's safetensors, which PyTorch reads "
+                "(state_dict names such as 0.weight, float32, each BatchNorm's num_batches_tracked, and the "
+                "model signature as metadata): torch's load_state_dict(strict=True) takes it for the same "
+                "network built in torch. Neither depends on the device, so a file saved from a GPU loads "
+                "onto the CPU.",
             .inputs = {inPort("model", PortType::Model, "The model to save.")},
             .outputs = {outPort("model", PortType::Model,
                                 "The same model, once the file is written: wire it into LoadParams' like "
                                 "input to load the file after it exists.")},
             .params = {stringParam("path", "model.params",
                                    "The file to write (replaced atomically); relative paths are relative to "
-                                   "the working directory.")},
+                                   "the working directory."),
+                       enumParam(
+                           "format", {"gpunodes", "safetensors"}, "gpunodes",
+                           "gpunodes: the checksummed GNPARAMS format. safetensors: for PyTorch and the "
+                           "Hugging Face tools. LoadParams reads both, telling them apart by content.")},
         }) {}
 
   QStringList validateParams(const QJsonObject& params) const override {
@@ -170,8 +170,9 @@ class SaveParamsNode final : public GpuNode {
   void execute(core::NodeContext& ctx) const override {
     auto model = modelInput(ctx, "model");
     const QString path = ctx.params()["path"].toString();
+    const QString format = ctx.params()["format"].toString();
     try {
-      nn::save_params(model->model(), path.toStdString());
+      nn::save_params(model->model(), path.toStdString(), nn::parse_params_format(format.toStdString()));
     } catch (const CancelledError&) {
       throw;
     } catch (const std::exception& e) {
@@ -179,6 +180,7 @@ class SaveParamsNode final : public GpuNode {
       throw Error(std::string("could not save: ") + e.what());
     }
     ctx.reportField("path", QFileInfo(path).absoluteFilePath());
+    ctx.reportField("format", format);
     // Not "bytes": the host's report fills that with the node's traced bytes.
     ctx.reportField("file_bytes", static_cast<double>(QFileInfo(path).size()));
     reportModel(ctx, model->model());
@@ -194,13 +196,19 @@ class LoadParamsNode final : public GpuNode {
             .category = "Models",
             .description =
                 "Builds the model a parameter file describes on a device and loads the file's values into "
-                "it: parameters saved from one device load onto any other. With `like` wired, the file must "
-                "hold a model of that architecture and size, or the node fails saying what the file holds. "
-                "A truncated or corrupt file fails too, before any parameter is touched.",
+                "it: parameters saved from one device load onto any other. Reads gpunodes' GNPARAMS files "
+                "and "
+                "safetensors files (SaveParams' two formats, and weights saved from PyTorch's state_dict), "
+                "telling them apart by content, not by the file name. With `like` wired, the file must hold "
+                "a model of that architecture and size, or the node fails saying what the file holds. A "
+                "safetensors file written by PyTorch does not say which model it holds: wire a Model of the "
+                "same network into `like`, and every tensor's name and shape must match it. A truncated or "
+                "corrupt file fails too, before any parameter is touched.",
             .inputs = {inPort("device", PortType::Device, "Where the loaded parameters live."),
                        inPort("like", PortType::Model,
                               "Optional: the architecture the file must hold (arch, classes, channels, image "
-                              "size). Wiring SaveParams' output here also loads only after it saved.",
+                              "size); needed for a safetensors file from PyTorch. Wiring SaveParams' output "
+                              "here also loads only after it saved.",
                               false)},
             .outputs = {outPort("model", PortType::Model, "The model with the file's parameters.")},
             .params = {stringParam("path", "model.params", "The parameter file to read.")},
@@ -218,22 +226,31 @@ class LoadParamsNode final : public GpuNode {
     const Device device = devices.front();
     if (!session.runtime().has(device)) throw Error("no such device: " + device.str());
     const std::string path = ctx.params()["path"].toString().toStdString();
-    // The whole file is checked (magic, version, sizes, CRC) before a model is built.
+    // The whole file is checked (magic, version, sizes, CRC; a safetensors header and its layout) before a
+    // model is built.
     const nn::ParamsFileInfo info = nn::read_params_info(path);
+    // Only a safetensors file from another program has no signature; load_params then matches every tensor
+    // against like's model by name and shape.
+    const bool foreign = info.format == nn::ParamsFormat::Safetensors && info.signature.empty();
     nn::ModelOptions options;
     if (ctx.input("like")) {
       auto like = modelInput(ctx, "like");
       const std::string want = like->model().signature();
-      if (info.signature != want)
+      if (!foreign && info.signature != want)
         throw Error("parameter file " + path + " holds a '" + info.signature + "' model, not the '" + want +
                     "' that input like expects: wrong architecture");
       options = like->model().options();
+    } else if (foreign) {
+      throw Error("safetensors file " + path +
+                  " has no gpunodes.signature metadata (another program, such as PyTorch, wrote it), so it "
+                  "does not say which network it holds: wire a Model of that network into input like");
     } else {
       options = nn::options_from_signature(info.signature);
     }
     std::shared_ptr<nn::Model> model = nn::Model::create(session.runtime(), options, device);
     nn::load_params(*model, path);
     ctx.reportField("path", QFileInfo(QString::fromStdString(path)).absoluteFilePath());
+    ctx.reportField("format", nn::params_format_name(info.format));
     reportModel(ctx, *model);
     ctx.setOutput("model", std::make_shared<ModelValue>(session.runtimePtr(), std::move(model)));
   }

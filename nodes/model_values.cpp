@@ -65,6 +65,21 @@ nn::ModelOptions modelOptionsOf(const QJsonObject& p) {
 }
 
 QString imageMismatch(const nn::ModelOptions& m, int64_t channels, int64_t side) {
+  if (m.arch == nn::Arch::Network) {
+    const Shape in = m.network->input().shape, out = m.network->infer().back().out;
+    if (in != Shape{channels, side, side})
+      return QString(
+                 "the network's Input is %1, but the dataset gives %2x%3x%3 images (set the Input's shape "
+                 "to [%2, %3, %3], or the Dataset's resize)")
+          .arg(qs(shape_str(in)))
+          .arg(channels)
+          .arg(side);
+    if (out.size() != 1)
+      return QString(
+                 "the network ends in %1 per image, not in [classes] scores: end it with Flatten and Linear")
+          .arg(qs(shape_str(out)));
+    return {};
+  }
   const QString arch = nn::arch_name(m.arch);
   if (m.arch == nn::Arch::Linear)
     return QString("a linear model takes [N, %1] tensors, not %2x%3x%3 images: use mlp, lenet or resnet18")
@@ -92,6 +107,14 @@ QString imageMismatch(const nn::ModelOptions& m, int64_t channels, int64_t side)
 QString inputMismatch(const nn::ModelOptions& m, const Shape& shape) {
   const QString arch = nn::arch_name(m.arch);
   const QString got = qs(shape_str(shape));
+  if (m.arch == nn::Arch::Network) {
+    const Shape& want = m.network->input().shape;
+    if (shape.size() == want.size() + 1 && shape[0] >= 1 && Shape(shape.begin() + 1, shape.end()) == want)
+      return {};
+    QString expect = "[N";
+    for (int64_t d : want) expect += QString(", %1").arg(d);
+    return QString("the network takes %1] tensors (its Input's shape), got %2").arg(expect, got);
+  }
   if (m.arch == nn::Arch::Linear) {
     if (shape.size() == 2 && shape[0] >= 1 && shape[1] == m.in_channels) return {};
     return QString("the linear model takes [N, %1] tensors, got %2").arg(m.in_channels).arg(got);
@@ -107,6 +130,13 @@ QString inputMismatch(const nn::ModelOptions& m, const Shape& shape) {
       .arg(m.in_channels)
       .arg(m.image_size)
       .arg(got);
+}
+
+void reportModel(core::NodeContext& ctx, const nn::Model& m) {
+  ctx.reportField("signature", qs(m.signature()));
+  ctx.reportField("device_of_model", qs(m.device().str()));
+  ctx.reportField("parameter_count", static_cast<double>(m.parameter_count()));
+  ctx.reportField("parameters", describeJson(m));
 }
 
 QJsonArray describeJson(const nn::Model& model) {

@@ -74,6 +74,8 @@ QString inputMismatch(const nn::ModelOptions& model, const Shape& shape);
 
 // Every parameter and buffer: [{name, shape, device, trainable}], the seed's net[0].weight.data.device.
 QJsonArray describeJson(const nn::Model& model);
+// The report fields of a node that makes or holds a model: signature, device, parameter count, parameters.
+void reportModel(core::NodeContext& ctx, const nn::Model& model);
 
 // Samples [begin, end) of a dataset, as a dataset of its own (the synthetic set's train/test split).
 nn::DatasetPtr sliceDataset(const nn::DatasetPtr& data, int64_t begin, int64_t end, const std::string& name);

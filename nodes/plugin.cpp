@@ -12,7 +12,9 @@ GpuNodesPlugin::GpuNodesPlugin()
              makeMatMulNode(),     makeElementwiseNode(), makeNormNode(),    makeSynchronizeNode(),
              makeInspectNode(),    makeModelNode(),       makeForwardNode(), makeParametersNode(),
              makeSaveParamsNode(), makeLoadParamsNode(),  makeDatasetNode(), makeTrainNode(),
-             makeEvaluateNode()} {}
+             makeEvaluateNode()} {
+  types_.append(makeLayerNodes());
+}
 
 std::unique_ptr<core::RunSession> GpuNodesPlugin::createSession(const core::RunSettings& settings) {
   return std::make_unique<NodesSession>(settings);

@@ -5,6 +5,7 @@ GPUNODES_PACKAGES=(cmake ninja-build g++ pkg-config
   qt6-qpa-plugins  # Qt's VNC platform: the display the killed-editor suite types into
   libopenblas-dev libopenblas0-openmp libdnnl-dev
   dataset-fashion-mnist
+  python3-torch python3-numpy  # the PyTorch peer: interop tests and benchmark ratios (CPU build, /usr/bin/python3)
   xvfb xauth)
 
 gpunodes_install_deps() {

@@ -302,14 +302,17 @@ void printSummary(const GraphDocument& doc, const QJsonObject& report) {
     if (!error.isEmpty() && o.value("status").toString() == "failed")
       table += QStringLiteral("%1: %2\n").arg(n.id, error);
   }
-  // The last value of each metric series (loss, test accuracy, ...): what a batch script usually wants to see.
+  // The last value of each metric series (loss, test accuracy, ...): what a batch script usually wants to
+  // see.
   const QJsonObject metrics = report.value("metrics").toObject();
   if (!metrics.isEmpty()) table += QStringLiteral("\nmetric (last value of n samples)\n");
   for (auto it = metrics.begin(); it != metrics.end(); ++it) {
     const QJsonArray samples = it.value().toArray();
     if (samples.isEmpty()) continue;
     const double last = samples.last().toArray().at(1).toDouble();
-    table += QStringLiteral("%1 = %2  (n = %3)\n").arg(it.key(), QString::number(last, 'g', 6)).arg(samples.size());
+    table += QStringLiteral("%1 = %2  (n = %3)\n")
+                 .arg(it.key(), QString::number(last, 'g', 6))
+                 .arg(samples.size());
   }
   const double seconds = report.value("wall_ms").toDouble() / 1000.0;
   if (report.value("cancelled").toBool())
@@ -471,6 +474,31 @@ int commandRun(const QStringList& args) {
 
 // ---- validate, devices, nodes ----------------------------------------------------------------------
 
+// What the checks learned per node before any run (a layer's shape, a network's size), in file order; a
+// node's table (a network's layers) under it with aligned columns.
+void printFacts(const GraphDocument& doc, const ValidationReport& report) {
+  if (report.facts().isEmpty()) return;
+  for (const GraphNode& n : doc.nodes()) {
+    auto it = report.facts().constFind(n.id);
+    if (it == report.facts().constEnd()) continue;
+    out(QStringLiteral("  %1 (%2): %3\n").arg(n.id, n.type, it->badge));
+    if (it->columns.isEmpty()) continue;
+    QList<qsizetype> width;
+    for (const QString& c : it->columns) width.append(c.size());
+    for (const QStringList& row : it->rows)
+      for (qsizetype i = 0; i < row.size() && i < width.size(); ++i)
+        width[i] = std::max(width[i], row[i].size());
+    auto line = [&](const QStringList& cells) {  // names to the left, numbers to the right
+      QString text;
+      for (qsizetype i = 0; i < cells.size() && i < width.size(); ++i)
+        text += (i < 2 ? cells[i].leftJustified(width[i]) : cells[i].rightJustified(width[i])) + "  ";
+      out(QStringLiteral("    ") + text.trimmed() + u'\n');
+    };
+    line(it->columns);
+    for (const QStringList& row : it->rows) line(row);
+  }
+}
+
 int commandValidate(const QStringList& args) {
   QCommandLineParser parser;
   const Parsed p = parse(parser, "validate", args, 1);
@@ -487,6 +515,7 @@ int commandValidate(const QStringList& args) {
   const ValidationReport report = validate(doc, registry);
   printIssues(file, report.issues(), true);
   if (!report.ok()) return kFailed;
+  printFacts(doc, report);
   out(QStringLiteral("%1: ok (%2 nodes, %3 connections)\n")
           .arg(file)
           .arg(doc.nodes().size())

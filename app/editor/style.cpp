@@ -20,6 +20,8 @@ QColor portColor(core::PortType t) {
       return QColor(0xe6, 0xc8, 0x4f);
     case core::PortType::Scalar:
       return QColor(0xb8, 0xbc, 0xc4);
+    case core::PortType::Layer:
+      return QColor(0xe8, 0x6a, 0xc0);
   }
   return Qt::gray;
 }
@@ -27,6 +29,8 @@ QColor portColor(core::PortType t) {
 QColor categoryColor(const QString& category) {
   const QString c = category.toLower();
   // Known categories get hand-picked colours; any other (a third-party plugin's) a stable hashed one.
+  // Layers: a deep magenta, the hue the Layer wire carries, apart from Models' crimson and Sync's violet.
+  if (c.contains("layer")) return QColor(0x9c, 0x3a, 0x86);
   if (c.contains("device")) return QColor(0x2f, 0x6d, 0xb5);
   if (c.contains("tensor") || c.contains("data")) return QColor(0x2f, 0x8f, 0x4e);
   if (c.contains("copy") || c.contains("transfer") || c.contains("memory")) return QColor(0x1f, 0x8a, 0x8a);

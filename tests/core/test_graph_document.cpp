@@ -174,7 +174,7 @@ class GraphDocumentTest : public QObject {
 
   void portAndParamTypes() {
     for (PortType t : {PortType::Device, PortType::Devices, PortType::Tensor, PortType::Model,
-                       PortType::Dataset, PortType::Scalar}) {
+                       PortType::Dataset, PortType::Scalar, PortType::Layer}) {
       QCOMPARE(portTypeFromName(portTypeName(t)), std::optional<PortType>(t));
       QVERIFY(portAccepts(t, t));
     }

@@ -1,7 +1,8 @@
-// Corrupt and hostile parameter files and dataset files, beyond the plain corruptions test_nn_models covers:
-// files that are not files (a directory, /dev/zero, a pipe with no writer), headers whose checksum is right
-// but whose sizes are absurd, and IDX headers that claim gigabytes. Each gives a clear gn::Error quickly, and
-// nothing allocates what a header claims before the bytes are there.
+// Corrupt and hostile parameter files and dataset files, beyond the plain corruptions test_nn_models and
+// test_safetensors cover: files that are not files (a directory, /dev/zero, a pipe with no writer), headers
+// whose checksum is right but whose sizes are absurd, safetensors headers built to exhaust the parser, and
+// IDX headers that claim gigabytes. Each gives a clear gn::Error quickly, and nothing allocates what a header
+// claims before the bytes are there.
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -92,6 +93,13 @@ class ParamsFile {
  private:
   std::string bytes_;
 };
+
+// A safetensors file: the 8-byte header length, the header padded with spaces to a multiple of 8, the data.
+std::string safetensors(std::string header, const std::string& data) {
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const uint64_t n = header.size();
+  return std::string(reinterpret_cast<const char*>(&n), 8) + header + data;
+}
 
 std::string bigEndian(uint32_t v) {
   const char b[4] = {char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
@@ -190,6 +198,56 @@ class CorruptFilesTest : public QObject {
       writeFile(p, pf.finished());
       expectError([&] { read_params_info(p.toStdString()); }, {"corrupt", "bad shape"});
     }
+    QVERIFY2(peakRssMiB() - rssBefore < 512,
+             qPrintable(QStringLiteral("memory grew by %1 MiB").arg(peakRssMiB() - rssBefore)));
+  }
+
+  void safetensorsWithAbsurdHeaders() {
+    Runtime rt;
+    const long rssBefore = peakRssMiB();
+    const QString p = path("absurd.safetensors");
+    // A header length of 2^63 in a file of 16 bytes.
+    {
+      std::string bytes = safetensors("{}", "");
+      const uint64_t n = uint64_t(1) << 63;
+      std::memcpy(bytes.data(), &n, 8);
+      writeFile(p, bytes);
+      expectError([&] { read_params_info(p.toStdString()); }, {p, "corrupt", "header length", "limit"});
+    }
+    // Nesting a recursive parser would follow until the stack overflows.
+    writeFile(p, safetensors(R"({"__metadata__":{"a":)" + std::string(1000000, '[') +
+                                 std::string(1000000, ']') + "}}",
+                             ""));
+    expectError([&] { read_params_info(p.toStdString()); }, {"corrupt", "nested deeper than"});
+    // 20 MB of JSON in one value where a string belongs: skipped without being stored.
+    {
+      std::string zeros = "[0";
+      for (int i = 0; i < 10000000; ++i) zeros += ",0";
+      writeFile(p, safetensors(R"({"__metadata__":{"a":)" + zeros + "]}}", ""));
+      expectError([&] { read_params_info(p.toStdString()); },
+                  {"__metadata__ entry 'a'", "an array, not a string"});
+    }
+    // More tensor entries than any checkpoint has: refused at the limit, the rest never parsed.
+    {
+      std::string header = "{";
+      for (int i = 0; i < 200000; ++i)
+        header += (i ? "," : "") + ('"' + std::to_string(i)) +
+                  "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}";
+      writeFile(p, safetensors(header + "}", ""));
+      expectError([&] { read_params_info(p.toStdString()); }, {"corrupt", "more than 131072 tensors"});
+    }
+    // 2^80 values claimed, four bytes there.
+    writeFile(p, safetensors(R"({"0.weight":{"dtype":"F32","shape":[1099511627776,1099511627776],)"
+                             R"("data_offsets":[0,4]}})",
+                             "abcd"));
+    expectError([&] { read_params_info(p.toStdString()); },
+                {"'0.weight'", "more than the 4 bytes of data hold"});
+    // A signature of absurd model options: refused by the model's bounds, before anything is built.
+    writeFile(
+        p, safetensors(R"({"__metadata__":{"gpunodes.signature":"mlp classes=10000000000000 in_channels=1 )"
+                       R"(image_size=28"}})",
+                       ""));
+    expectError([&] { load_model(rt, p.toStdString(), Device::cpu()); }, {"model options"});
     QVERIFY2(peakRssMiB() - rssBefore < 512,
              qPrintable(QStringLiteral("memory grew by %1 MiB").arg(peakRssMiB() - rssBefore)));
   }

@@ -240,6 +240,20 @@ class HostileCliTest : public QObject {
       if (i) conns += QStringLiteral(R"(,{"from": "e%1.out", "to": "e%2.a"})").arg(i - 1).arg(i).toUtf8();
     }
     QTest::newRow("chain") << "chain-100000.json" << graph(nodes, conns) << "e99999";
+    // A drawn network 100,000 layers deep, ending in a Linear on an unflattened input.
+    nodes = R"({"id": "x", "type": "Input", "params": {"shape": [1, 4, 4]}})", conns.clear();
+    for (int i = 0; i < n; ++i) {
+      nodes += QStringLiteral(R"(,{"id": "l%1", "type": "%2"})")
+                   .arg(i)
+                   .arg(i == n - 1 ? "Linear" : "ReLU")
+                   .toUtf8();
+      conns += QStringLiteral(R"(%1{"from": "%2.out", "to": "l%3.in"})")
+                   .arg(i ? "," : "")
+                   .arg(i ? QStringLiteral("l%1").arg(i - 1) : QStringLiteral("x"))
+                   .arg(i)
+                   .toUtf8();
+    }
+    QTest::newRow("layers") << "layers-100000.json" << graph(nodes, conns) << "l99999";
   }
   void hundredThousandNodeGraphs() {
     QFETCH(QString, name);

@@ -36,6 +36,14 @@ DatasetPtr synthetic(int64_t count) {
   return make_synthetic({.count = count, .seed = 11});
 }
 
+// Fails naming `what` when the GPU's values are not within `tol` of the CPU's (relative, floored at 1e-2).
+void expect_matches_cpu(const Tensor& cpu, const Tensor& gpu, double tol, const char* what) {
+  QVERIFY2(cpu.defined() && gpu.defined(), what);
+  QCOMPARE(gpu.shape(), cpu.shape());
+  const double diff = max_rel_diff(to_host(cpu), to_host(gpu));
+  QVERIFY2(diff < tol, qPrintable(QString("%1: CUDA differs from the CPU by %2").arg(what).arg(diff)));
+}
+
 }  // namespace
 
 class NnCudaTest : public QObject {
@@ -111,6 +119,154 @@ class NnCudaTest : public QObject {
     const double diff = max_rel_diff(*c, *g);
     qInfo("LeNet after 5 steps, CUDA vs CPU: largest relative difference %.3g", diff);
     QVERIFY(diff < 1e-2);
+  }
+
+  // --- the layer ops one by one, on the GPU against the CPU ------------------------------------------------
+
+  void grouped_conv2d_matches_the_cpu_data() {
+    QTest::addColumn<int>("c");
+    QTest::addColumn<int>("k");
+    QTest::addColumn<int>("r");
+    QTest::addColumn<int>("stride");
+    QTest::addColumn<int>("pad");
+    QTest::addColumn<int>("groups");
+    QTest::addColumn<bool>("bias");
+    QTest::newRow("3x3 stride 2 pad 1 groups 2") << 8 << 12 << 3 << 2 << 1 << 2 << true;
+    QTest::newRow("depthwise 3x3 pad 1 no bias") << 16 << 16 << 3 << 1 << 1 << 16 << false;
+    QTest::newRow("depthwise x2 stride 2") << 8 << 16 << 3 << 2 << 1 << 8 << true;
+    QTest::newRow("1x1 groups 4 no bias") << 8 << 8 << 1 << 1 << 0 << 4 << false;
+    QTest::newRow("dense 3x3 no bias") << 4 << 6 << 3 << 1 << 1 << 1 << false;
+  }
+  void grouped_conv2d_matches_the_cpu() {
+    QFETCH(int, c);
+    QFETCH(int, k);
+    QFETCH(int, r);
+    QFETCH(int, stride);
+    QFETCH(int, pad);
+    QFETCH(int, groups);
+    QFETCH(bool, bias);
+    const Device cpu = Device::cpu();
+    Tensor x = uniform(*rt_, {4, c, 11, 11}, cpu, 1, -1, 1);
+    Tensor w = uniform(*rt_, {k, c / groups, r, r}, cpu, 2, -0.5, 0.5);
+    Tensor b = bias ? uniform(*rt_, {k}, cpu, 3, -1, 1) : Tensor();
+    const Conv2dOptions o{stride, pad, groups};
+    Tensor yc = conv2d(x, w, b, o);
+    Tensor yg = conv2d(copy(x, gpu_), copy(w, gpu_), bias ? copy(b, gpu_) : Tensor(), o);
+    QCOMPARE(yg.device(), gpu_);
+    expect_matches_cpu(yc, yg, 1e-4, "conv2d forward");
+    Tensor dy = uniform(*rt_, yc.shape(), cpu, 4, -1, 1);
+    Conv2dGrads gc = conv2d_backward(x, w, dy, o, true, bias);
+    Conv2dGrads gg = conv2d_backward(copy(x, gpu_), copy(w, gpu_), copy(dy, gpu_), o, true, bias);
+    expect_matches_cpu(gc.dx, gg.dx, 1e-3, "conv2d dx");
+    expect_matches_cpu(gc.dw, gg.dw, 1e-3, "conv2d dw");
+    QCOMPARE(gg.db.defined(), bias);
+    if (bias) expect_matches_cpu(gc.db, gg.db, 1e-3, "conv2d db");
+  }
+
+  void linear_without_bias_matches_the_cpu() {
+    const Device cpu = Device::cpu();
+    Tensor x = uniform(*rt_, {16, 20}, cpu, 5, -1, 1), w = uniform(*rt_, {7, 20}, cpu, 6, -1, 1);
+    Tensor yc = linear(x, w, Tensor()), yg = linear(copy(x, gpu_), copy(w, gpu_), Tensor());
+    expect_matches_cpu(yc, yg, 1e-4, "linear forward, no bias");
+    Tensor dy = uniform(*rt_, {16, 7}, cpu, 7, -1, 1);
+    LinearGrads gc = linear_backward(x, w, dy, true, false);
+    LinearGrads gg = linear_backward(copy(x, gpu_), copy(w, gpu_), copy(dy, gpu_), true, false);
+    QVERIFY(!gg.db.defined());
+    expect_matches_cpu(gc.dx, gg.dx, 1e-4, "linear dx, no bias");
+    expect_matches_cpu(gc.dw, gg.dw, 1e-4, "linear dw, no bias");
+  }
+
+  void activations_match_the_cpu_data() {
+    QTest::addColumn<int>("kind");
+    QTest::newRow("relu") << static_cast<int>(Activation::Relu);
+    QTest::newRow("sigmoid") << static_cast<int>(Activation::Sigmoid);
+    QTest::newRow("tanh") << static_cast<int>(Activation::Tanh);
+    QTest::newRow("gelu (own kernels)") << static_cast<int>(Activation::Gelu);
+  }
+  void activations_match_the_cpu() {
+    QFETCH(int, kind);
+    const auto a = static_cast<Activation>(kind);
+    const Device cpu = Device::cpu();
+    // Large enough for the kernels' grid-stride loops to take several turns.
+    Tensor x = uniform(*rt_, {1000, 1100}, cpu, 8, -5, 5), dy = uniform(*rt_, x.shape(), cpu, 9, -1, 1);
+    Tensor xg = copy(x, gpu_), dyg = copy(dy, gpu_);
+    Tensor yc = activation(a, x), yg = activation(a, xg);
+    // oneDNN's erf and exp approximations stay within 3e-5 of float64 here (relative, floored at 1e-2).
+    expect_matches_cpu(yc, yg, 1e-4, "activation forward");
+    expect_matches_cpu(activation_backward(a, x, yc, dy), activation_backward(a, xg, yg, dyg), 1e-4,
+                       "activation backward");
+    if (a == Activation::Gelu)
+      QVERIFY_THROWS_EXCEPTION(Error, activation_backward(a, Tensor(), yg, dyg));
+    else
+      QVERIFY_THROWS_EXCEPTION(Error, activation_backward(a, xg, Tensor(), dyg));
+  }
+
+  void batchnorm_matches_the_cpu_data() {
+    QTest::addColumn<bool>("one_d");
+    QTest::newRow("[N, C, H, W]") << false;
+    QTest::newRow("[N, C] (BatchNorm1d)") << true;
+  }
+  void batchnorm_matches_the_cpu() {
+    QFETCH(bool, one_d);
+    const Device cpu = Device::cpu();
+    const int64_t c = 6;
+    const Shape shape = one_d ? Shape{32, c} : Shape{4, c, 5, 5};
+    Tensor x = uniform(*rt_, shape, cpu, 10, -2, 3), dy = uniform(*rt_, shape, cpu, 11, -1, 1);
+    Tensor gamma = uniform(*rt_, {c}, cpu, 12, 0.5, 1.5), beta = uniform(*rt_, {c}, cpu, 13, -1, 1);
+    Tensor rmc = zeros(*rt_, {c}, cpu), rvc = ones(*rt_, {c}, cpu);
+    Tensor rmg = zeros(*rt_, {c}, gpu_), rvg = ones(*rt_, {c}, gpu_);
+    Tensor xg = copy(x, gpu_), gg = copy(gamma, gpu_), bg = copy(beta, gpu_);
+    BatchNormResult rc = batchnorm2d(x, gamma, beta, rmc, rvc);
+    BatchNormResult rg = batchnorm2d(xg, gg, bg, rmg, rvg);
+    expect_matches_cpu(rc.y, rg.y, 1e-4, "batchnorm forward");
+    expect_matches_cpu(rmc, rmg, 1e-5, "running_mean");
+    expect_matches_cpu(rvc, rvg, 1e-5, "running_var (unbiased)");
+    expect_matches_cpu(rc.save_mean, rg.save_mean, 1e-5, "saved mean");
+    expect_matches_cpu(rc.save_invstd, rg.save_invstd, 1e-4, "saved inverse deviation");
+    BatchNormGrads gc = batchnorm2d_backward(x, dy, gamma, rc.save_mean, rc.save_invstd);
+    BatchNormGrads gpu = batchnorm2d_backward(xg, copy(dy, gpu_), gg, rg.save_mean, rg.save_invstd);
+    expect_matches_cpu(gc.dx, gpu.dx, 1e-3, "batchnorm dx");
+    expect_matches_cpu(gc.dgamma, gpu.dgamma, 1e-3, "batchnorm dgamma");
+    expect_matches_cpu(gc.dbeta, gpu.dbeta, 1e-4, "batchnorm dbeta");
+    const BatchNormOptions eval{.training = false};
+    expect_matches_cpu(batchnorm2d(x, gamma, beta, rmc, rvc, eval).y,
+                       batchnorm2d(xg, gg, bg, rmg, rvg, eval).y, 1e-4, "batchnorm eval");
+  }
+
+  void dropout_mask_is_the_cpus() {
+    const Device cpu = Device::cpu();
+    // More elements than one grid-stride pass covers.
+    Tensor x = uniform(*rt_, {3000, 7000}, cpu, 14, -1, 1);
+    Tensor xg = copy(x, gpu_);
+    for (float p : {0.0f, 0.1f, 0.5f, 0.9f}) {
+      DropoutResult rc = dropout(x, p, 77), rg = dropout(xg, p, 77);
+      QCOMPARE(rg.mask.device(), gpu_);
+      QVERIFY2(to_host(rc.mask) == to_host(rg.mask), qPrintable(QString("p %1: masks differ").arg(p)));
+      QVERIFY2(to_host(rc.y) == to_host(rg.y), qPrintable(QString("p %1: outputs differ").arg(p)));
+      Tensor dy = uniform(*rt_, x.shape(), cpu, 15, -1, 1);
+      QVERIFY(to_host(dropout_backward(dy, rc.mask)) == to_host(dropout_backward(copy(dy, gpu_), rg.mask)));
+    }
+    QVERIFY_THROWS_EXCEPTION(DeviceMismatchError, dropout_backward(x, dropout(xg, 0.5f, 1).mask));
+  }
+
+  void concat_and_split_match_the_cpu() {
+    const Device cpu = Device::cpu();
+    // Rows of odd widths: the 2-d copies' pitches are not multiples of anything convenient.
+    for (const auto& [sa, sb] : std::vector<std::pair<Shape, Shape>>{
+             {{4, 3, 5, 6}, {4, 7, 5, 6}}, {{9, 2}, {9, 5}}, {{5, 1, 3}, {5, 3, 3}}}) {
+      Tensor a = uniform(*rt_, sa, cpu, 16, -1, 1), b = uniform(*rt_, sb, cpu, 17, -1, 1);
+      Tensor yc = concat_channels(a, b), yg = concat_channels(copy(a, gpu_), copy(b, gpu_));
+      QCOMPARE(yg.device(), gpu_);
+      QCOMPARE(yg.shape(), yc.shape());
+      QCOMPARE(to_host(yg), to_host(yc));
+      auto [da, db] = split_channels(yg, sa[1]);
+      QCOMPARE(da.device(), gpu_);
+      QCOMPARE(to_host(da), to_host(a));
+      QCOMPARE(to_host(db), to_host(b));
+    }
+    // Nothing crosses devices on its own.
+    QVERIFY_THROWS_EXCEPTION(DeviceMismatchError,
+                             concat_channels(zeros(*rt_, {2, 3}, cpu), zeros(*rt_, {2, 3}, gpu_)));
   }
 
   void save_on_the_gpu_load_on_the_cpu() {

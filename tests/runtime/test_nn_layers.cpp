@@ -5,10 +5,12 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <set>
 
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/layers.h"
 #include "gpunodes/ops.h"
+#include "gpunodes/random.h"
 
 using namespace gn;
 using namespace gn::nn;
@@ -99,28 +101,74 @@ Vec ref_linear(const Vec& x, const Vec& w, const Vec& b, int64_t n, int64_t in, 
 }
 
 struct ConvDims {
-  int64_t n, c, h, w, k, r, stride, pad;
+  int64_t n, c, h, w, k, r, stride, pad, groups = 1;
   int64_t oh() const { return (h + 2 * pad - r) / stride + 1; }
   int64_t ow() const { return (w + 2 * pad - r) / stride + 1; }
+  int64_t group_c() const { return c / groups; }  // input channels each filter sees
 };
 
+// An empty b means no bias. Output channel o of group g = o / (K / groups) reads input channels
+// [g * C/groups, (g + 1) * C/groups); its weights are w[o, 0 .. C/groups).
 Vec ref_conv(const Vec& x, const Vec& w, const Vec& b, const ConvDims& d) {
   Vec y(d.n * d.k * d.oh() * d.ow());
+  const int64_t gc = d.group_c(), per_group = d.k / d.groups;
   for (int64_t i = 0; i < d.n; ++i)
     for (int64_t o = 0; o < d.k; ++o)
       for (int64_t oy = 0; oy < d.oh(); ++oy)
         for (int64_t ox = 0; ox < d.ow(); ++ox) {
-          double s = b[o];
-          for (int64_t c = 0; c < d.c; ++c)
+          double s = b.empty() ? 0.0 : b[o];
+          const int64_t first = o / per_group * gc;
+          for (int64_t c = 0; c < gc; ++c)
             for (int64_t ky = 0; ky < d.r; ++ky)
               for (int64_t kx = 0; kx < d.r; ++kx) {
                 const int64_t iy = oy * d.stride - d.pad + ky, ix = ox * d.stride - d.pad + kx;
                 if (iy < 0 || iy >= d.h || ix < 0 || ix >= d.w) continue;
-                s += x[((i * d.c + c) * d.h + iy) * d.w + ix] * w[((o * d.c + c) * d.r + ky) * d.r + kx];
+                s += x[((i * d.c + first + c) * d.h + iy) * d.w + ix] *
+                     w[((o * gc + c) * d.r + ky) * d.r + kx];
               }
           y[((i * d.k + o) * d.oh() + oy) * d.ow() + ox] = s;
         }
   return y;
+}
+
+double ref_activation(Activation k, double x) {
+  switch (k) {
+    case Activation::Relu:
+      return std::max(0.0, x);
+    case Activation::Sigmoid:
+      return 1.0 / (1.0 + std::exp(-x));
+    case Activation::Tanh:
+      return std::tanh(x);
+    case Activation::Gelu:
+      return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+  }
+  return 0;
+}
+
+// dim-1 concat of [n, a_row] and [n, b_row] rows (each row a sample's channels and trailing values).
+Vec ref_concat(const Vec& a, const Vec& b, int64_t n) {
+  const size_t a_row = a.size() / n, b_row = b.size() / n;
+  Vec y;
+  for (int64_t i = 0; i < n; ++i) {
+    y.insert(y.end(), a.begin() + i * a_row, a.begin() + (i + 1) * a_row);
+    y.insert(y.end(), b.begin() + i * b_row, b.begin() + (i + 1) * b_row);
+  }
+  return y;
+}
+
+// Runs `f` and checks that it throws E whose message contains every one of `parts`.
+template <class E, class F>
+void expect_throw_naming(const char* what, std::initializer_list<const char*> parts, F f) {
+  try {
+    f();
+  } catch (const E& e) {
+    const QString msg = e.what();
+    for (const char* part : parts)
+      if (!msg.contains(part))
+        QFAIL(qPrintable(QString("%1: message \"%2\" does not name \"%3\"").arg(what, msg, part)));
+    return;
+  }
+  QFAIL(qPrintable(QString("%1: did not throw").arg(what)));
 }
 
 Vec ref_bn_train(const Vec& x, const Vec& g, const Vec& b, int64_t n, int64_t c, int64_t hw, double eps,
@@ -231,6 +279,23 @@ class NnLayersTest : public QObject {
     QVERIFY(!linear_backward(tx, tw, make(*rt_, d, {n, out}, r), false).dx.defined());
   }
 
+  void linear_without_bias() {
+    const Device d = device_;
+    const int64_t n = 6, in = 5, out = 3;
+    Vec x = random_vec(n * in, 5), w = random_vec(out * in, 6), r = random_vec(n * out, 7);
+    const Vec zero_bias(out, 0.0);
+    Tensor tx = make(*rt_, d, {n, in}, x), tw = make(*rt_, d, {out, in}, w);
+    Tensor y = linear(tx, tw, Tensor());
+    QCOMPARE(y.shape(), (Shape{n, out}));
+    expect_close(to_d(to_host(y)), ref_linear(x, w, zero_bias, n, in, out), 1e-5, 1e-5,
+                 "linear forward, no bias");
+    LinearGrads g = linear_backward(tx, tw, make(*rt_, d, {n, out}, r), true, false);
+    QVERIFY(!g.db.defined());
+    auto f = [&](const std::vector<Vec>& v) { return ref_linear(v[0], v[1], zero_bias, n, in, out); };
+    check_grad(f, {x, w}, 0, r, to_d(to_host(g.dx)), "linear dx, no bias");
+    check_grad(f, {x, w}, 1, r, to_d(to_host(g.dw)), "linear dw, no bias");
+  }
+
   void conv2d_forward_and_gradients_data() {
     QTest::addColumn<int>("c");
     QTest::addColumn<int>("k");
@@ -238,12 +303,21 @@ class NnLayersTest : public QObject {
     QTest::addColumn<int>("stride");
     QTest::addColumn<int>("pad");
     QTest::addColumn<int>("hw");
-    QTest::newRow("3x3 pad 1") << 3 << 4 << 3 << 1 << 1 << 6;
-    QTest::newRow("3x3 stride 2 pad 1") << 4 << 5 << 3 << 2 << 1 << 7;
-    QTest::newRow("1x1 stride 2 (projection)") << 4 << 6 << 1 << 2 << 0 << 6;
-    QTest::newRow("5x5 pad 2 one channel (lenet 1)") << 1 << 6 << 5 << 1 << 2 << 8;
-    QTest::newRow("5x5 no pad (lenet 2)") << 6 << 3 << 5 << 1 << 0 << 9;
-    QTest::newRow("16 channels (blocked layouts)") << 16 << 16 << 3 << 1 << 1 << 5;
+    QTest::addColumn<int>("groups");
+    QTest::addColumn<bool>("bias");
+    QTest::newRow("3x3 pad 1") << 3 << 4 << 3 << 1 << 1 << 6 << 1 << true;
+    QTest::newRow("3x3 stride 2 pad 1") << 4 << 5 << 3 << 2 << 1 << 7 << 1 << true;
+    QTest::newRow("1x1 stride 2 (projection)") << 4 << 6 << 1 << 2 << 0 << 6 << 1 << true;
+    QTest::newRow("5x5 pad 2 one channel (lenet 1)") << 1 << 6 << 5 << 1 << 2 << 8 << 1 << true;
+    QTest::newRow("5x5 no pad (lenet 2)") << 6 << 3 << 5 << 1 << 0 << 9 << 1 << true;
+    QTest::newRow("16 channels (blocked layouts)") << 16 << 16 << 3 << 1 << 1 << 5 << 1 << true;
+    QTest::newRow("3x3 stride 2 pad 1 groups 2") << 4 << 6 << 3 << 2 << 1 << 7 << 2 << true;
+    QTest::newRow("3x3 groups 2 no bias") << 4 << 6 << 3 << 1 << 1 << 6 << 2 << false;
+    QTest::newRow("1x1 groups 2 (plain layout)") << 6 << 4 << 1 << 1 << 0 << 5 << 2 << true;
+    QTest::newRow("depthwise 3x3 pad 1") << 5 << 5 << 3 << 1 << 1 << 6 << 5 << true;
+    QTest::newRow("depthwise x2 stride 2 pad 1 no bias") << 4 << 8 << 3 << 2 << 1 << 7 << 4 << false;
+    QTest::newRow("depthwise 16 channels (blocked layouts)") << 16 << 16 << 3 << 1 << 1 << 5 << 16 << true;
+    QTest::newRow("3x3 pad 1 no bias") << 3 << 4 << 3 << 1 << 1 << 6 << 1 << false;
   }
   void conv2d_forward_and_gradients() {
     const Device d = device_;
@@ -253,32 +327,71 @@ class NnLayersTest : public QObject {
     QFETCH(int, stride);
     QFETCH(int, pad);
     QFETCH(int, hw);
-    ConvDims cd{2, c, hw, hw, k, r, stride, pad};
-    Vec x = random_vec(cd.n * c * hw * hw, 11), w = random_vec(k * c * r * r, 12, -0.5, 0.5),
-        b = random_vec(k, 13);
+    QFETCH(int, groups);
+    QFETCH(bool, bias);
+    ConvDims cd{2, c, hw, hw, k, r, stride, pad, groups};
+    Vec x = random_vec(cd.n * c * hw * hw, 11), w = random_vec(k * cd.group_c() * r * r, 12, -0.5, 0.5),
+        b = bias ? random_vec(k, 13) : Vec();
     Vec rr = random_vec(cd.n * k * cd.oh() * cd.ow(), 14);
-    Tensor tx = make(*rt_, d, {cd.n, c, hw, hw}, x), tw = make(*rt_, d, {k, c, r, r}, w),
-           tb = make(*rt_, d, {k}, b);
-    Conv2dOptions o{stride, pad};
+    Tensor tx = make(*rt_, d, {cd.n, c, hw, hw}, x), tw = make(*rt_, d, {k, cd.group_c(), r, r}, w),
+           tb = bias ? make(*rt_, d, {k}, b) : Tensor();
+    Conv2dOptions o{stride, pad, groups};
     Tensor y = conv2d(tx, tw, tb, o);
     QCOMPARE(y.shape(), (Shape{cd.n, k, cd.oh(), cd.ow()}));
     expect_close(to_d(to_host(y)), ref_conv(x, w, b, cd), 1e-4, 1e-4, "conv2d forward");
-    Conv2dGrads g = conv2d_backward(tx, tw, make(*rt_, d, y.shape(), rr), o);
-    auto f = [&](const std::vector<Vec>& v) { return ref_conv(v[0], v[1], v[2], cd); };
+    Conv2dGrads g = conv2d_backward(tx, tw, make(*rt_, d, y.shape(), rr), o, true, bias);
+    auto f = [&](const std::vector<Vec>& v) { return ref_conv(v[0], v[1], bias ? v[2] : Vec(), cd); };
     check_grad(f, {x, w, b}, 0, rr, to_d(to_host(g.dx)), "conv2d dx");
     check_grad(f, {x, w, b}, 1, rr, to_d(to_host(g.dw)), "conv2d dw");
-    check_grad(f, {x, w, b}, 2, rr, to_d(to_host(g.db)), "conv2d db");
+    if (bias) {
+      check_grad(f, {x, w, b}, 2, rr, to_d(to_host(g.db)), "conv2d db");
+    } else {
+      QVERIFY(!g.db.defined());
+    }
+    // Without dx, the weight gradient is the same.
+    Conv2dGrads g2 = conv2d_backward(tx, tw, make(*rt_, d, y.shape(), rr), o, false, bias);
+    QVERIFY(!g2.dx.defined());
+    expect_close(to_d(to_host(g2.dw)), to_d(to_host(g.dw)), 1e-6, 1e-5, "conv2d dw without dx");
   }
 
+  void conv2d_rejects_bad_groups() {
+    const Device d = device_;
+    Tensor x = zeros(*rt_, {1, 6, 5, 5}, d);
+    Tensor w6 = zeros(*rt_, {6, 2, 3, 3}, d), w4 = zeros(*rt_, {4, 2, 3, 3}, d);
+    expect_throw_naming<ShapeError>("input channels not a multiple of groups", {"6", "4"}, [&] {
+      conv2d(x, w6, Tensor(), {1, 1, 4});
+    });
+    expect_throw_naming<ShapeError>("output channels not a multiple of groups", {"4", "3"}, [&] {
+      conv2d(x, w4, Tensor(), {1, 1, 3});
+    });
+    expect_throw_naming<ShapeError>("weight of the wrong group width", {"[6, 2, 3, 3]", "[1, 6, 5, 5]"}, [&] {
+      conv2d(x, w6, Tensor(), {1, 1, 2});
+    });
+    QVERIFY_THROWS_EXCEPTION(Error, conv2d(x, zeros(*rt_, {6, 6, 3, 3}, d), Tensor(), {1, 1, 0}));
+    QVERIFY_THROWS_EXCEPTION(ShapeError,
+                             conv2d(x, zeros(*rt_, {6, 3, 3, 3}, d), zeros(*rt_, {5}, d), {1, 1, 2}));
+    QVERIFY_THROWS_EXCEPTION(ShapeError, conv2d_backward(x, zeros(*rt_, {6, 2, 3, 3}, d),
+                                                         zeros(*rt_, {1, 6, 3, 3}, d), {1, 0, 4}));
+  }
+
+  void batchnorm2d_training_gradients_and_running_stats_data() {
+    QTest::addColumn<bool>("one_d");
+    QTest::newRow("[N, C, H, W]") << false;
+    QTest::newRow("[N, C] (BatchNorm1d)") << true;
+  }
   void batchnorm2d_training_gradients_and_running_stats() {
     const Device d = device_;
-    const int64_t n = 3, c = 4, h = 3, w = 5, hw = h * w;
+    QFETCH(bool, one_d);
+    // BatchNorm1d normalises each feature over the batch alone: a bigger batch, planes of one value.
+    const int64_t n = one_d ? 9 : 3, c = 4, h = one_d ? 1 : 3, w = one_d ? 1 : 5, hw = h * w;
+    const Shape shape = one_d ? Shape{n, c} : Shape{n, c, h, w};
     Vec x = random_vec(n * c * hw, 21, -2, 3), g = random_vec(c, 22, 0.5, 1.5), b = random_vec(c, 23);
     Vec r = random_vec(n * c * hw, 24);
     Tensor rm = zeros(*rt_, {c}, d), rv = ones(*rt_, {c}, d);
     BatchNormOptions o;  // training, momentum 0.1, eps 1e-5
-    Tensor tx = make(*rt_, d, {n, c, h, w}, x), tg = make(*rt_, d, {c}, g);
+    Tensor tx = make(*rt_, d, shape, x), tg = make(*rt_, d, {c}, g);
     BatchNormResult res = batchnorm2d(tx, tg, make(*rt_, d, {c}, b), rm, rv, o);
+    QCOMPARE(res.y.shape(), shape);
     Vec mean(c), var(c);
     expect_close(to_d(to_host(res.y)), ref_bn_train(x, g, b, n, c, hw, o.eps, &mean, &var), 1e-5, 1e-4,
                  "bn forward");
@@ -290,22 +403,29 @@ class NnLayersTest : public QObject {
     }
     expect_close(to_d(to_host(rm)), want_rm, 1e-6, 1e-5, "running_mean");
     expect_close(to_d(to_host(rv)), want_rv, 1e-6, 1e-5, "running_var");
-    BatchNormGrads gr =
-        batchnorm2d_backward(tx, make(*rt_, d, {n, c, h, w}, r), tg, res.save_mean, res.save_invstd);
+    BatchNormGrads gr = batchnorm2d_backward(tx, make(*rt_, d, shape, r), tg, res.save_mean, res.save_invstd);
+    QCOMPARE(gr.dx.shape(), shape);
     auto f = [&](const std::vector<Vec>& v) { return ref_bn_train(v[0], v[1], v[2], n, c, hw, o.eps); };
     check_grad(f, {x, g, b}, 0, r, to_d(to_host(gr.dx)), "bn dx");
     check_grad(f, {x, g, b}, 1, r, to_d(to_host(gr.dgamma)), "bn dgamma");
     check_grad(f, {x, g, b}, 2, r, to_d(to_host(gr.dbeta)), "bn dbeta");
   }
 
+  void batchnorm2d_eval_uses_running_stats_data() {
+    QTest::addColumn<bool>("one_d");
+    QTest::newRow("[N, C, H, W]") << false;
+    QTest::newRow("[N, C] (BatchNorm1d)") << true;
+  }
   void batchnorm2d_eval_uses_running_stats() {
     const Device d = device_;
-    const int64_t n = 2, c = 3, hw = 4;
+    QFETCH(bool, one_d);
+    const int64_t n = 2, c = 3, hw = one_d ? 1 : 4;
+    const Shape shape = one_d ? Shape{n, c} : Shape{n, c, 2, 2};
     Vec x = random_vec(n * c * hw, 31), g = {1.0, 2.0, 0.5}, b = {0.0, 1.0, -1.0}, m = {0.5, -0.25, 1.0},
         v = {1.0, 4.0, 0.25};
     Tensor rm = make(*rt_, d, {c}, m), rv = make(*rt_, d, {c}, v);
-    BatchNormResult res = batchnorm2d(make(*rt_, d, {n, c, 2, 2}, x), make(*rt_, d, {c}, g),
-                                      make(*rt_, d, {c}, b), rm, rv, {.training = false});
+    BatchNormResult res = batchnorm2d(make(*rt_, d, shape, x), make(*rt_, d, {c}, g), make(*rt_, d, {c}, b),
+                                      rm, rv, {.training = false});
     QVERIFY(!res.save_mean.defined());
     Vec want(x.size());
     for (int64_t i = 0; i < n; ++i)
@@ -316,12 +436,29 @@ class NnLayersTest : public QObject {
         }
     expect_close(to_d(to_host(res.y)), want, 1e-5, 1e-5, "bn eval");
     expect_close(to_d(to_host(rm)), m, 0, 0, "running_mean untouched in eval");
+    expect_close(to_d(to_host(rv)), v, 0, 0, "running_var untouched in eval");
+  }
+
+  void batchnorm_rejects_other_ranks_and_single_values() {
+    const Device d = device_;
+    Tensor p = ones(*rt_, {3}, d);
+    QVERIFY_THROWS_EXCEPTION(ShapeError, batchnorm2d(zeros(*rt_, {2, 3, 4}, d), p, p, p, p));
+    QVERIFY_THROWS_EXCEPTION(ShapeError, batchnorm2d(zeros(*rt_, {2, 4}, d), p, p, p, p));
+    // One sample of [N, C] has no batch variance to normalise with, as in PyTorch; eval mode is fine.
+    QVERIFY_THROWS_EXCEPTION(ShapeError, batchnorm2d(zeros(*rt_, {1, 3}, d), p, p, p, p));
+    BatchNormResult eval =
+        batchnorm2d(zeros(*rt_, {1, 3}, d), p, p, zeros(*rt_, {3}, d), p, {.training = false});
+    QCOMPARE(eval.y.shape(), (Shape{1, 3}));
+    QVERIFY_THROWS_EXCEPTION(
+        ShapeError, batchnorm2d_backward(zeros(*rt_, {2, 3, 4}, d), zeros(*rt_, {2, 3, 4}, d), p, p, p));
   }
 
   void activations_data() {
     QTest::addColumn<int>("kind");
     QTest::newRow("relu") << static_cast<int>(Activation::Relu);
     QTest::newRow("sigmoid") << static_cast<int>(Activation::Sigmoid);
+    QTest::newRow("tanh") << static_cast<int>(Activation::Tanh);
+    QTest::newRow("gelu") << static_cast<int>(Activation::Gelu);
   }
   void activations() {
     const Device d = device_;
@@ -334,14 +471,29 @@ class NnLayersTest : public QObject {
     Vec r = random_vec(300, 42);
     auto f = [&](const std::vector<Vec>& in) {
       Vec y(in[0].size());
-      for (size_t i = 0; i < y.size(); ++i)
-        y[i] = k == Activation::Relu ? std::max(0.0, in[0][i]) : 1.0 / (1.0 + std::exp(-in[0][i]));
+      for (size_t i = 0; i < y.size(); ++i) y[i] = ref_activation(k, in[0][i]);
       return y;
     };
-    Tensor y = activation(k, make(*rt_, d, {3, 100}, x));
+    Tensor tx = make(*rt_, d, {3, 100}, x), tr = make(*rt_, d, {3, 100}, r);
+    Tensor y = activation(k, tx);
+    QCOMPARE(y.shape(), tx.shape());
     expect_close(to_d(to_host(y)), f({x}), 1e-6, 1e-5, "activation forward");
-    Tensor dx = activation_backward(k, y, make(*rt_, d, {3, 100}, r));
+    // Only the tensor the derivative needs: x for GELU, y for the others.
+    const bool gelu = k == Activation::Gelu;
+    Tensor dx = activation_backward(k, gelu ? tx : Tensor(), gelu ? Tensor() : y, tr);
     check_grad(f, {x}, 0, r, to_d(to_host(dx)), "activation dx", 1e-5, 1e-3, 300);
+    // Passing both changes nothing.
+    QCOMPARE(to_host(activation_backward(k, tx, y, tr)), to_host(dx));
+    // The one it needs missing is an error, not a wild read.
+    QVERIFY_THROWS_EXCEPTION(Error, activation_backward(k, gelu ? Tensor() : tx, gelu ? y : Tensor(), tr));
+    QVERIFY_THROWS_EXCEPTION(ShapeError, activation_backward(k, tx, y, make(*rt_, d, {300}, r)));
+  }
+
+  void activation_names() {
+    QCOMPARE(QString(activation_name(Activation::Relu)), QString("ReLU"));
+    QCOMPARE(QString(activation_name(Activation::Sigmoid)), QString("Sigmoid"));
+    QCOMPARE(QString(activation_name(Activation::Tanh)), QString("Tanh"));
+    QCOMPARE(QString(activation_name(Activation::Gelu)), QString("GELU"));
   }
 
   void pooling_data() {
@@ -353,6 +505,9 @@ class NnLayersTest : public QObject {
     QTest::newRow("max 2/2") << static_cast<int>(PoolKind::Max) << 2 << 2 << 0;
     QTest::newRow("max 3/2 pad 1 (overlapping)") << static_cast<int>(PoolKind::Max) << 3 << 2 << 1;
     QTest::newRow("avg 3/1 pad 1") << static_cast<int>(PoolKind::Avg) << 3 << 1 << 1;
+    QTest::newRow("avg 3/2 pad 1 (counts padding)") << static_cast<int>(PoolKind::Avg) << 3 << 2 << 1;
+    QTest::newRow("max 2/1 pad 1") << static_cast<int>(PoolKind::Max) << 2 << 1 << 1;
+    QTest::newRow("avg 2/2 pad 1") << static_cast<int>(PoolKind::Avg) << 2 << 2 << 1;
   }
   void pooling() {
     const Device d = device_;
@@ -402,14 +557,159 @@ class NnLayersTest : public QObject {
     QVERIFY_THROWS_EXCEPTION(ShapeError, reshape(y, {3, 3}));
   }
 
+  void flatten_keeps_row_major_order_and_reshape_inverts_it() {
+    const Device d = device_;
+    const int64_t n = 2, c = 3, h = 4, w = 5;
+    Vec x = random_vec(n * c * h * w, 65);
+    Tensor tx = make(*rt_, d, {n, c, h, w}, x);
+    Tensor flat = flatten(tx);
+    QCOMPARE(flat.shape(), (Shape{n, c * h * w}));
+    expect_close(to_d(to_host(flat)), x, 0, 0, "flatten forward");
+    // Backward is the reshape back: the gradient keeps its values and regains x's shape.
+    Vec r = random_vec(n * c * h * w, 66);
+    Tensor dx = reshape(make(*rt_, d, flat.shape(), r), tx.shape());
+    QCOMPARE(dx.shape(), tx.shape());
+    expect_close(to_d(to_host(dx)), r, 0, 0, "flatten backward");
+    QVERIFY_THROWS_EXCEPTION(ShapeError, flatten(Tensor()));
+  }
+
+  void dropout_mask_statistics_and_backward() {
+    const Device d = device_;
+    const int64_t n = 200000;
+    const float p = 0.3f;
+    const uint64_t seed = 1234;
+    Vec x = random_vec(n, 67, 0.5, 2.0);  // no zeros, so a dropped value is told from a kept one
+    Tensor tx = make(*rt_, d, {400, 500}, x);
+    DropoutResult r = dropout(tx, p, seed);
+    QCOMPARE(r.y.shape(), tx.shape());
+    QCOMPARE(r.mask.shape(), tx.shape());
+    const std::vector<float> y = to_host(r.y), mask = to_host(r.mask);
+    const float scale = 1.0f / (1.0f - p);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (mask[i] != 0.0f && mask[i] != scale)
+        QFAIL(qPrintable(QString("mask[%1] is %2, neither 0 nor 1/(1-p)").arg(i).arg(mask[i], 0, 'g', 9)));
+      // The documented draw, so every device keeps exactly these elements.
+      const bool want_kept = philox::uniform_at(seed, static_cast<uint64_t>(i), 0, 1) <= 1.0f - p;
+      if ((mask[i] != 0.0f) != want_kept) QFAIL(qPrintable(QString("mask[%1] disagrees with Philox").arg(i)));
+      if (y[i] != static_cast<float>(x[i]) * mask[i]) QFAIL(qPrintable(QString("y[%1] != x * mask").arg(i)));
+      kept += mask[i] != 0.0f;
+    }
+    // The kept fraction is Binomial(n, 0.7) / n: its standard deviation is 0.001, so 0.005 is five of them.
+    const double fraction = static_cast<double>(kept) / n;
+    QVERIFY2(std::abs(fraction - (1.0 - p)) < 0.005, qPrintable(QString("kept %1").arg(fraction)));
+    // Same seed, same mask; another seed, another mask.
+    QCOMPARE(to_host(dropout(tx, p, seed).mask), mask);
+    QVERIFY(to_host(dropout(tx, p, seed + 1).mask) != mask);
+    // Backward multiplies by the mask: dx = dy * mask exactly.
+    Vec dy = random_vec(n, 68);
+    const std::vector<float> dx = to_host(dropout_backward(make(*rt_, d, tx.shape(), dy), r.mask));
+    for (int64_t i = 0; i < n; ++i)
+      if (dx[i] != static_cast<float>(dy[i]) * mask[i])
+        QFAIL(qPrintable(QString("dx[%1] != dy * mask").arg(i)));
+  }
+
+  void dropout_gradient_and_limits() {
+    const Device d = device_;
+    // For a fixed mask dropout is linear: the finite differences of x -> x * mask give the backward.
+    Vec x = random_vec(60, 69), r = random_vec(60, 70);
+    Tensor tx = make(*rt_, d, {6, 10}, x);
+    DropoutResult res = dropout(tx, 0.5f, 9);
+    const Vec mask = to_d(to_host(res.mask));
+    auto f = [&](const std::vector<Vec>& v) {
+      Vec out(v[0].size());
+      for (size_t i = 0; i < out.size(); ++i) out[i] = v[0][i] * mask[i];
+      return out;
+    };
+    expect_close(to_d(to_host(res.y)), f({x}), 0, 1e-7, "dropout forward");
+    check_grad(f, {x}, 0, r, to_d(to_host(dropout_backward(make(*rt_, d, {6, 10}, r), res.mask))),
+               "dropout dx");
+    // p = 0 keeps everything unscaled.
+    DropoutResult none = dropout(tx, 0.0f, 9);
+    QCOMPARE(to_host(none.y), to_f(x));
+    QCOMPARE(to_host(none.mask), std::vector<float>(60, 1.0f));
+    for (float bad : {-0.1f, 1.0f, 1.5f, std::nanf("")}) QVERIFY_THROWS_EXCEPTION(Error, dropout(tx, bad, 9));
+    QVERIFY_THROWS_EXCEPTION(ShapeError, dropout_backward(tx, zeros(*rt_, {60}, d)));
+  }
+
+  void concat_and_split_channels_data() {
+    QTest::addColumn<bool>("image");
+    QTest::newRow("[N, C, H, W]") << true;
+    QTest::newRow("[N, C]") << false;
+  }
+  void concat_and_split_channels() {
+    const Device d = device_;
+    QFETCH(bool, image);
+    const int64_t n = 3, ca = 2, cb = 5, hw = image ? 6 : 1;
+    const Shape sa = image ? Shape{n, ca, 2, 3} : Shape{n, ca},
+                sb = image ? Shape{n, cb, 2, 3} : Shape{n, cb};
+    Vec a = random_vec(n * ca * hw, 71), b = random_vec(n * cb * hw, 72);
+    Tensor ta = make(*rt_, d, sa, a), tb = make(*rt_, d, sb, b);
+    Tensor y = concat_channels(ta, tb);
+    Shape sy = sa;
+    sy[1] = ca + cb;
+    QCOMPARE(y.shape(), sy);
+    QCOMPARE(y.device(), d);
+    expect_close(to_d(to_host(y)), ref_concat(a, b, n), 0, 0, "concat forward");
+    // split inverts concat, exactly.
+    auto [back_a, back_b] = split_channels(y, ca);
+    QCOMPARE(back_a.shape(), sa);
+    QCOMPARE(back_b.shape(), sb);
+    QCOMPARE(to_host(back_a), to_f(a));
+    QCOMPARE(to_host(back_b), to_f(b));
+    // split is concat's backward: check it against finite differences of the reference.
+    Vec r = random_vec(n * (ca + cb) * hw, 73);
+    auto [da, db] = split_channels(make(*rt_, d, sy, r), ca);
+    auto f = [&](const std::vector<Vec>& v) { return ref_concat(v[0], v[1], n); };
+    check_grad(f, {a, b}, 0, r, to_d(to_host(da)), "concat da");
+    check_grad(f, {a, b}, 1, r, to_d(to_host(db)), "concat db");
+  }
+
+  void concat_and_split_with_an_empty_side() {
+    const Device d = device_;
+    Vec b = random_vec(2 * 3 * 4, 74);
+    Tensor tb = make(*rt_, d, {2, 3, 4}, b);
+    Tensor y = concat_channels(zeros(*rt_, {2, 0, 4}, d), tb);
+    QCOMPARE(y.shape(), (Shape{2, 3, 4}));
+    QCOMPARE(to_host(y), to_f(b));
+    auto [none, all] = split_channels(tb, 0);
+    QCOMPARE(none.shape(), (Shape{2, 0, 4}));
+    QCOMPARE(to_host(all), to_f(b));
+    auto [all2, none2] = split_channels(tb, 3);
+    QCOMPARE(none2.numel(), int64_t{0});
+    QCOMPARE(to_host(all2), to_f(b));
+  }
+
+  void concat_and_split_reject_mismatched_shapes() {
+    const Device d = device_;
+    expect_throw_naming<ShapeError>("concat of different batches", {"[2, 3, 4, 4]", "[3, 3, 4, 4]"}, [&] {
+      concat_channels(zeros(*rt_, {2, 3, 4, 4}, d), zeros(*rt_, {3, 3, 4, 4}, d));
+    });
+    expect_throw_naming<ShapeError>("concat of different planes", {"[2, 3, 4, 4]", "[2, 3, 4, 5]"}, [&] {
+      concat_channels(zeros(*rt_, {2, 3, 4, 4}, d), zeros(*rt_, {2, 3, 4, 5}, d));
+    });
+    expect_throw_naming<ShapeError>("concat of different ranks", {"[2, 3]", "[2, 3, 1]"}, [&] {
+      concat_channels(zeros(*rt_, {2, 3}, d), zeros(*rt_, {2, 3, 1}, d));
+    });
+    expect_throw_naming<ShapeError>("concat without a channel axis", {"[6]"},
+                                    [&] { concat_channels(zeros(*rt_, {6}, d), zeros(*rt_, {6}, d)); });
+    QVERIFY_THROWS_EXCEPTION(ShapeError, split_channels(zeros(*rt_, {2, 3, 4}, d), 4));
+    QVERIFY_THROWS_EXCEPTION(ShapeError, split_channels(zeros(*rt_, {2, 3, 4}, d), -1));
+    QVERIFY_THROWS_EXCEPTION(ShapeError, split_channels(zeros(*rt_, {6}, d), 1));
+  }
+
   void residual_add_gradient_reaches_both_branches() {
     const Device d = device_;
     // out = relu(a + b): the gradient of the add is dy on both inputs.
     Vec a = random_vec(40, 71), b = random_vec(40, 72), r = random_vec(40, 73);
     for (size_t i = 0; i < a.size(); ++i)
       if (std::abs(a[i] + b[i]) < 1e-2) a[i] += 0.1;
-    Tensor y = activation(Activation::Relu, add(make(*rt_, d, {4, 10}, a), make(*rt_, d, {4, 10}, b)));
-    Tensor g = activation_backward(Activation::Relu, y, make(*rt_, d, {4, 10}, r));
+    Tensor sum = add(make(*rt_, d, {4, 10}, a), make(*rt_, d, {4, 10}, b));
+    Vec want_sum(a.size());
+    for (size_t i = 0; i < a.size(); ++i) want_sum[i] = a[i] + b[i];
+    expect_close(to_d(to_host(sum)), want_sum, 1e-7, 1e-7, "add forward");
+    Tensor y = activation(Activation::Relu, sum);
+    Tensor g = activation_backward(Activation::Relu, Tensor(), y, make(*rt_, d, {4, 10}, r));
     auto f = [&](const std::vector<Vec>& v) {
       Vec out(v[0].size());
       for (size_t i = 0; i < out.size(); ++i) out[i] = std::max(0.0, v[0][i] + v[1][i]);
@@ -508,6 +808,27 @@ class NnLayersTest : public QObject {
                              linear(zeros(*rt_, {2, 3}, d), zeros(*rt_, {4, 5}, d), zeros(*rt_, {4}, d)));
     QVERIFY_THROWS_EXCEPTION(
         ShapeError, conv2d(zeros(*rt_, {2, 3, 2, 2}, d), zeros(*rt_, {4, 3, 5, 5}, d), zeros(*rt_, {4}, d)));
+    // The new ops follow the same rule, and copy nothing across devices.
+    const char* same_device = "Expected all tensors to be on the same device";
+    expect_throw_naming<DeviceMismatchError>("concat across devices", {same_device}, [&] {
+      concat_channels(zeros(*rt_, {2, 3, 4, 4}, d), zeros(*rt_, {2, 1, 4, 4}, other));
+    });
+    expect_throw_naming<DeviceMismatchError>("grouped conv2d with the bias elsewhere", {same_device}, [&] {
+      conv2d(x, zeros(*rt_, {3, 1, 3, 3}, d), zeros(*rt_, {3}, other), {1, 0, 3});
+    });
+    expect_throw_naming<DeviceMismatchError>("linear without bias across devices", {same_device}, [&] {
+      linear(zeros(*rt_, {2, 3}, d), zeros(*rt_, {4, 3}, other), Tensor());
+    });
+    expect_throw_naming<DeviceMismatchError>("dropout backward across devices", {same_device}, [&] {
+      dropout_backward(zeros(*rt_, {2, 3}, d), ones(*rt_, {2, 3}, other));
+    });
+    expect_throw_naming<DeviceMismatchError>("gelu backward across devices", {same_device}, [&] {
+      activation_backward(Activation::Gelu, zeros(*rt_, {2, 3}, other), Tensor(), zeros(*rt_, {2, 3}, d));
+    });
+    expect_throw_naming<DeviceMismatchError>("batchnorm1d across devices", {same_device}, [&] {
+      Tensor p = ones(*rt_, {3}, d);
+      batchnorm2d(zeros(*rt_, {4, 3}, d), p, p, zeros(*rt_, {3}, other), p);
+    });
   }
 
   void layer_ops_show_in_the_profiler_with_flops() {
@@ -527,6 +848,25 @@ class NnLayersTest : public QObject {
         QVERIFY(s.bytes > 0);
       }
     QVERIFY(found);
+
+    // A grouped convolution does 1/groups of the dense one's work; the new ops show under their names.
+    const size_t from2 = rt_->profiler().span_count();
+    {
+      ScopedOpTag tag("layer-test-2");
+      Tensor x = zeros(*rt_, {2, 4, 8, 8}, d);
+      to_host(conv2d(x, zeros(*rt_, {6, 2, 3, 3}, d), Tensor(), {1, 1, 2}));
+      to_host(activation(Activation::Gelu, x));
+      to_host(dropout(x, 0.5f, 1).y);
+      to_host(concat_channels(x, x));
+    }
+    std::set<std::string> names;
+    for (const Span& s : rt_->profiler().spans(from2)) {
+      if (s.tag != "layer-test-2" || s.device != d) continue;
+      names.insert(s.name);
+      if (s.name == "conv2d") QCOMPARE(s.flops, 2.0 * 2 * 6 * 64 * (2 * 9));
+    }
+    for (const char* name : {"conv2d", "gelu", "dropout", "concat channels"})
+      QVERIFY2(names.count(name), name);
   }
 };
 

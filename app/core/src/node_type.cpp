@@ -16,13 +16,15 @@ QString portTypeName(PortType t) {
       return QStringLiteral("Dataset");
     case PortType::Scalar:
       return QStringLiteral("Scalar");
+    case PortType::Layer:
+      return QStringLiteral("Layer");
   }
   return QStringLiteral("?");
 }
 
 std::optional<PortType> portTypeFromName(const QString& name) {
   for (PortType t : {PortType::Device, PortType::Devices, PortType::Tensor, PortType::Model,
-                     PortType::Dataset, PortType::Scalar})
+                     PortType::Dataset, PortType::Scalar, PortType::Layer})
     if (portTypeName(t) == name) return t;
   return std::nullopt;
 }

@@ -37,6 +37,10 @@ void ValidationReport::warning(const QString& node, const QString& field, const 
   issues_.append(Issue{Issue::Severity::Warning, node, field, message});
 }
 
+void ValidationReport::setFacts(const QString& node, NodeFacts facts) {
+  facts_.insert(node, std::move(facts));
+}
+
 bool ValidationReport::ok() const {
   for (const Issue& i : issues_)
     if (i.severity == Issue::Severity::Error) return false;

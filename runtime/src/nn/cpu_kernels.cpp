@@ -1,5 +1,6 @@
-// CPU layer kernels. Convolutions and activations use oneDNN; linear layers OpenBLAS (as PyTorch does here);
-// batch norm, pooling, the loss and SGD are OpenMP loops, being memory-bound.
+// CPU layer kernels. Convolutions (grouped ones too) and activations use oneDNN; linear layers OpenBLAS (as
+// PyTorch does here); batch norm, pooling, dropout, channel concat, the loss and SGD are OpenMP loops, being
+// memory-bound.
 //
 // Convolution: oneDNN, chosen by measurement on this machine's 2-core AVX-512 EPYC (tests/bench/train_bench
 // prints the table again). Forward + backward, 2 threads, ms, oneDNN vs im2col + OpenBLAS sgemm over the
@@ -26,9 +27,11 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "gpunodes/errors.h"
+#include "gpunodes/random.h"
 #include "kernels.h"
 
 namespace gn::nn {
@@ -136,14 +139,18 @@ memory scratchpad(const memory::desc& d) {
 
 // --- convolution -------------------------------------------------------------------------------------------
 
-using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           int64_t, bool>;
 ConvKey key_of(const ConvShape& s) {
-  return {s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad};
+  return {s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad, s.groups, s.bias};
 }
 
 struct ConvPrims {
   memory::dims src, wei, bias, dst, strides, padding;
   bool plain_layout = false;
+  // Grouped weights are 5-d for oneDNN, [g, K/g, C/g, R, S]: the same memory as our [K, C/g, R, S].
+  Tag wei_tag = Tag::oihw;
+  bool with_bias = true;
   dnnl::convolution_forward::primitive_desc fwd_pd;
   dnnl::convolution_forward fwd;
   Staged f_src, f_wei, f_dst;
@@ -157,8 +164,14 @@ struct ConvPrims {
 
   explicit ConvPrims(const ConvShape& s) {
     src = {s.n, s.c, s.h, s.w};
-    wei = {s.k, s.c, s.r, s.s};
+    if (s.groups > 1) {
+      wei = {s.groups, s.k / s.groups, s.c / s.groups, s.r, s.s};
+      wei_tag = Tag::goihw;
+    } else {
+      wei = {s.k, s.c, s.r, s.s};
+    }
     bias = {s.k};
+    with_bias = s.bias;
     dst = {s.n, s.k, s.oh, s.ow};
     strides = {s.stride, s.stride};
     padding = {s.pad, s.pad};
@@ -166,11 +179,9 @@ struct ConvPrims {
     // 1x1 convolutions are GEMMs: oneDNN's GEMM path on our plain layout beats its blocked direct kernel plus
     // the reorders there. Everything else takes the layout oneDNN prefers.
     plain_layout = s.r == 1 && s.s == 1;
-    memory::desc any_src = desc(src, Tag::nchw), any_wei = desc(wei, Tag::oihw),
-                 any_dst = desc(dst, Tag::nchw);
-    memory::desc bias_d(bias, Dt::f32, Tag::x);
+    memory::desc any_src = desc(src, Tag::nchw), any_wei = desc(wei, wei_tag), any_dst = desc(dst, Tag::nchw);
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                      any_src, any_wei, bias_d, any_dst, strides, padding, padding);
+                                      any_src, any_wei, bias_desc(), any_dst, strides, padding, padding);
     fwd_pd = dnnl::convolution_forward::primitive_desc(d, user_scratchpad(), e);
     fwd = dnnl::convolution_forward(fwd_pd);
     f_src = Staged(plain(src), fwd_pd.src_desc(), kSrc, true, false);
@@ -183,14 +194,14 @@ struct ConvPrims {
     return memory::desc(d, Dt::f32, plain_layout ? ours : Tag::any);
   }
   static memory::desc plain(const memory::dims& d) { return memory::desc(d, Dt::f32, Tag::nchw); }
-  static memory::desc plain_w(const memory::dims& d) { return memory::desc(d, Dt::f32, Tag::oihw); }
+  memory::desc plain_w(const memory::dims& d) const { return memory::desc(d, Dt::f32, wei_tag); }
+  // A zero descriptor tells oneDNN there is no bias (and no bias gradient).
+  memory::desc bias_desc() const { return with_bias ? memory::desc(bias, Dt::f32, Tag::x) : memory::desc(); }
 
   void make_backward() {
     if (have_bwd) return;
     auto& e = tdnnl().engine;
-    memory::desc any_src = desc(src, Tag::nchw), any_wei = desc(wei, Tag::oihw),
-                 any_dst = desc(dst, Tag::nchw);
-    memory::desc bias_d(bias, Dt::f32, Tag::x);
+    memory::desc any_src = desc(src, Tag::nchw), any_wei = desc(wei, wei_tag), any_dst = desc(dst, Tag::nchw);
     dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, any_src, any_wei, any_dst,
                                              strides, padding, padding);
     bd_pd = dnnl::convolution_backward_data::primitive_desc(dd, user_scratchpad(), e, fwd_pd);
@@ -198,8 +209,8 @@ struct ConvPrims {
     bd_diff_dst = Staged(plain(dst), bd_pd.diff_dst_desc(), kDiffDst, true, false);
     bd_wei = Staged(plain_w(wei), bd_pd.weights_desc(), kWei, true, false);
     bd_diff_src = Staged(plain(src), bd_pd.diff_src_desc(), kDiffSrc, false, true);
-    dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, any_src, any_wei, bias_d,
-                                                any_dst, strides, padding, padding);
+    dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, any_src, any_wei,
+                                                bias_desc(), any_dst, strides, padding, padding);
     bw_pd = dnnl::convolution_backward_weights::primitive_desc(wd, user_scratchpad(), e, fwd_pd);
     bw = dnnl::convolution_backward_weights(bw_pd);
     bw_src = Staged(plain(src), bw_pd.src_desc(), kSrcW, true, false);
@@ -225,11 +236,14 @@ struct EltPrims {
   dnnl::eltwise_backward bwd;
   memory::desc desc;
 
+  // GELU's derivative needs the input; the others' follow from the output, which saves keeping x.
+  bool backward_from_src = false;
+
   EltPrims(Activation kind, int64_t n) {
     auto& e = tdnnl().engine;
     desc = memory::desc({n}, Dt::f32, Tag::x);
-    const auto fwd_alg = kind == Activation::Relu ? dnnl::algorithm::eltwise_relu_use_dst_for_bwd
-                                                  : dnnl::algorithm::eltwise_logistic_use_dst_for_bwd;
+    const auto fwd_alg = algorithm_for(kind);
+    backward_from_src = kind == Activation::Gelu;
     fwd_pd = dnnl::eltwise_forward::primitive_desc(
         dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, fwd_alg, desc), user_scratchpad(), e);
     fwd = dnnl::eltwise_forward(fwd_pd);
@@ -237,7 +251,22 @@ struct EltPrims {
                                                     user_scratchpad(), e, fwd_pd);
     bwd = dnnl::eltwise_backward(bwd_pd);
   }
+  static dnnl::algorithm algorithm_for(Activation kind);
 };
+
+dnnl::algorithm EltPrims::algorithm_for(Activation kind) {
+  switch (kind) {
+    case Activation::Relu:
+      return dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
+    case Activation::Sigmoid:
+      return dnnl::algorithm::eltwise_logistic_use_dst_for_bwd;
+    case Activation::Tanh:
+      return dnnl::algorithm::eltwise_tanh_use_dst_for_bwd;
+    case Activation::Gelu:
+      return dnnl::algorithm::eltwise_gelu_erf;  // exact erf form, PyTorch's default
+  }
+  throw Error("unknown activation " + std::to_string(static_cast<int>(kind)));
+}
 
 EltPrims& elt_prims(Activation kind, int64_t n) {
   thread_local std::map<std::pair<int, int64_t>, std::unique_ptr<EltPrims>> cache;
@@ -252,11 +281,13 @@ class CpuNnKernels final : public NnKernels {
  public:
   void linear_forward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* b,
                       float* y, KernelContext&) override {
-    // y = b broadcast, then y += x W^T in one sgemm.
+    // y = b broadcast, then y += x W^T in one sgemm; without a bias the sgemm overwrites y.
+    if (b) {
 #pragma omp parallel for if (n * out > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) std::memcpy(y + i * out, b, static_cast<size_t>(out) * sizeof(float));
+      for (int64_t i = 0; i < n; ++i) std::memcpy(y + i * out, b, static_cast<size_t>(out) * sizeof(float));
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i32(n), i32(out), i32(in), 1.0f, x, i32(in), w,
-                i32(in), 1.0f, y, i32(out));
+                i32(in), b ? 1.0f : 0.0f, y, i32(out));
   }
 
   void linear_backward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* dy,
@@ -267,6 +298,7 @@ class CpuNnKernels final : public NnKernels {
     // dW = dy^T x
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(out), i32(in), i32(n), 1.0f, dy, i32(out), x,
                 i32(in), 0.0f, dw, i32(in));
+    if (!db) return;
     // db = column sums of dy, accumulated in double
     std::vector<double> acc(static_cast<size_t>(out), 0.0);
     for (int64_t i = 0; i < n; ++i) {
@@ -284,13 +316,13 @@ class CpuNnKernels final : public NnKernels {
       auto& t = tdnnl();
       memory src = p.f_src.bind(const_cast<float*>(x));
       memory wei = p.f_wei.bind(const_cast<float*>(w));
-      memory bias(memory::desc(p.bias, Dt::f32, Tag::x), t.engine, const_cast<float*>(b));
       memory dst = p.f_dst.bind(y);
-      p.fwd.execute(t.stream, {{DNNL_ARG_SRC, src},
-                               {DNNL_ARG_WEIGHTS, wei},
-                               {DNNL_ARG_BIAS, bias},
-                               {DNNL_ARG_DST, dst},
-                               {DNNL_ARG_SCRATCHPAD, scratchpad(p.fwd_pd.scratchpad_desc())}});
+      std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
+                                           {DNNL_ARG_WEIGHTS, wei},
+                                           {DNNL_ARG_DST, dst},
+                                           {DNNL_ARG_SCRATCHPAD, scratchpad(p.fwd_pd.scratchpad_desc())}};
+      if (s.bias) args.emplace(DNNL_ARG_BIAS, memory(p.bias_desc(), t.engine, const_cast<float*>(b)));
+      p.fwd.execute(t.stream, args);
       p.f_dst.finish(dst, y);
       t.stream.wait();
     } catch (const dnnl::error& e) {
@@ -308,12 +340,12 @@ class CpuNnKernels final : public NnKernels {
       memory src = p.bw_src.bind(const_cast<float*>(x));
       memory ddst = p.bw_diff_dst.bind(const_cast<float*>(dy));
       memory dwei = p.bw_diff_wei.bind(dw);
-      memory dbias(memory::desc(p.bias, Dt::f32, Tag::x), t.engine, db);
-      p.bw.execute(t.stream, {{DNNL_ARG_SRC, src},
-                              {DNNL_ARG_DIFF_DST, ddst},
-                              {DNNL_ARG_DIFF_WEIGHTS, dwei},
-                              {DNNL_ARG_DIFF_BIAS, dbias},
-                              {DNNL_ARG_SCRATCHPAD, scratchpad(p.bw_pd.scratchpad_desc())}});
+      std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
+                                           {DNNL_ARG_DIFF_DST, ddst},
+                                           {DNNL_ARG_DIFF_WEIGHTS, dwei},
+                                           {DNNL_ARG_SCRATCHPAD, scratchpad(p.bw_pd.scratchpad_desc())}};
+      if (s.bias) args.emplace(DNNL_ARG_DIFF_BIAS, memory(p.bias_desc(), t.engine, db));
+      p.bw.execute(t.stream, args);
       p.bw_diff_wei.finish(dwei, dw);
       if (dx) {
         kc.op.check_cancelled();
@@ -425,21 +457,55 @@ class CpuNnKernels final : public NnKernels {
     }
   }
 
-  void activation_backward(Activation kind, const float* y, const float* dy, float* dx, int64_t n,
-                           KernelContext&) override {
+  void activation_backward(Activation kind, const float* x, const float* y, const float* dy, float* dx,
+                           int64_t n, KernelContext&) override {
     if (n == 0) return;
     try {
       EltPrims& p = elt_prims(kind, n);
       auto& t = tdnnl();
-      memory dst(p.desc, t.engine, const_cast<float*>(y)), ddst(p.desc, t.engine, const_cast<float*>(dy)),
-          dsrc(p.desc, t.engine, dx);
-      p.bwd.execute(t.stream, {{DNNL_ARG_DST, dst},
+      const int value_arg = p.backward_from_src ? DNNL_ARG_SRC : DNNL_ARG_DST;
+      memory value(p.desc, t.engine, const_cast<float*>(p.backward_from_src ? x : y)),
+          ddst(p.desc, t.engine, const_cast<float*>(dy)), dsrc(p.desc, t.engine, dx);
+      p.bwd.execute(t.stream, {{value_arg, value},
                                {DNNL_ARG_DIFF_DST, ddst},
                                {DNNL_ARG_DIFF_SRC, dsrc},
                                {DNNL_ARG_SCRATCHPAD, scratchpad(p.bwd_pd.scratchpad_desc())}});
       t.stream.wait();
     } catch (const dnnl::error& e) {
       rethrow_dnnl("eltwise backward", e);
+    }
+  }
+
+  void dropout_forward(int64_t n, const float* x, float* y, float* mask, float p, uint64_t seed,
+                       KernelContext&) override {
+    // The same comparison in float as the CUDA kernel, so both keep the same elements.
+    const float keep = 1.0f - p, scale = 1.0f / keep;
+    // Philox costs tens of operations per element: smaller loops than the memory-bound ones pay for a team.
+#pragma omp parallel for if (n > kParallelMin / 8)
+    for (int64_t i = 0; i < n; ++i) {
+      const float m = philox::uniform_at(seed, static_cast<uint64_t>(i), 0.0f, 1.0f) <= keep ? scale : 0.0f;
+      mask[i] = m;
+      y[i] = x[i] * m;
+    }
+  }
+
+  void concat_rows(int64_t n, int64_t a_row, int64_t b_row, const float* a, const float* b, float* y,
+                   KernelContext&) override {
+    const int64_t y_row = a_row + b_row;
+#pragma omp parallel for if (n * y_row > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      copy_floats(y + i * y_row, a + i * a_row, a_row);
+      copy_floats(y + i * y_row + a_row, b + i * b_row, b_row);
+    }
+  }
+
+  void split_rows(int64_t n, int64_t a_row, int64_t b_row, const float* y, float* a, float* b,
+                  KernelContext&) override {
+    const int64_t y_row = a_row + b_row;
+#pragma omp parallel for if (n * y_row > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      copy_floats(a + i * a_row, y + i * y_row, a_row);
+      copy_floats(b + i * b_row, y + i * y_row + a_row, b_row);
     }
   }
 
@@ -619,6 +685,10 @@ class CpuNnKernels final : public NnKernels {
   }
 
  private:
+  // A side with no channels may have no storage at all: memcpy must not see its null pointer.
+  static void copy_floats(float* dst, const float* src, int64_t count) {
+    if (count > 0) std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
+  }
   static bool is_2x2(const PoolShape& s) {
     return s.kernel == 2 && s.stride == 2 && s.pad == 0;
   }

@@ -15,9 +15,11 @@ namespace gn::nn {
 
 struct ConvShape {
   int64_t n, c, h, w;  // input
-  int64_t k, r, s;     // filters [k, c, r, s]
+  int64_t k, r, s;     // filters [k, c / groups, r, s]
   int64_t stride, pad;
   int64_t oh, ow;
+  int64_t groups;
+  bool bias;  // forward adds b, backward writes db; without, those pointers are null
 };
 
 struct PoolShape {
@@ -42,15 +44,16 @@ class NnKernels {
  public:
   virtual ~NnKernels() = default;
 
+  // b may be null (no bias).
   virtual void linear_forward(int64_t n, int64_t in, int64_t out, const float* x, const float* w,
                               const float* b, float* y, KernelContext& kc) = 0;
-  // dx may be null (not wanted).
+  // dx and db may be null (not wanted).
   virtual void linear_backward(int64_t n, int64_t in, int64_t out, const float* x, const float* w,
                                const float* dy, float* dx, float* dw, float* db, KernelContext& kc) = 0;
 
   virtual void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* b, float* y,
                               KernelContext& kc) = 0;
-  // dx may be null.
+  // dx may be null; db is null exactly when s.bias is false.
   virtual void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy, float* dx,
                                float* dw, float* db, KernelContext& kc) = 0;
 
@@ -65,8 +68,19 @@ class NnKernels {
 
   virtual void activation_forward(Activation kind, const float* x, float* y, int64_t n,
                                   KernelContext& kc) = 0;
-  virtual void activation_backward(Activation kind, const float* y, const float* dy, float* dx, int64_t n,
-                                   KernelContext& kc) = 0;
+  // GELU reads x (y may be null); the others read y (x may be null).
+  virtual void activation_backward(Activation kind, const float* x, const float* y, const float* dy,
+                                   float* dx, int64_t n, KernelContext& kc) = 0;
+
+  // Element i is kept when philox::uniform_at(seed, i, 0, 1) <= 1 - p: mask = 1 / (1 - p) or 0, y = x * mask.
+  virtual void dropout_forward(int64_t n, const float* x, float* y, float* mask, float p, uint64_t seed,
+                               KernelContext& kc) = 0;
+
+  // Per sample of n: y's row is a's a_row values followed by b's b_row values; split is the inverse.
+  virtual void concat_rows(int64_t n, int64_t a_row, int64_t b_row, const float* a, const float* b, float* y,
+                           KernelContext& kc) = 0;
+  virtual void split_rows(int64_t n, int64_t a_row, int64_t b_row, const float* y, float* a, float* b,
+                          KernelContext& kc) = 0;
 
   virtual void pool_forward(const PoolShape& s, const float* x, float* y, KernelContext& kc) = 0;
   virtual void pool_backward(const PoolShape& s, const float* x, const float* y, const float* dy, float* dx,

@@ -2,7 +2,9 @@
 // cpu_kernels.cpp and cuda/cuda_nn_kernels.cu.
 #include "gpunodes/nn/layers.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <string>
 
 #include "gpunodes/errors.h"
@@ -46,20 +48,28 @@ double dbl(int64_t v) {
   return static_cast<double>(v);
 }
 
-ConvShape conv_shape(const char* op, const Tensor& x, const Tensor& w, const Conv2dOptions& o) {
+ConvShape conv_shape(const char* op, const Tensor& x, const Tensor& w, const Conv2dOptions& o, bool bias) {
   need_rank(op, "input", x, 4);
   need_rank(op, "weight", w, 4);
   if (o.stride < 1)
     throw Error(std::string(op) + ": stride must be at least 1, got " + std::to_string(o.stride));
   if (o.padding < 0) throw Error(std::string(op) + ": padding must not be negative");
+  if (o.groups < 1)
+    throw Error(std::string(op) + ": groups must be at least 1, got " + std::to_string(o.groups));
   ConvShape s{};
   s.n = x.shape()[0], s.c = x.shape()[1], s.h = x.shape()[2], s.w = x.shape()[3];
   s.k = w.shape()[0], s.r = w.shape()[2], s.s = w.shape()[3];
-  s.stride = o.stride, s.pad = o.padding;
-  if (w.shape()[1] != s.c)
+  s.stride = o.stride, s.pad = o.padding, s.groups = o.groups, s.bias = bias;
+  if (s.c % s.groups != 0)
+    throw ShapeError(std::string(op) + ": input channels " + std::to_string(s.c) +
+                     " are not a multiple of groups " + std::to_string(s.groups));
+  if (s.k % s.groups != 0)
+    throw ShapeError(std::string(op) + ": output channels " + std::to_string(s.k) +
+                     " are not a multiple of groups " + std::to_string(s.groups));
+  if (w.shape()[1] * s.groups != s.c)
     throw ShapeError(std::string(op) + ": input " + shape_str(x.shape()) + " has " + std::to_string(s.c) +
-                     " channels but the weight " + shape_str(w.shape()) + " expects " +
-                     std::to_string(w.shape()[1]));
+                     " channels but the weight " + shape_str(w.shape()) + " with groups " +
+                     std::to_string(s.groups) + " expects " + std::to_string(w.shape()[1] * s.groups));
   s.oh = (s.h + 2 * s.pad - s.r) / s.stride + 1;
   s.ow = (s.w + 2 * s.pad - s.s) / s.stride + 1;
   if (s.h + 2 * s.pad < s.r || s.w + 2 * s.pad < s.s || s.oh < 1 || s.ow < 1)
@@ -69,7 +79,17 @@ ConvShape conv_shape(const char* op, const Tensor& x, const Tensor& w, const Con
 }
 
 double conv_flops(const ConvShape& s) {
-  return 2.0 * dbl(s.n) * dbl(s.k) * dbl(s.oh * s.ow) * dbl(s.c * s.r * s.s);
+  return 2.0 * dbl(s.n) * dbl(s.k) * dbl(s.oh * s.ow) * dbl(s.c / s.groups * s.r * s.s);
+}
+
+// [N, C, H, W] normalises over (N, H, W) per channel; [N, C] (BatchNorm1d) over N per feature, which is the
+// same computation with planes of one value.
+BnShape bn_shape(const char* op, const Tensor& x) {
+  if (!x.defined()) throw Error(std::string(op) + ": input is undefined");
+  const Shape& sh = x.shape();
+  if (sh.size() != 2 && sh.size() != 4)
+    throw ShapeError(std::string(op) + ": input must be [N, C] or [N, C, H, W], got " + shape_str(sh));
+  return {sh[0], sh[1], sh.size() == 4 ? sh[2] * sh[3] : 1};
 }
 
 PoolShape pool_shape(const char* op, const Tensor& x, const Pool2dOptions& o) {
@@ -105,7 +125,9 @@ NnKernels& nn_kernels(Device device) {
 // --- linear ------------------------------------------------------------------------------------------------
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  check_same_device({&x, &w, &b});
+  check_same_device({&x, &w});
+  const bool has_bias = b.defined();
+  if (has_bias) check_same_device({&x, &b});
   need_rank("linear", "input", x, 2);
   need_rank("linear", "weight", w, 2);
   const int64_t n = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
@@ -113,18 +135,20 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     throw ShapeError("linear: input " + shape_str(x.shape()) + " has " + std::to_string(in) +
                      " features but the weight " + shape_str(w.shape()) + " expects " +
                      std::to_string(w.shape()[1]));
-  need_shape("linear", "bias", b, {out});
+  if (has_bias) need_shape("linear", "bias", b, {out});
   Tensor y(x.runtime(), {n, out}, x.device());
-  push_kernel(
-      x.runtime(), x.device(), {x.var(), w.var(), b.var()}, {y.var()},
-      {"linear", "", x.bytes() + w.bytes() + b.bytes() + y.bytes(), 2.0 * dbl(n) * dbl(in) * dbl(out)},
-      [=](NnKernels& k, KernelContext& kc) {
-        k.linear_forward(n, in, out, x.data(), w.data(), b.data(), y.data(), kc);
-      });
+  std::vector<VarPtr> reads{x.var(), w.var()};
+  if (has_bias) reads.push_back(b.var());
+  push_kernel(x.runtime(), x.device(), reads, {y.var()},
+              {"linear", "", x.bytes() + w.bytes() + (has_bias ? b.bytes() : 0) + y.bytes(),
+               2.0 * dbl(n) * dbl(in) * dbl(out)},
+              [=](NnKernels& k, KernelContext& kc) {
+                k.linear_forward(n, in, out, x.data(), w.data(), has_bias ? b.data() : nullptr, y.data(), kc);
+              });
   return y;
 }
 
-LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, bool need_dx) {
+LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, bool need_dx, bool need_db) {
   check_same_device({&x, &w, &dy});
   need_rank("linear backward", "input", x, 2);
   need_rank("linear backward", "weight", w, 2);
@@ -134,8 +158,11 @@ LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
   Runtime& rt = x.runtime();
   LinearGrads g;
   g.dw = Tensor(rt, w.shape(), x.device());
-  g.db = Tensor(rt, {out}, x.device());
-  std::vector<VarPtr> writes{g.dw.var(), g.db.var()};
+  std::vector<VarPtr> writes{g.dw.var()};
+  if (need_db) {
+    g.db = Tensor(rt, {out}, x.device());
+    writes.push_back(g.db.var());
+  }
   if (need_dx) {
     g.dx = Tensor(rt, x.shape(), x.device());
     writes.push_back(g.dx.var());
@@ -147,7 +174,8 @@ LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
                x.bytes() + w.bytes() + 2 * dy.bytes() + dw.bytes() + (need_dx ? x.bytes() : 0), flops},
               [=](NnKernels& k, KernelContext& kc) {
                 k.linear_backward(n, in, out, x.data(), w.data(), dy.data(),
-                                  dx.defined() ? dx.data() : nullptr, dw.data(), db.data(), kc);
+                                  dx.defined() ? dx.data() : nullptr, dw.data(),
+                                  db.defined() ? db.data() : nullptr, kc);
               });
   return g;
 }
@@ -155,28 +183,35 @@ LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
 // --- conv2d ------------------------------------------------------------------------------------------------
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOptions& o) {
-  check_same_device({&x, &w, &b});
-  ConvShape s = conv_shape("conv2d", x, w, o);
-  need_shape("conv2d", "bias", b, {s.k});
+  check_same_device({&x, &w});
+  const bool has_bias = b.defined();
+  if (has_bias) check_same_device({&x, &b});
+  ConvShape s = conv_shape("conv2d", x, w, o, has_bias);
+  if (has_bias) need_shape("conv2d", "bias", b, {s.k});
   Tensor y(x.runtime(), {s.n, s.k, s.oh, s.ow}, x.device());
-  push_kernel(x.runtime(), x.device(), {x.var(), w.var(), b.var()}, {y.var()},
+  std::vector<VarPtr> reads{x.var(), w.var()};
+  if (has_bias) reads.push_back(b.var());
+  push_kernel(x.runtime(), x.device(), reads, {y.var()},
               {"conv2d", "", x.bytes() + w.bytes() + y.bytes(), conv_flops(s)},
               [=](NnKernels& k, KernelContext& kc) {
-                k.conv2d_forward(s, x.data(), w.data(), b.data(), y.data(), kc);
+                k.conv2d_forward(s, x.data(), w.data(), has_bias ? b.data() : nullptr, y.data(), kc);
               });
   return y;
 }
 
 Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Conv2dOptions& o,
-                            bool need_dx) {
+                            bool need_dx, bool need_db) {
   check_same_device({&x, &w, &dy});
-  ConvShape s = conv_shape("conv2d backward", x, w, o);
+  ConvShape s = conv_shape("conv2d backward", x, w, o, need_db);
   need_shape("conv2d backward", "output gradient", dy, {s.n, s.k, s.oh, s.ow});
   Runtime& rt = x.runtime();
   Conv2dGrads g;
   g.dw = Tensor(rt, w.shape(), x.device());
-  g.db = Tensor(rt, {s.k}, x.device());
-  std::vector<VarPtr> writes{g.dw.var(), g.db.var()};
+  std::vector<VarPtr> writes{g.dw.var()};
+  if (need_db) {
+    g.db = Tensor(rt, {s.k}, x.device());
+    writes.push_back(g.db.var());
+  }
   if (need_dx) {
     g.dx = Tensor(rt, x.shape(), x.device());
     writes.push_back(g.dx.var());
@@ -188,7 +223,7 @@ Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
        (need_dx ? 2.0 : 1.0) * conv_flops(s)},
       [=](NnKernels& k, KernelContext& kc) {
         k.conv2d_backward(s, x.data(), w.data(), dy.data(), dx.defined() ? dx.data() : nullptr, dw.data(),
-                          db.data(), kc);
+                          db.defined() ? db.data() : nullptr, kc);
       });
   return g;
 }
@@ -199,14 +234,13 @@ BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& 
                             const Tensor& running_mean, const Tensor& running_var,
                             const BatchNormOptions& o) {
   check_same_device({&x, &gamma, &beta, &running_mean, &running_var});
-  need_rank("batchnorm2d", "input", x, 4);
-  const int64_t c = x.shape()[1];
+  const BnShape s = bn_shape("batchnorm2d", x);
+  const int64_t c = s.c;
   for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var})
     need_shape("batchnorm2d", "a parameter", *t, {c});
-  if (o.training && x.shape()[0] * x.shape()[2] * x.shape()[3] < 2)
+  if (o.training && s.n * s.hw < 2)
     throw ShapeError("batchnorm2d: training needs more than one value per channel, got input " +
                      shape_str(x.shape()));
-  BnShape s{x.shape()[0], c, x.shape()[2] * x.shape()[3]};
   Runtime& rt = x.runtime();
   BatchNormResult r;
   r.y = Tensor(rt, x.shape(), x.device());
@@ -237,12 +271,11 @@ BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& 
 BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                                     const Tensor& save_mean, const Tensor& save_invstd) {
   check_same_device({&x, &dy, &gamma, &save_mean, &save_invstd});
-  need_rank("batchnorm2d backward", "input", x, 4);
+  const BnShape s = bn_shape("batchnorm2d backward", x);
   need_shape("batchnorm2d backward", "output gradient", dy, x.shape());
-  const int64_t c = x.shape()[1];
+  const int64_t c = s.c;
   for (const Tensor* t : {&gamma, &save_mean, &save_invstd})
     need_shape("batchnorm2d backward", "a parameter", *t, {c});
-  BnShape s{x.shape()[0], c, x.shape()[2] * x.shape()[3]};
   Runtime& rt = x.runtime();
   BatchNormGrads g{Tensor(rt, x.shape(), x.device()), Tensor(rt, {c}, x.device()),
                    Tensor(rt, {c}, x.device())};
@@ -259,10 +292,33 @@ BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Ten
 
 // --- activations -------------------------------------------------------------------------------------------
 
+const char* activation_name(Activation kind) {
+  switch (kind) {
+    case Activation::Relu:
+      return "ReLU";
+    case Activation::Sigmoid:
+      return "Sigmoid";
+    case Activation::Tanh:
+      return "Tanh";
+    case Activation::Gelu:
+      return "GELU";
+  }
+  throw Error("unknown activation " + std::to_string(static_cast<int>(kind)));
+}
+
+namespace {
+// The profiler's names, lower case like every other op's.
+std::string activation_op_name(Activation kind) {
+  std::string name = activation_name(kind);
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  return name;
+}
+}  // namespace
+
 Tensor activation(Activation kind, const Tensor& x) {
   if (!x.defined()) throw Error("activation: the input is undefined");
+  const std::string name = activation_op_name(kind);
   Tensor y(x.runtime(), x.shape(), x.device());
-  const char* name = kind == Activation::Relu ? "relu" : "sigmoid";
   push_kernel(x.runtime(), x.device(), {x.var()}, {y.var()}, {name, "", 2 * x.bytes(), dbl(x.numel())},
               [=](NnKernels& k, KernelContext& kc) {
                 k.activation_forward(kind, x.data(), y.data(), x.numel(), kc);
@@ -270,18 +326,105 @@ Tensor activation(Activation kind, const Tensor& x) {
   return y;
 }
 
-Tensor activation_backward(Activation kind, const Tensor& y, const Tensor& dy) {
-  check_same_device({&y, &dy});
-  if (y.shape() != dy.shape())
-    throw ShapeError("activation backward: output " + shape_str(y.shape()) + " and its gradient " +
-                     shape_str(dy.shape()) + " differ");
-  Tensor dx(y.runtime(), y.shape(), y.device());
-  const char* name = kind == Activation::Relu ? "relu backward" : "sigmoid backward";
-  push_kernel(y.runtime(), y.device(), {y.var(), dy.var()}, {dx.var()},
-              {name, "", 3 * y.bytes(), 2.0 * dbl(y.numel())}, [=](NnKernels& k, KernelContext& kc) {
-                k.activation_backward(kind, y.data(), dy.data(), dx.data(), y.numel(), kc);
+Tensor activation_backward(Activation kind, const Tensor& x, const Tensor& y, const Tensor& dy) {
+  const std::string name = activation_op_name(kind) + " backward";
+  // GELU's derivative is a function of its input; the others' are functions of their output.
+  const bool from_input = kind == Activation::Gelu;
+  const Tensor& value = from_input ? x : y;
+  if (!value.defined())
+    throw Error(name + ": needs the layer's " + (from_input ? "input x" : "output y") +
+                ", which is undefined");
+  if (!dy.defined()) throw Error(name + ": the output gradient is undefined");
+  check_same_device({&value, &dy});
+  if (value.shape() != dy.shape())
+    throw ShapeError(name + ": " + (from_input ? "input " : "output ") + shape_str(value.shape()) +
+                     " and the output gradient " + shape_str(dy.shape()) + " differ");
+  Tensor dx(dy.runtime(), dy.shape(), dy.device());
+  push_kernel(dy.runtime(), dy.device(), {value.var(), dy.var()}, {dx.var()},
+              {name, "", 3 * dy.bytes(), 2.0 * dbl(dy.numel())}, [=](NnKernels& k, KernelContext& kc) {
+                const float* v = value.data();
+                k.activation_backward(kind, from_input ? v : nullptr, from_input ? nullptr : v, dy.data(),
+                                      dx.data(), dy.numel(), kc);
               });
   return dx;
+}
+
+// --- dropout -----------------------------------------------------------------------------------------------
+
+DropoutResult dropout(const Tensor& x, float p, uint64_t seed) {
+  if (!x.defined()) throw Error("dropout: the input is undefined");
+  if (!(p >= 0.0f && p < 1.0f))
+    throw Error("dropout: probability p must satisfy 0 <= p < 1, got " + std::to_string(p));
+  Runtime& rt = x.runtime();
+  DropoutResult r{Tensor(rt, x.shape(), x.device()), Tensor(rt, x.shape(), x.device())};
+  Tensor y = r.y, mask = r.mask;
+  push_kernel(rt, x.device(), {x.var()}, {y.var(), mask.var()},
+              {"dropout", "", 3 * x.bytes(), dbl(x.numel())}, [=](NnKernels& k, KernelContext& kc) {
+                k.dropout_forward(x.numel(), x.data(), y.data(), mask.data(), p, seed, kc);
+              });
+  return r;
+}
+
+Tensor dropout_backward(const Tensor& dy, const Tensor& mask) {
+  check_same_device({&dy, &mask});
+  need_shape("dropout backward", "mask", mask, dy.shape());
+  // dx = dy * mask is the backend's element-wise product, under this op's name.
+  Runtime& rt = dy.runtime();
+  Tensor dx(rt, dy.shape(), dy.device());
+  Backend* be = &rt.backend(dy.device());
+  rt.engine().push(
+      [be, dy, mask, dx](OpContext& c) {
+        be->binary(BinaryOp::Mul, dy.data(), mask.data(), dx.data(), dx.numel(), c);
+      },
+      {dy.var(), mask.var()}, {dx.var()}, dy.device(), StreamKind::Compute,
+      {"dropout backward", "", 3 * dy.bytes(), dbl(dy.numel())});
+  return dx;
+}
+
+// --- channel concat ----------------------------------------------------------------------------------------
+
+Tensor concat_channels(const Tensor& a, const Tensor& b) {
+  check_same_device({&a, &b});
+  const Shape &sa = a.shape(), &sb = b.shape();
+  if (sa.size() < 2 || sa.size() != sb.size() || sa[0] != sb[0] ||
+      !std::equal(sa.begin() + 2, sa.end(), sb.begin() + 2))
+    throw ShapeError(
+        "concat_channels: needs [N, Ca, ...] and [N, Cb, ...] with equal N and trailing dims, got " +
+        shape_str(sa) + " and " + shape_str(sb));
+  const int64_t n = sa[0];
+  // Each sample of a (and of b) is one contiguous row of channels x trailing values.
+  const int64_t a_row = n ? a.numel() / n : 0, b_row = n ? b.numel() / n : 0;
+  Shape sy = sa;
+  sy[1] = sa[1] + sb[1];
+  Tensor y(a.runtime(), sy, a.device());
+  push_kernel(a.runtime(), a.device(), {a.var(), b.var()}, {y.var()},
+              {"concat channels", "", 2 * y.bytes(), 0}, [=](NnKernels& k, KernelContext& kc) {
+                k.concat_rows(n, a_row, b_row, a.data(), b.data(), y.data(), kc);
+              });
+  return y;
+}
+
+std::pair<Tensor, Tensor> split_channels(const Tensor& dy, int64_t a_channels) {
+  if (!dy.defined()) throw Error("split_channels: the input is undefined");
+  const Shape& sy = dy.shape();
+  if (sy.size() < 2)
+    throw ShapeError("split_channels: needs [N, C, ...] with a channel axis, got " + shape_str(sy));
+  if (a_channels < 0 || a_channels > sy[1])
+    throw ShapeError("split_channels: cannot take " + std::to_string(a_channels) + " channels from " +
+                     shape_str(sy));
+  Shape sa = sy, sb = sy;
+  sa[1] = a_channels;
+  sb[1] = sy[1] - a_channels;
+  Runtime& rt = dy.runtime();
+  std::pair<Tensor, Tensor> out{Tensor(rt, sa, dy.device()), Tensor(rt, sb, dy.device())};
+  const int64_t n = sy[0];
+  const int64_t a_row = n ? out.first.numel() / n : 0, b_row = n ? out.second.numel() / n : 0;
+  Tensor da = out.first, db = out.second;
+  push_kernel(rt, dy.device(), {dy.var()}, {da.var(), db.var()}, {"split channels", "", 2 * dy.bytes(), 0},
+              [=](NnKernels& k, KernelContext& kc) {
+                k.split_rows(n, a_row, b_row, dy.data(), da.data(), db.data(), kc);
+              });
+  return out;
 }
 
 // --- pooling -----------------------------------------------------------------------------------------------

@@ -75,16 +75,16 @@ void push_param(std::vector<Parameter*>& out, const std::string& prefix, Paramet
 
 class LinearM final : public Module {
  public:
-  LinearM(Builder& b, int64_t in, int64_t out) : in_(in), out_(out) {
+  LinearM(Builder& b, int64_t in, int64_t out, bool bias = true) : in_(in), out_(out) {
     w_.value = b.weight({out, in}, in, out);
-    b_.value = b.constant({out}, 0.0f);
+    if (bias) b_.value = b.constant({out}, 0.0f);
   }
   Tensor forward(const Tensor& x, Mode mode) override {
     if (mode == Mode::Train) x_ = x;
     return linear(x, w_.value, b_.value);
   }
   Tensor backward(const Tensor& dy, bool need_dx) override {
-    LinearGrads g = linear_backward(x_, w_.value, dy, need_dx);
+    LinearGrads g = linear_backward(x_, w_.value, dy, need_dx, b_.value.defined());
     w_.grad = g.dw;
     b_.grad = g.db;
     x_ = Tensor();
@@ -92,13 +92,14 @@ class LinearM final : public Module {
   }
   void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
     push_param(out, prefix, w_, "weight");
-    push_param(out, prefix, b_, "bias");
+    if (b_.value.defined()) push_param(out, prefix, b_, "bias");
   }
   bool has_params() const override { return true; }
   void clear() override { x_ = Tensor(); }
   Shape out_shape(const Shape& in) const override { return {in[0], out_}; }
   std::string describe() const override {
-    return "Linear(" + std::to_string(in_) + ", " + std::to_string(out_) + ")";
+    return "Linear(" + std::to_string(in_) + ", " + std::to_string(out_) +
+           (b_.value.defined() ? "" : ", bias=False") + ")";
   }
 
  private:
@@ -109,17 +110,20 @@ class LinearM final : public Module {
 
 class Conv2dM final : public Module {
  public:
-  Conv2dM(Builder& b, int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding)
-      : in_(in), out_(out), kernel_(kernel), opts_{stride, padding} {
-    w_.value = b.weight({out, in, kernel, kernel}, in * kernel * kernel, out * kernel * kernel);
-    b_.value = b.constant({out}, 0.0f);
+  Conv2dM(Builder& b, int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding,
+          int64_t groups = 1, bool bias = true)
+      : in_(in), out_(out), kernel_(kernel), opts_{stride, padding, groups} {
+    // PyTorch's fans: the weight's dimension 1 (in / groups) and 0 (out), times the window.
+    w_.value =
+        b.weight({out, in / groups, kernel, kernel}, in / groups * kernel * kernel, out * kernel * kernel);
+    if (bias) b_.value = b.constant({out}, 0.0f);
   }
   Tensor forward(const Tensor& x, Mode mode) override {
     if (mode == Mode::Train) x_ = x;
     return conv2d(x, w_.value, b_.value, opts_);
   }
   Tensor backward(const Tensor& dy, bool need_dx) override {
-    Conv2dGrads g = conv2d_backward(x_, w_.value, dy, opts_, need_dx);
+    Conv2dGrads g = conv2d_backward(x_, w_.value, dy, opts_, need_dx, b_.value.defined());
     w_.grad = g.dw;
     b_.grad = g.db;
     x_ = Tensor();
@@ -127,7 +131,7 @@ class Conv2dM final : public Module {
   }
   void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
     push_param(out, prefix, w_, "weight");
-    push_param(out, prefix, b_, "bias");
+    if (b_.value.defined()) push_param(out, prefix, b_, "bias");
   }
   bool has_params() const override { return true; }
   void clear() override { x_ = Tensor(); }
@@ -138,7 +142,9 @@ class Conv2dM final : public Module {
   std::string describe() const override {
     return "Conv2d(" + std::to_string(in_) + ", " + std::to_string(out_) +
            ", kernel_size=" + std::to_string(kernel_) + ", stride=" + std::to_string(opts_.stride) +
-           ", padding=" + std::to_string(opts_.padding) + ")";
+           ", padding=" + std::to_string(opts_.padding) +
+           (opts_.groups > 1 ? ", groups=" + std::to_string(opts_.groups) : "") +
+           (b_.value.defined() ? "" : ", bias=False") + ")";
   }
 
  private:
@@ -148,9 +154,13 @@ class Conv2dM final : public Module {
   Tensor x_;
 };
 
+// BatchNorm2d on [N, C, H, W], or BatchNorm1d on [N, C] (flat = true): the same statistics per channel.
 class BatchNorm2dM final : public Module {
  public:
-  BatchNorm2dM(Builder& b, int64_t channels) : c_(channels) {
+  BatchNorm2dM(Builder& b, int64_t channels, float eps = 1e-5f, float momentum = 0.1f, bool flat = false)
+      : c_(channels), flat_(flat) {
+    options_.eps = eps;
+    options_.momentum = momentum;
     gamma_.value = b.constant({channels}, 1.0f);
     beta_.value = b.constant({channels}, 0.0f);
     mean_.value = b.constant({channels}, 0.0f);
@@ -158,7 +168,7 @@ class BatchNorm2dM final : public Module {
     mean_.trainable = var_.trainable = false;
   }
   Tensor forward(const Tensor& x, Mode mode) override {
-    BatchNormOptions o;
+    BatchNormOptions o = options_;
     o.training = mode == Mode::Train;
     BatchNormResult r = batchnorm2d(x, gamma_.value, beta_.value, mean_.value, var_.value, o);
     if (o.training) {
@@ -184,10 +194,14 @@ class BatchNorm2dM final : public Module {
   bool has_params() const override { return true; }
   void clear() override { x_ = save_mean_ = save_invstd_ = Tensor(); }
   Shape out_shape(const Shape& in) const override { return in; }
-  std::string describe() const override { return "BatchNorm2d(" + std::to_string(c_) + ")"; }
+  std::string describe() const override {
+    return std::string(flat_ ? "BatchNorm1d(" : "BatchNorm2d(") + std::to_string(c_) + ")";
+  }
 
  private:
   int64_t c_;
+  bool flat_;
+  BatchNormOptions options_;
   Parameter gamma_, beta_, mean_, var_;
   Tensor x_, save_mean_, save_invstd_;
 };
@@ -197,21 +211,24 @@ class ActivationM final : public Module {
   explicit ActivationM(Activation kind) : kind_(kind) {}
   Tensor forward(const Tensor& x, Mode mode) override {
     Tensor y = activation(kind_, x);
-    if (mode == Mode::Train) y_ = y;
+    if (mode == Mode::Train) {
+      // GELU's derivative needs its input; the others' follow from the output.
+      (kind_ == Activation::Gelu ? x_ : y_) = kind_ == Activation::Gelu ? x : y;
+    }
     return y;
   }
   Tensor backward(const Tensor& dy, bool) override {
-    Tensor dx = activation_backward(kind_, y_, dy);
-    y_ = Tensor();
+    Tensor dx = activation_backward(kind_, x_, y_, dy);
+    clear();
     return dx;
   }
-  void clear() override { y_ = Tensor(); }
+  void clear() override { x_ = y_ = Tensor(); }
   Shape out_shape(const Shape& in) const override { return in; }
-  std::string describe() const override { return kind_ == Activation::Relu ? "ReLU()" : "Sigmoid()"; }
+  std::string describe() const override { return std::string(activation_name(kind_)) + "()"; }
 
  private:
   Activation kind_;
-  Tensor y_;
+  Tensor x_, y_;
 };
 
 class PoolM final : public Module {
@@ -379,7 +396,207 @@ class ResidualM final : public Module {
   ActivationM relu1_{Activation::Relu}, relu2_{Activation::Relu};
 };
 
+// Dropout: a fresh mask per training forward, from a Philox stream of the layer's seed and the forward's
+// number, so that a run with the same seed drops the same values.
+class DropoutM final : public Module {
+ public:
+  DropoutM(float p, uint64_t seed) : p_(p), seed_(seed) {}
+  Tensor forward(const Tensor& x, Mode mode) override {
+    if (mode == Mode::Eval || p_ == 0) return x;
+    DropoutResult r = dropout(x, p_, splitmix64(seed_ ^ splitmix64(forwards_++)));
+    mask_ = r.mask;
+    return r.y;
+  }
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    Tensor dx = need_dx ? (mask_.defined() ? dropout_backward(dy, mask_) : dy) : Tensor();
+    clear();
+    return dx;
+  }
+  void clear() override { mask_ = Tensor(); }
+  Shape out_shape(const Shape& in) const override { return in; }
+  std::string describe() const override { return "Dropout(p=" + std::to_string(p_).substr(0, 4) + ")"; }
+
+ private:
+  float p_;
+  uint64_t seed_;
+  uint64_t forwards_ = 0;
+  Tensor mask_;
+};
+
+// A drawn network: layers in construction order, each reading earlier layers' outputs. Forward hands each
+// output to its readers and drops it after the last one; backward walks the layers in reverse and sums the
+// gradients of outputs read more than once (a residual branch).
+class GraphM final : public Module {
+ public:
+  GraphM(Builder& b, const NetworkSpec& net, uint64_t seed) : net_(net), info_(net.infer()) {
+    const size_t n = net_.layers.size();
+    modules_.resize(n);
+    uses_.assign(n, 0);
+    needs_grad_.assign(n, false);
+    for (size_t i = 0; i < n; ++i) {
+      const LayerSpec& l = net_.layers[i];
+      const Shape in = l.inputs.empty() ? Shape{} : info_[static_cast<size_t>(l.inputs[0])].out;
+      modules_[i] = make_module(b, l, in, splitmix64(seed ^ splitmix64(0x6e6574ull + i)));
+      for (int j : l.inputs) ++uses_[static_cast<size_t>(j)];
+      // A layer's output needs a gradient when it or anything before it has parameters.
+      bool need = modules_[i] && modules_[i]->has_params();
+      for (int j : l.inputs) need = need || needs_grad_[static_cast<size_t>(j)];
+      needs_grad_[i] = need;
+    }
+  }
+
+  Tensor forward(const Tensor& x, Mode mode) override {
+    const size_t n = net_.layers.size();
+    std::vector<Tensor> out(n);
+    std::vector<int> left = uses_;
+    for (size_t i = 0; i < n; ++i) {
+      const LayerSpec& l = net_.layers[i];
+      auto in = [&](size_t k) -> const Tensor& { return out[static_cast<size_t>(l.inputs[k])]; };
+      switch (l.kind) {
+        case LayerKind::Input:
+          out[i] = x;
+          break;
+        case LayerKind::Add:
+          out[i] = add(in(0), in(1));
+          break;
+        case LayerKind::Concat:
+          out[i] = concat_channels(in(0), in(1));
+          break;
+        default:
+          out[i] = modules_[i]->forward(in(0), mode);
+      }
+      for (int j : l.inputs)
+        if (--left[static_cast<size_t>(j)] == 0) out[static_cast<size_t>(j)] = Tensor();
+    }
+    return out.back();
+  }
+
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    const size_t n = net_.layers.size();
+    std::vector<Tensor> grad(n);
+    grad.back() = dy;
+    auto give = [&](int j, Tensor g) {
+      Tensor& slot = grad[static_cast<size_t>(j)];
+      slot = slot.defined() ? add(slot, g) : std::move(g);
+    };
+    Tensor dx;
+    for (size_t i = n; i-- > 0;) {
+      const LayerSpec& l = net_.layers[i];
+      Tensor g = std::move(grad[i]);
+      if (!g.defined()) {  // nothing after it needed a gradient
+        if (modules_[i]) modules_[i]->clear();
+        continue;
+      }
+      auto wants = [&](size_t k) { return needs_grad_[static_cast<size_t>(l.inputs[k])]; };
+      switch (l.kind) {
+        case LayerKind::Input:
+          dx = g;
+          break;
+        case LayerKind::Add:
+          if (wants(0)) give(l.inputs[0], g);
+          if (wants(1)) give(l.inputs[1], g);
+          break;
+        case LayerKind::Concat: {
+          auto [ga, gb] = split_channels(g, info_[static_cast<size_t>(l.inputs[0])].out[0]);
+          if (wants(0)) give(l.inputs[0], ga);
+          if (wants(1)) give(l.inputs[1], gb);
+          break;
+        }
+        default: {
+          const bool need = wants(0);
+          if (!need && !modules_[i]->has_params()) {
+            modules_[i]->clear();
+            break;
+          }
+          Tensor d = modules_[i]->backward(g, need);
+          if (need) give(l.inputs[0], std::move(d));
+        }
+      }
+    }
+    return need_dx ? dx : Tensor();
+  }
+
+  void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
+    for (size_t i = 0; i < modules_.size(); ++i)
+      if (modules_[i]) modules_[i]->collect(prefix + net_.layers[i].id + ".", out);
+  }
+  bool has_params() const override {
+    for (const auto& m : modules_)
+      if (m && m->has_params()) return true;
+    return false;
+  }
+  void clear() override {
+    for (const auto& m : modules_)
+      if (m) m->clear();
+  }
+  Shape out_shape(const Shape& in) const override {
+    Shape s = info_.back().out;
+    s.insert(s.begin(), in.empty() ? 1 : in[0]);
+    return s;
+  }
+  std::string describe() const override { return "Network"; }
+  void summarize(const std::string& prefix, Shape& shape, std::ostringstream& out) const override {
+    (void)prefix;
+    for (size_t i = 0; i < modules_.size(); ++i) {
+      const LayerSpec& l = net_.layers[i];
+      Shape s = info_[i].out;
+      s.insert(s.begin(), 1);
+      out << l.id << " " << (modules_[i] ? modules_[i]->describe() : std::string(layer_kind_name(l.kind)))
+          << " -> " << shape_str(s) << "\n";
+    }
+    shape = out_shape(shape);
+  }
+
+ private:
+  // The module behind a layer; null for Input, Add and Concat, which forward and backward do themselves.
+  static std::unique_ptr<Module> make_module(Builder& b, const LayerSpec& l, const Shape& in, uint64_t seed) {
+    switch (l.kind) {
+      case LayerKind::Input:
+      case LayerKind::Add:
+      case LayerKind::Concat:
+        return nullptr;
+      case LayerKind::Conv2d:
+        return std::make_unique<Conv2dM>(b, in[0], l.features, l.kernel, l.stride, l.padding, l.groups,
+                                         l.bias);
+      case LayerKind::BatchNorm2d:
+      case LayerKind::BatchNorm1d:
+        return std::make_unique<BatchNorm2dM>(b, in[0], static_cast<float>(l.eps),
+                                              static_cast<float>(l.momentum),
+                                              l.kind == LayerKind::BatchNorm1d);
+      case LayerKind::ReLU:
+        return std::make_unique<ActivationM>(Activation::Relu);
+      case LayerKind::Sigmoid:
+        return std::make_unique<ActivationM>(Activation::Sigmoid);
+      case LayerKind::Tanh:
+        return std::make_unique<ActivationM>(Activation::Tanh);
+      case LayerKind::GELU:
+        return std::make_unique<ActivationM>(Activation::Gelu);
+      case LayerKind::MaxPool2d:
+      case LayerKind::AvgPool2d:
+        return std::make_unique<PoolM>(
+            Pool2dOptions{l.kind == LayerKind::MaxPool2d ? PoolKind::Max : PoolKind::Avg, l.kernel,
+                          l.pool_stride(), l.padding});
+      case LayerKind::GlobalAvgPool2d:
+        return std::make_unique<GlobalAvgPoolM>();
+      case LayerKind::Flatten:
+        return std::make_unique<FlattenM>();
+      case LayerKind::Linear:
+        return std::make_unique<LinearM>(b, in[0], l.features, l.bias);
+      case LayerKind::Dropout:
+        return std::make_unique<DropoutM>(static_cast<float>(l.p), seed);
+    }
+    throw Error("unknown layer type");
+  }
+
+  NetworkSpec net_;
+  std::vector<LayerInfo> info_;
+  std::vector<std::unique_ptr<Module>> modules_;
+  std::vector<int> uses_;  // how many inputs read each layer's output
+  std::vector<bool> needs_grad_;
+};
+
 std::unique_ptr<Module> build(Builder& b, const ModelOptions& o) {
+  if (o.arch == Arch::Network) return std::make_unique<GraphM>(b, *o.network, o.seed);
   auto net = std::make_unique<SequentialM>();
   const int64_t c = o.in_channels, s = o.image_size;
   switch (o.arch) {
@@ -430,6 +647,8 @@ std::unique_ptr<Module> build(Builder& b, const ModelOptions& o) {
       net->add("fc", std::move(fc));
       break;
     }
+    case Arch::Network:  // handled above
+      break;
   }
   return net;
 }
@@ -448,6 +667,8 @@ const char* arch_name(Arch a) {
       return "lenet";
     case Arch::ResNet18:
       return "resnet18";
+    case Arch::Network:
+      return "network";
   }
   return "unknown";
 }
@@ -477,6 +698,11 @@ Init parse_init(const std::string& name) {
 }
 
 double state_elements(const ModelOptions& o) {
+  if (o.arch == Arch::Network) {
+    double n = 0;
+    for (const LayerInfo& i : o.network->infer()) n += i.params + i.buffers;
+    return n;
+  }
   // The layers build() makes, counted: weight and bias per linear and conv, four vectors per BatchNorm.
   auto linear = [](double in, double out) { return out * in + out; };
   auto conv = [](double in, double out, double k) { return out * in * k * k + out; };
@@ -501,6 +727,8 @@ double state_elements(const ModelOptions& o) {
       for (double out : {128.0, 256.0, 512.0}) n += residual(out / 2, out, true) + residual(out, out, false);
       return n + linear(512, classes);
     }
+    case Arch::Network:  // handled above
+      break;
   }
   return 0;
 }
@@ -513,6 +741,7 @@ Model::~Model() = default;
 
 std::unique_ptr<Model> Model::create(Runtime& rt, const ModelOptions& o, Device device) {
   if (!rt.has(device)) throw Error("cannot create a model on " + device.str() + ": no such device");
+  if (o.arch == Arch::Network && !o.network) throw Error("model options: a network needs its layers");
   if (o.classes < 1 || o.in_channels < 1 || o.image_size < 1)
     throw Error("model options: classes, in_channels and image_size must be positive");
   // Bounds far past any real model that keep in_channels * image_size^2 and the layer sizes built from them
@@ -534,6 +763,7 @@ std::unique_ptr<Model> Model::create(Runtime& rt, const ModelOptions& o, Device 
 }
 
 std::string Model::signature() const {
+  if (options_.arch == Arch::Network) return options_.network->text();
   std::string s = std::string(arch_name(options_.arch)) + " classes=" + std::to_string(options_.classes) +
                   " in_channels=" + std::to_string(options_.in_channels);
   // The MLP's and LeNet's first linear layer depends on the image size.
@@ -543,6 +773,11 @@ std::string Model::signature() const {
 }
 
 Shape Model::input_shape(int64_t n) const {
+  if (options_.arch == Arch::Network) {
+    Shape s = options_.network->input().shape;
+    s.insert(s.begin(), n);
+    return s;
+  }
   if (options_.arch == Arch::Linear) return {n, options_.in_channels};
   return {n, options_.in_channels, options_.image_size, options_.image_size};
 }
@@ -586,7 +821,8 @@ std::string Model::summary() const {
 
 Tensor Model::forward(const Tensor& x, Mode mode) {
   if (!x.defined()) throw Error(std::string(arch_name(options_.arch)) + ": the input is undefined");
-  check_same_device({&x, &state_.front()->value});
+  // A drawn network may hold no parameters at all (Input, Flatten): its device still decides.
+  if (x.device() != device_) throw DeviceMismatchError(device_, x.device());
   const Shape want = input_shape(x.shape().empty() ? 0 : x.shape()[0]);
   const bool resnet = options_.arch == Arch::ResNet18;
   // ResNet-18 ends in a global average pool and takes any image size (the seed resizes to 96).
@@ -601,6 +837,7 @@ Tensor Model::forward(const Tensor& x, Mode mode) {
   if (mode == Mode::Train) {
     if (has_cache_) root_->clear();
     has_cache_ = true;
+    ++batches_tracked_;
   }
   return root_->forward(x, mode);
 }
@@ -637,6 +874,7 @@ void Model::copy_state_from(const Model& other) {
                 " model");
   auto src = other.state();
   for (size_t i = 0; i < state_.size(); ++i) copy_into(state_[i]->value, src[i]->value);
+  batches_tracked_ = other.batches_tracked_;
 }
 
 std::unique_ptr<Model> Model::replicate(Device device) const {

@@ -1,5 +1,7 @@
 #include "gpunodes/nn/serialize.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -10,6 +12,7 @@
 #include <sstream>
 
 #include "gpunodes/errors.h"
+#include "gpunodes/nn/safetensors.h"
 
 namespace gn::nn {
 namespace {
@@ -76,32 +79,6 @@ class Reader {
   std::string path_;
 };
 
-// Checked before reading: a device (/dev/zero), a pipe or a huge sparse file must not be read into memory
-// without end, and a directory must not read as an empty file.
-std::vector<char> read_file(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);
-  if (ec || !fs::exists(status))
-    throw Error("cannot open parameter file " + path + ": " + (ec ? ec.message() : "no such file"));
-  if (!fs::is_regular_file(status))
-    throw Error("parameter file " + path + " is not a regular file (" +
-                (fs::is_directory(status) ? "a directory" : "a device, pipe or socket") + ")");
-  const std::uintmax_t size = fs::file_size(path, ec);
-  if (ec) throw Error("cannot read parameter file " + path + ": " + ec.message());
-  if (size > kMaxFileBytes)
-    throw Error("parameter file " + path + " is " + format_bytes(static_cast<int64_t>(size)) + ", over the " +
-                format_bytes(kMaxFileBytes) + " limit for parameter files");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open parameter file " + path + ": " + std::strerror(errno));
-  std::vector<char> buf(static_cast<size_t>(size));
-  in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-  // A file that shrank while being read is a truncated file; parse() says so.
-  buf.resize(static_cast<size_t>(in.gcount()));
-  if (in.bad()) throw Error("cannot read parameter file " + path);
-  return buf;
-}
-
 // Parses and checks the whole file; `values_at` gets where each entry's values start.
 ParamsFileInfo parse(const std::vector<char>& buf, const std::string& path, std::vector<size_t>* values_at) {
   if (buf.size() < sizeof kMagic || std::memcmp(buf.data(), kMagic, sizeof kMagic) != 0)
@@ -152,9 +129,119 @@ ParamsFileInfo parse(const std::vector<char>& buf, const std::string& path, std:
   return info;
 }
 
+// By content, never by the file's name: a .params file may hold safetensors and the reverse.
+ParamsFormat detect(const std::vector<char>& buf, const std::string& path) {
+  if (buf.size() >= sizeof kMagic && std::memcmp(buf.data(), kMagic, sizeof kMagic) == 0)
+    return ParamsFormat::Gnparams;
+  if (looks_like_safetensors(buf.data(), buf.size())) return ParamsFormat::Safetensors;
+  throw Error("parameter file " + path +
+              " is not a gpunodes parameter file (no GNPARAMS magic) nor a safetensors file (no JSON header "
+              "after an 8-byte length)");
+}
+
+[[noreturn]] void write_failed(const std::string& path, const std::string& tmp, const std::string& why) {
+  std::remove(tmp.c_str());
+  throw Error("cannot write parameter file " + path + ": " + why);
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+ParamsFileInfo safetensors_info(const std::vector<char>& buf, const std::string& path) {
+  const SafetensorsHeader h = parse_safetensors(buf, path);
+  ParamsFileInfo info;
+  info.format = ParamsFormat::Safetensors;
+  if (const std::string* sig = h.find_metadata("gpunodes.signature")) info.signature = *sig;
+  for (const SafetensorsEntry& t : h.tensors) {
+    if (ends_with(t.name, "num_batches_tracked")) continue;  // PyTorch's counter, not a state entry
+    info.entries.push_back(
+        {t.name, t.shape, !ends_with(t.name, "running_mean") && !ends_with(t.name, "running_var")});
+  }
+  return info;
+}
+
 }  // namespace
 
+const char* params_format_name(ParamsFormat format) {
+  return format == ParamsFormat::Safetensors ? "safetensors" : "gpunodes";
+}
+
+ParamsFormat parse_params_format(const std::string& name) {
+  for (ParamsFormat f : {ParamsFormat::Gnparams, ParamsFormat::Safetensors})
+    if (name == params_format_name(f)) return f;
+  throw Error("unknown parameter file format '" + name + "': expected gpunodes or safetensors");
+}
+
+// Checked before reading: a device (/dev/zero), a pipe or a huge sparse file must not be read into memory
+// without end, and a directory must not read as an empty file.
+std::vector<char> read_params_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status))
+    throw Error("cannot open parameter file " + path + ": " + (ec ? ec.message() : "no such file"));
+  if (!fs::is_regular_file(status))
+    throw Error("parameter file " + path + " is not a regular file (" +
+                (fs::is_directory(status) ? "a directory" : "a device, pipe or socket") + ")");
+  const std::uintmax_t size = fs::file_size(path, ec);
+  if (ec) throw Error("cannot read parameter file " + path + ": " + ec.message());
+  if (size > kMaxFileBytes)
+    throw Error("parameter file " + path + " is " + format_bytes(static_cast<int64_t>(size)) + ", over the " +
+                format_bytes(kMaxFileBytes) + " limit for parameter files");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot open parameter file " + path + ": " + std::strerror(errno));
+  std::vector<char> buf(static_cast<size_t>(size));
+  in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+  // A file that shrank while being read is a truncated file; the parsers say so.
+  buf.resize(static_cast<size_t>(in.gcount()));
+  if (in.bad()) throw Error("cannot read parameter file " + path);
+  return buf;
+}
+
+void write_params_file(const std::string& path, const std::vector<char>& bytes) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) throw Error("cannot write parameter file " + path + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = n < 0 ? std::strerror(errno) : "the disk took no more bytes";
+      ::close(fd);
+      write_failed(path, tmp, why);
+    }
+    done += static_cast<size_t>(n);
+  }
+  // Flushed before the rename: otherwise a crash soon after could leave the new name on an empty file.
+  if (::fsync(fd) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    write_failed(path, tmp, why);
+  }
+  if (::close(fd) != 0) write_failed(path, tmp, std::strerror(errno));
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) write_failed(path, tmp, ec.message());
+  // The rename itself lives in the directory; without this a crash could bring back the old file.
+  // Best effort: some file systems refuse to sync a directory, and the data is safe either way.
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
 ModelOptions options_from_signature(const std::string& signature) {
+  if (signature.rfind("network ", 0) == 0) {  // a drawn network: its whole architecture
+    ModelOptions o;
+    o.arch = Arch::Network;
+    o.network = std::make_shared<const NetworkSpec>(NetworkSpec::parse(signature));
+    return o;
+  }
   std::istringstream in(signature);
   std::string arch, tok;
   in >> arch;
@@ -182,7 +269,8 @@ ModelOptions options_from_signature(const std::string& signature) {
   return o;
 }
 
-void save_params(const Model& model, const std::string& path) {
+void save_params(const Model& model, const std::string& path, ParamsFormat format) {
+  if (format == ParamsFormat::Safetensors) return save_safetensors(model, path);
   Writer w;
   w.bytes(kMagic, sizeof kMagic);
   w.pod(kVersion);
@@ -203,31 +291,18 @@ void save_params(const Model& model, const std::string& path) {
   const uint32_t crc = static_cast<uint32_t>(
       crc32(0L, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(buf.size())));
   w.pod(crc);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error("cannot write parameter file " + path + ": " + std::strerror(errno));
-    out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw Error("cannot write parameter file " + path + ": " + std::strerror(errno));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    throw Error("cannot write parameter file " + path + ": " + ec.message());
-  }
+  write_params_file(path, buf);
 }
 
 ParamsFileInfo read_params_info(const std::string& path) {
-  return parse(read_file(path), path, nullptr);
+  const std::vector<char> buf = read_params_file(path);
+  if (detect(buf, path) == ParamsFormat::Safetensors) return safetensors_info(buf, path);
+  return parse(buf, path, nullptr);
 }
 
 void load_params(Model& model, const std::string& path) {
-  const std::vector<char> buf = read_file(path);
+  const std::vector<char> buf = read_params_file(path);
+  if (detect(buf, path) == ParamsFormat::Safetensors) return load_safetensors(model, buf, path);
   std::vector<size_t> at;
   ParamsFileInfo info = parse(buf, path, &at);
   if (info.signature != model.signature())
@@ -253,6 +328,11 @@ void load_params(Model& model, const std::string& path) {
 
 std::unique_ptr<Model> load_model(Runtime& rt, const std::string& path, Device device) {
   ParamsFileInfo info = read_params_info(path);
+  if (info.format == ParamsFormat::Safetensors && info.signature.empty())
+    throw Error("safetensors file " + path +
+                " has no \"gpunodes.signature\" metadata (another program, such as PyTorch, wrote it), so it "
+                "does not say which model it holds: build that model and load the file into it (in a graph: "
+                "wire the model into LoadParams' like input)");
   auto model = Model::create(rt, options_from_signature(info.signature), device);
   load_params(*model, path);
   return model;

@@ -227,6 +227,82 @@ variant("loadparams-missing-file.json", "a parameter file that does not exist", 
         lambda g: g["nodes"].append({"id": "load", "type": "LoadParams", "position": [0, 200],
                                      "params": {"path": "/nonexistent/model.params"}})
         or g["connections"].append({"from": "dev0.device", "to": "load.device"}))
+# --- networks drawn from layer nodes: each mistake is named on its node and port, once
+LAYERS = {
+    "format": "gpunodes-graph", "version": 1, "name": "hostile layers", "description": "a valid drawn network",
+    "settings": {"schedule": "parallel", "cpu_devices": 1},
+    "nodes": [
+        {"id": "x", "type": "Input", "position": [0, 0], "params": {"shape": [1, 28, 28]}},
+        {"id": "conv", "type": "Conv2d", "position": [200, 0], "params": {"out_channels": 6, "kernel_size": 5, "padding": 2}},
+        {"id": "flat", "type": "Flatten", "position": [400, 0], "params": {}},
+        {"id": "fc", "type": "Linear", "position": [600, 0], "params": {"out_features": 10}},
+        {"id": "net", "type": "Network", "position": [800, 0], "params": {}},
+    ],
+    "connections": [
+        {"from": "x.out", "to": "conv.in"},
+        {"from": "conv.out", "to": "flat.in"},
+        {"from": "flat.out", "to": "fc.in"},
+        {"from": "fc.out", "to": "net.out"},
+    ],
+}
+
+
+def layers_variant(name, attack, expect, mutate, lines=1):
+    g = copy.deepcopy(LAYERS)
+    mutate(g)
+    emit(name, attack, expect, g, lines)
+
+
+def rewire(g, old_to, new_from):
+    for c in g["connections"]:
+        if c["to"] == old_to:
+            c["from"] = new_from
+
+
+def add_node(g, id, type, params=None):
+    g["nodes"].append({"id": id, "type": type, "position": [0, 300], "params": params or {}})
+
+
+layers_variant("layers-conv-on-flat.json", "a Conv2d fed a flat activation", "flat",
+               lambda g: (rewire(g, "conv.in", "flat.out"), rewire(g, "flat.in", "x.out"),
+                          rewire(g, "fc.in", "conv.out")))
+layers_variant("layers-linear-unflattened.json", "a Linear fed a [C, H, W] activation", "Flatten",
+               lambda g: rewire(g, "fc.in", "conv.out"))
+layers_variant("layers-add-mismatch.json", "an Add of 6x28x28 and 1x28x28", "6x28x28",
+               lambda g: (add_node(g, "sum", "Add"), g["connections"].extend(
+                   [{"from": "conv.out", "to": "sum.a"}, {"from": "x.out", "to": "sum.b"}]),
+                   rewire(g, "flat.in", "sum.out")))
+layers_variant("layers-pool-too-large.json", "a 64x64 pool window on a 28x28 input", "larger",
+               lambda g: (add_node(g, "pool", "MaxPool2d", {"kernel_size": 64}),
+                          g["connections"].append({"from": "conv.out", "to": "pool.in"}),
+                          rewire(g, "flat.in", "pool.out")))
+layers_variant("layers-two-inputs.json", "a network with two Input layers", "Inputs",
+               lambda g: (add_node(g, "y", "Input", {"shape": [6, 28, 28]}), add_node(g, "sum", "Add"),
+                          g["connections"].extend([{"from": "conv.out", "to": "sum.a"}, {"from": "y.out", "to": "sum.b"}]),
+                          rewire(g, "flat.in", "sum.out")))
+layers_variant("layers-network-open.json", "a Network whose out input is not wired", "out",
+               lambda g: g["connections"].pop())
+layers_variant("layers-zero-channels.json", "an Input of shape [0, 28, 28]", "shape",
+               lambda g: g["nodes"][0]["params"].update(shape=[0, 28, 28]))
+layers_variant("layers-negative-padding.json", "a Conv2d with padding -3", "padding",
+               lambda g: g["nodes"][1]["params"].update(padding=-3))
+layers_variant("layers-groups-mismatch.json", "groups that do not divide the channels", "groups",
+               lambda g: g["nodes"][1]["params"].update(groups=4))
+def terabyte_linear(g):
+    g["nodes"] = [n for n in g["nodes"] if n["id"] not in ("conv", "flat")]
+    g["connections"] = [c for c in g["connections"] if c["to"] in ("fc.in", "net.out")]
+    g["nodes"][0]["params"].update(shape=[1048576])
+    g["nodes"][1]["params"].update(out_features=1048576)
+    rewire(g, "fc.in", "x.out")
+
+
+layers_variant("layers-terabyte-linear.json", "a Linear of 2^20 x 2^20 weights (4 TiB)", "fit", terabyte_linear)
+layers_variant("layers-cycle.json", "two layers that read each other", "cycle",
+               lambda g: (add_node(g, "r1", "ReLU"), add_node(g, "r2", "ReLU"),
+                          g["connections"].extend([{"from": "r1.out", "to": "r2.in"}, {"from": "r2.out", "to": "r1.in"}])))
+layers_variant("layers-tensor-into-layer.json", "a Tensor wired into a layer's input", "type",
+               lambda g: (add_node(g, "t", "Tensor", {"shape": [2, 2]}), rewire(g, "flat.in", "t.out")))
+
 # --- encodings, again
 emit("bom-wrong-format.json", "a BOM, then a file of the wrong format", "format",
      b"\xef\xbb\xbf" + text.replace("gpunodes-graph", "other-graph").encode())

@@ -4,6 +4,7 @@
 // OpenBLAS, CUDA with cuDNN and cuBLAS (see runtime/src/nn/).
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "gpunodes/ops.h"
@@ -12,17 +13,23 @@
 namespace gn::nn {
 
 // --- linear: y = x W^T + b, with x [N, in], W [out, in] (PyTorch's layout), b [out] -------------------
+// b may be undefined (bias=False); backward then takes need_db = false and leaves db undefined.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
 struct LinearGrads {
   Tensor dx;  // undefined unless asked for: the first layer's input needs none
   Tensor dw, db;
 };
-LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, bool need_dx = true);
+LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, bool need_dx = true,
+                            bool need_db = true);
 
-// --- conv2d: x [N, C, H, W], w [K, C, R, S], b [K] -> y [N, K, OH, OW] ---------------------------------
+// --- conv2d: x [N, C, H, W], w [K, C / groups, R, S], b [K] -> y [N, K, OH, OW] ------------------------
+// b may be undefined (bias=False); backward then takes need_db = false and leaves db undefined. With groups
+// g, C and K are multiples of g and output channel k sees input channels [k / (K/g) * C/g, +C/g) (PyTorch's
+// grouped convolution; groups == C is a depthwise convolution).
 struct Conv2dOptions {
   int64_t stride = 1;
   int64_t padding = 0;
+  int64_t groups = 1;
 };
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOptions& options = {});
 struct Conv2dGrads {
@@ -30,9 +37,9 @@ struct Conv2dGrads {
   Tensor dw, db;
 };
 Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
-                            const Conv2dOptions& options = {}, bool need_dx = true);
+                            const Conv2dOptions& options = {}, bool need_dx = true, bool need_db = true);
 
-// --- batchnorm2d over (N, H, W) per channel
+// --- batchnorm2d over (N, H, W) per channel; also BatchNorm1d: x [N, C] normalises over N per feature
 // ----------------------------------------------------------------- Training: normalises with the batch's
 // mean and biased variance, and updates the running statistics in place as PyTorch does: running = (1 -
 // momentum) * running + momentum * batch, with the unbiased variance. Eval: normalises with the running
@@ -57,10 +64,30 @@ BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Ten
                                     const Tensor& save_mean, const Tensor& save_invstd);
 
 // --- activations -----------------------------------------------------------------------------------------
-enum class Activation { Relu, Sigmoid };
+// GELU is PyTorch's default, exact form: x * Phi(x) with the normal CDF (erf), not the tanh approximation.
+enum class Activation { Relu, Sigmoid, Tanh, Gelu };
+const char* activation_name(Activation kind);  // "ReLU", "Sigmoid", "Tanh", "GELU"
 Tensor activation(Activation kind, const Tensor& x);
-// Both derivatives follow from the output y: relu' = [y > 0], sigmoid' = y (1 - y).
-Tensor activation_backward(Activation kind, const Tensor& y, const Tensor& dy);
+// relu' = [y > 0], sigmoid' = y (1 - y) and tanh' = 1 - y^2 follow from the output y; gelu' needs the input
+// x. Pass both (x may be undefined for the first three, y for GELU).
+Tensor activation_backward(Activation kind, const Tensor& x, const Tensor& y, const Tensor& dy);
+
+// --- dropout (training only; in evaluation the layer is the identity) ------------------------------------
+// Each value is kept with probability 1 - p and scaled by 1 / (1 - p), as PyTorch does, from a Philox stream
+// of `seed`: the same seed gives the same mask on every device. 0 <= p < 1.
+struct DropoutResult {
+  Tensor y;
+  Tensor mask;  // x's shape: 0 or 1 / (1 - p); what backward multiplies by
+};
+DropoutResult dropout(const Tensor& x, float p, uint64_t seed);
+// dx = dy * mask
+Tensor dropout_backward(const Tensor& dy, const Tensor& mask);
+
+// --- concat along the channel axis (dim 1) ---------------------------------------------------------------
+// a [N, Ca, ...] and b [N, Cb, ...] with the same N and trailing dimensions -> [N, Ca + Cb, ...].
+Tensor concat_channels(const Tensor& a, const Tensor& b);
+// The inverse, for backward: dy [N, Ca + Cb, ...] -> {[N, Ca, ...], [N, Cb, ...]}.
+std::pair<Tensor, Tensor> split_channels(const Tensor& dy, int64_t a_channels);
 
 // --- pooling ---------------------------------------------------------------------------------------------
 enum class PoolKind { Max, Avg };

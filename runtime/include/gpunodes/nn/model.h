@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gpunodes/nn/layers.h"
+#include "gpunodes/nn/network.h"
 #include "gpunodes/runtime.h"
 #include "gpunodes/tensor.h"
 
@@ -18,9 +19,10 @@ enum class Arch {
   Mlp,       // d2l: Flatten, Linear(784, 256), ReLU, Linear(256, classes)
   LeNet,     // d2l: conv 6@5x5 pad 2, sigmoid, avgpool 2, conv 16@5x5, sigmoid, avgpool 2, 120, 84, classes
   ResNet18,  // seed 004: 3x3 stem (64, stride 1, BN, ReLU), 4 stages of 2 residual blocks, GAP, linear
+  Network,   // drawn from layer nodes: ModelOptions::network says what it is
 };
-const char* arch_name(Arch arch);          // "linear", "mlp", "lenet", "resnet18"
-Arch parse_arch(const std::string& name);  // throws Error listing the names it knows
+const char* arch_name(Arch arch);          // "linear", "mlp", "lenet", "resnet18", "network"
+Arch parse_arch(const std::string& name);  // the built-in ones; throws Error listing the names it knows
 
 // How weights start; biases start at zero and BatchNorm at weight 1, bias 0, running mean 0, variance 1.
 enum class Init {
@@ -41,6 +43,8 @@ struct ModelOptions {
   // Parameter k draws from Philox stream mix(seed, k): the same seed gives the same parameters on every
   // device.
   uint64_t seed = 0;
+  // Arch::Network only: the layers. classes, in_channels and image_size are then read from it.
+  std::shared_ptr<const NetworkSpec> network;
 };
 
 // How many float32 values the model's state (parameters and buffers) holds, from the options alone, without
@@ -79,11 +83,13 @@ class Model {
 
   const ModelOptions& options() const { return options_; }
   Arch arch() const { return options_.arch; }
-  // What must match for parameters to be exchanged: "resnet18 classes=10 in_channels=1", for example.
+  // What must match for parameters to be exchanged: "resnet18 classes=10 in_channels=1", for example; a
+  // drawn network's is its whole canonical text (NetworkSpec::text()).
   std::string signature() const;
   Device device() const { return device_; }
   Runtime& runtime() const { return rt_; }
-  // The input shape for a batch of n: [n, in] for Linear, [n, C, S, S] otherwise.
+  // The input shape for a batch of n: [n, in] for Linear, [n, C, S, S] for the other built-in ones, [n] and
+  // the Input layer's shape for a drawn network.
   Shape input_shape(int64_t n) const;
 
   // Trainable parameters and buffers, in one fixed order (the order of PyTorch's state_dict).
@@ -93,6 +99,10 @@ class Model {
   // Names, shapes and devices: the seed's check of net[0].weight.data.device.
   std::vector<ParameterInfo> describe() const;
   int64_t parameter_count() const;  // trainable scalars
+  // Train-mode forwards so far: PyTorch's num_batches_tracked of every BatchNorm layer (each one sees every
+  // training batch). Kept on the host; copied with the state; written to and read from safetensors files.
+  int64_t batches_tracked() const { return batches_tracked_; }
+  void set_batches_tracked(int64_t n) { batches_tracked_ = n; }
   // Human-readable layer list, one line per layer with its output shape for a batch of 1.
   std::string summary() const;
 
@@ -122,6 +132,7 @@ class Model {
   std::unique_ptr<Module> root_;
   std::vector<Parameter*> state_;  // owned by the modules
   bool has_cache_ = false;
+  int64_t batches_tracked_ = 0;
 };
 
 // The model applied to x in Eval mode: the Forward node.

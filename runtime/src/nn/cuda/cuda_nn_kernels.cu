@@ -1,7 +1,8 @@
 // CUDA layer kernels: cuDNN for convolution, batch norm, pooling and activations; cuBLAS for linear layers;
 // small kernels only where no library call fits (bias broadcast and sums, global average pooling, the fused
-// softmax cross-entropy, SGD). Every call enqueues on the op's stream (the device worker's); the worker waits
-// for the stream when the op ends. Every library return code is checked.
+// softmax cross-entropy, SGD, GELU, dropout); channel concat and split are strided copies. Every call
+// enqueues on the op's stream (the device worker's); the worker waits for the stream when the op ends.
+// Every library return code is checked.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -16,6 +17,7 @@
 #include "../../cuda/cuda_check.h"
 #include "../kernels.h"
 #include "gpunodes/errors.h"
+#include "gpunodes/random.h"
 
 namespace gn::nn {
 namespace {
@@ -185,11 +187,13 @@ struct FilterDesc {
 
 struct ConvDesc {
   cudnnConvolutionDescriptor_t d = nullptr;
-  ConvDesc(int64_t pad, int64_t stride, bool tf32) {
+  ConvDesc(int64_t pad, int64_t stride, int64_t groups, bool tf32) {
     GN_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
     cudnnStatus_t st = cudnnSetConvolution2dDescriptor(d, to_int(pad, "padding"), to_int(pad, "padding"),
                                                        to_int(stride, "stride"), to_int(stride, "stride"), 1,
                                                        1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT);
+    // The filter descriptor then holds C / groups input channels per filter.
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionGroupCount(d, to_int(groups, "groups"));
     // Default math lets cuDNN use TF32 tensor cores for fp32 data; FMA math keeps full fp32.
     if (st == CUDNN_STATUS_SUCCESS)
       st = cudnnSetConvolutionMathType(d, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
@@ -222,13 +226,27 @@ struct PoolDesc {
   PoolDesc& operator=(const PoolDesc&) = delete;
 };
 
+// cuDNN's mode for the activations it has; GELU has none in the legacy API and runs as gelu_*_kernel.
+cudnnActivationMode_t cudnn_mode(Activation kind) {
+  switch (kind) {
+    case Activation::Relu:
+      return CUDNN_ACTIVATION_RELU;
+    case Activation::Sigmoid:
+      return CUDNN_ACTIVATION_SIGMOID;
+    case Activation::Tanh:
+      return CUDNN_ACTIVATION_TANH;
+    case Activation::Gelu:
+      break;
+  }
+  throw Error(std::string("cuDNN has no activation mode for ") + activation_name(kind));
+}
+
 struct ActDesc {
   cudnnActivationDescriptor_t d = nullptr;
   explicit ActDesc(Activation kind) {
+    const cudnnActivationMode_t mode = cudnn_mode(kind);
     GN_CUDNN_CHECK(cudnnCreateActivationDescriptor(&d));
-    const cudnnStatus_t rc = cudnnSetActivationDescriptor(
-        d, kind == Activation::Relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_SIGMOID,
-        CUDNN_NOT_PROPAGATE_NAN, 0.0);
+    const cudnnStatus_t rc = cudnnSetActivationDescriptor(d, mode, CUDNN_NOT_PROPAGATE_NAN, 0.0);
     if (rc != CUDNN_STATUS_SUCCESS) {
       (void)cudnnDestroyActivationDescriptor(d);
       GN_CUDNN_CHECK(rc);
@@ -244,7 +262,7 @@ struct ActDesc {
 enum class Pass { Forward, BackwardData, BackwardFilter };
 
 using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, bool>;
+                           int64_t, int64_t, bool>;
 
 struct Algo {
   int algo = 0;
@@ -258,7 +276,7 @@ std::mutex g_algo_mutex;
 std::map<AlgoKey, Algo> g_algos;
 
 AlgoKey algo_key(int device, Pass pass, const ConvShape& s, bool tf32) {
-  return {device, static_cast<int>(pass), s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad, tf32};
+  return {device, static_cast<int>(pass), s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad, s.groups, tf32};
 }
 
 bool cached_algo(const AlgoKey& key, Algo& out) {
@@ -399,6 +417,49 @@ __global__ void softmax_ce_kernel(const float* __restrict__ z, const float* __re
   }
 }
 
+// GELU, exact form: y = x Phi(x), dy/dx = Phi(x) + x phi(x), with Phi(x) = (1 + erf(x / sqrt 2)) / 2 and
+// phi the normal density. (::erff and ::expf: inside gn, plain names could find the tensor ops.)
+__global__ void gelu_forward_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1.0f + ::erff(v * 0.70710678118654752f));
+  }
+}
+
+__global__ void gelu_backward_kernel(const float* __restrict__ x, const float* __restrict__ dy,
+                                     float* __restrict__ dx, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float v = x[i];
+    const float cdf = 0.5f * (1.0f + ::erff(v * 0.70710678118654752f));
+    const float pdf = 0.39894228040143268f * ::expf(-0.5f * v * v);
+    dx[i] = dy[i] * (cdf + v * pdf);
+  }
+}
+
+// The same Philox draw and float comparison as the CPU's loop, so every device keeps the same elements.
+__global__ void dropout_kernel(const float* __restrict__ x, float* __restrict__ y, float* __restrict__ mask,
+                               int64_t n, float keep, float scale, uint64_t seed) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float m = philox::uniform_at(seed, static_cast<uint64_t>(i), 0.0f, 1.0f) <= keep ? scale : 0.0f;
+    mask[i] = m;
+    y[i] = __fmul_rn(x[i], m);
+  }
+}
+
+// n rows of `row` floats from a buffer whose rows are `src_row` floats apart into one whose rows are
+// `dst_row` apart: one 2-d copy on the stream.
+void copy_rows(float* dst, int64_t dst_row, const float* src, int64_t src_row, int64_t n, int64_t row,
+               cudaStream_t stream) {
+  if (n == 0 || row == 0) return;
+  const size_t f = sizeof(float);
+  GN_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_row) * f, src,
+                                  static_cast<size_t>(src_row) * f, static_cast<size_t>(row) * f,
+                                  static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream));
+}
+
 // PyTorch's SGD update with explicit round-to-nearest operations, so that no FMA contraction makes it differ
 // from the CPU's in the last bit.
 __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ buf,
@@ -424,13 +485,16 @@ class CudaNnKernels final : public NnKernels {
                       float* y, KernelContext& kc) override {
     Stream s(kc);
     if (n == 0) return;
-    bias_rows_kernel<<<blocks_for(n * out), kThreads, 0, s.get()>>>(y, b, n, out);
-    GN_CUDA_CHECK_LAUNCH();
+    // y = b broadcast, then y += x W^T; without a bias the product overwrites y.
+    if (b) {
+      bias_rows_kernel<<<blocks_for(n * out), kThreads, 0, s.get()>>>(y, b, n, out);
+      GN_CUDA_CHECK_LAUNCH();
+    }
     // Row-major y[n,out] is column-major y^T[out,n] = W x^T, with W read column-major as W^T (hence OP_T).
-    const float one = 1.0f;
+    const float one = 1.0f, zero = 0.0f;
     GN_CUBLAS_CHECK(cublasSgemm(s.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, to_int(out, "features"),
                                 to_int(n, "batch"), to_int(in, "features"), &one, w, to_int(in, "features"),
-                                x, to_int(in, "features"), &one, y, to_int(out, "features")));
+                                x, to_int(in, "features"), b ? &one : &zero, y, to_int(out, "features")));
   }
 
   void linear_backward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* dy,
@@ -444,6 +508,7 @@ class CudaNnKernels final : public NnKernels {
     // dW^T[in,out] = x^T[in,n] dy[n,out]
     GN_CUBLAS_CHECK(
         cublasSgemm(s.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, ii, oi, ni, &one, x, ii, dy, oi, &zero, dw, ii));
+    if (!db) return;
     column_sum_kernel<<<blocks_for(out), kThreads, 0, s.get()>>>(dy, db, n, out);
     GN_CUDA_CHECK_LAUNCH();
   }
@@ -453,8 +518,8 @@ class CudaNnKernels final : public NnKernels {
     Stream s(kc);
     const bool tf32 = cudnn_allow_tf32();
     TensorDesc xd(sh.n, sh.c, sh.h, sh.w), yd(sh.n, sh.k, sh.oh, sh.ow), bd(1, sh.k, 1, 1);
-    FilterDesc wd(sh.k, sh.c, sh.r, sh.s);
-    ConvDesc cd(sh.pad, sh.stride, tf32);
+    FilterDesc wd(sh.k, sh.c / sh.groups, sh.r, sh.s);
+    ConvDesc cd(sh.pad, sh.stride, sh.groups, tf32);
     const AlgoKey key = algo_key(s.device(), Pass::Forward, sh, tf32);
     Algo algo;
     if (!cached_algo(key, algo)) {
@@ -480,7 +545,7 @@ class CudaNnKernels final : public NnKernels {
     GN_CUDNN_CHECK(cudnnConvolutionForward(s.cudnn(), &one, xd.d, x, wd.d, w, cd.d,
                                            static_cast<cudnnConvolutionFwdAlgo_t>(algo.algo), ws.get(),
                                            ws.size(), &zero, yd.d, y));
-    GN_CUDNN_CHECK(cudnnAddTensor(s.cudnn(), &one, bd.d, b, &one, yd.d, y));
+    if (b) GN_CUDNN_CHECK(cudnnAddTensor(s.cudnn(), &one, bd.d, b, &one, yd.d, y));
   }
 
   void conv2d_backward(const ConvShape& sh, const float* x, const float* w, const float* dy, float* dx,
@@ -488,10 +553,10 @@ class CudaNnKernels final : public NnKernels {
     Stream s(kc);
     const bool tf32 = cudnn_allow_tf32();
     TensorDesc xd(sh.n, sh.c, sh.h, sh.w), yd(sh.n, sh.k, sh.oh, sh.ow), bd(1, sh.k, 1, 1);
-    FilterDesc wd(sh.k, sh.c, sh.r, sh.s);
-    ConvDesc cd(sh.pad, sh.stride, tf32);
+    FilterDesc wd(sh.k, sh.c / sh.groups, sh.r, sh.s);
+    ConvDesc cd(sh.pad, sh.stride, sh.groups, tf32);
     const float one = 1.0f, zero = 0.0f;
-    GN_CUDNN_CHECK(cudnnConvolutionBackwardBias(s.cudnn(), &one, yd.d, dy, &zero, bd.d, db));
+    if (db) GN_CUDNN_CHECK(cudnnConvolutionBackwardBias(s.cudnn(), &one, yd.d, dy, &zero, bd.d, db));
 
     const AlgoKey fkey = algo_key(s.device(), Pass::BackwardFilter, sh, tf32);
     Algo falgo;
@@ -580,21 +645,56 @@ class CudaNnKernels final : public NnKernels {
   void activation_forward(Activation kind, const float* x, float* y, int64_t n, KernelContext& kc) override {
     Stream s(kc);
     if (n == 0) return;
+    if (kind == Activation::Gelu) {
+      gelu_forward_kernel<<<blocks_for(n), kThreads, 0, s.get()>>>(x, y, n);
+      GN_CUDA_CHECK_LAUNCH();
+      return;
+    }
     TensorDesc d = flat_desc(n);
     ActDesc a(kind);
     const float one = 1.0f, zero = 0.0f;
     GN_CUDNN_CHECK(cudnnActivationForward(s.cudnn(), a.d, &one, d.d, x, &zero, d.d, y));
   }
 
-  void activation_backward(Activation kind, const float* y, const float* dy, float* dx, int64_t n,
-                           KernelContext& kc) override {
+  void activation_backward(Activation kind, const float* x, const float* y, const float* dy, float* dx,
+                           int64_t n, KernelContext& kc) override {
     Stream s(kc);
     if (n == 0) return;
+    if (kind == Activation::Gelu) {
+      gelu_backward_kernel<<<blocks_for(n), kThreads, 0, s.get()>>>(x, dy, dx, n);
+      GN_CUDA_CHECK_LAUNCH();
+      return;
+    }
     TensorDesc d = flat_desc(n);
     ActDesc a(kind);
     const float one = 1.0f, zero = 0.0f;
-    // Both derivatives follow from y (relu: y > 0 exactly when x > 0), so y also stands in for x.
+    // These derivatives follow from y (relu: y > 0 exactly when x > 0), so y also stands in for x.
     GN_CUDNN_CHECK(cudnnActivationBackward(s.cudnn(), a.d, &one, d.d, y, d.d, dy, d.d, y, &zero, d.d, dx));
+  }
+
+  void dropout_forward(int64_t n, const float* x, float* y, float* mask, float p, uint64_t seed,
+                       KernelContext& kc) override {
+    Stream s(kc);
+    if (n == 0) return;
+    const float keep = 1.0f - p, scale = 1.0f / keep;
+    dropout_kernel<<<blocks_for(n), kThreads, 0, s.get()>>>(x, y, mask, n, keep, scale, seed);
+    GN_CUDA_CHECK_LAUNCH();
+  }
+
+  void concat_rows(int64_t n, int64_t a_row, int64_t b_row, const float* a, const float* b, float* y,
+                   KernelContext& kc) override {
+    Stream s(kc);
+    const int64_t y_row = a_row + b_row;
+    copy_rows(y, y_row, a, a_row, n, a_row, s.get());
+    copy_rows(y + a_row, y_row, b, b_row, n, b_row, s.get());
+  }
+
+  void split_rows(int64_t n, int64_t a_row, int64_t b_row, const float* y, float* a, float* b,
+                  KernelContext& kc) override {
+    Stream s(kc);
+    const int64_t y_row = a_row + b_row;
+    copy_rows(a, a_row, y, y_row, n, a_row, s.get());
+    copy_rows(b, b_row, y + a_row, y_row, n, b_row, s.get());
   }
 
   void pool_forward(const PoolShape& sh, const float* x, float* y, KernelContext& kc) override {

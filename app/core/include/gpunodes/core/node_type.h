@@ -11,7 +11,8 @@
 
 namespace gn::core {
 
-enum class PortType { Device, Devices, Tensor, Model, Dataset, Scalar };
+// Layer: a symbolic activation of a network being drawn (its shape per sample), not data.
+enum class PortType { Device, Devices, Tensor, Model, Dataset, Scalar, Layer };
 QString portTypeName(PortType t);                          // "Device", "Tensor", ...
 std::optional<PortType> portTypeFromName(const QString&);  // inverse
 // Whether an output of type `from` may feed an input of type `to` (a Device feeds a Devices input).

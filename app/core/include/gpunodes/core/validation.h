@@ -1,8 +1,10 @@
 // Validation before a run: every problem, per node, in one pass.
 #pragma once
+#include <QHash>
 #include <QJsonValue>
 #include <QList>
 #include <QString>
+#include <QStringList>
 
 namespace gn::core {
 
@@ -20,8 +22,19 @@ struct Issue {
   QString text() const;  // "mm1: params.repeat: must be at most 1000000"
 };
 
+// What the checks learned about a node that its user should see before any run: a short line drawn on the
+// node ("16×5×5 · 2,416 params") and, where there is more to say, a table for the inspector (a Network's
+// layer summary, like torchinfo's). Plugins fill them in validateGraph.
+struct NodeFacts {
+  QString badge;
+  QStringList columns;      // the table's header; empty for no table
+  QList<QStringList> rows;  // each as long as columns
+};
+
 class ValidationReport {
  public:
+  void setFacts(const QString& node, NodeFacts facts);
+  const QHash<QString, NodeFacts>& facts() const { return facts_; }
   void error(const QString& node, const QString& field, const QString& message);
   void warning(const QString& node, const QString& field, const QString& message);
   bool ok() const;  // no errors (warnings allowed)
@@ -31,6 +44,7 @@ class ValidationReport {
 
  private:
   QList<Issue> issues_;
+  QHash<QString, NodeFacts> facts_;
 };
 
 // Unknown types ("missing" nodes), duplicate ids, dangling connections, unknown ports, port type mismatch,

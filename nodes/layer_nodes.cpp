@@ -1,0 +1,277 @@
+// The "Layers" category: one node type per nn layer, named and parametrised as PyTorch's modules, and the
+// Network node that builds a model from them.
+#include "layer_nodes.h"
+
+#include <QJsonArray>
+#include <QLocale>
+
+#include "gpunodes/errors.h"
+#include "model_values.h"
+#include "node_util.h"
+
+namespace gn::nodes {
+
+using core::PortType;
+using nn::LayerKind;
+
+QString LayerValue::summary() const {
+  return QString("Layer %1 (%2): %3 per sample")
+      .arg(qs(layer_->spec.id), nn::layer_kind_name(layer_->spec.kind), shapeText(layer_->info.out));
+}
+
+nn::LayerSpec layerSpecOf(LayerKind kind, const QString& id, const QJsonObject& p) {
+  // Each kind has only some of these params; the others keep LayerSpec's defaults, which the kind ignores.
+  nn::LayerSpec l;
+  l.id = id.toStdString();
+  l.kind = kind;
+  auto integer = [&](const char* key, int64_t& field) {
+    if (p.contains(key)) field = p[key].toInteger();
+  };
+  auto real = [&](const char* key, double& field) {
+    if (p.contains(key)) field = p[key].toDouble();
+  };
+  if (auto shape = shapeOf(p["shape"])) l.shape = *shape;
+  integer(kind == LayerKind::Linear ? "out_features" : "out_channels", l.features);
+  integer("kernel_size", l.kernel);
+  integer("stride", l.stride);
+  integer("padding", l.padding);
+  integer("groups", l.groups);
+  if (p.contains("bias")) l.bias = p["bias"].toBool();
+  real("eps", l.eps);
+  real("momentum", l.momentum);
+  real("p", l.p);
+  return l;
+}
+
+nn::ModelOptions networkOptionsOf(const nn::LayerNode& out, const QJsonObject& p) {
+  nn::ModelOptions o;
+  o.arch = nn::Arch::Network;
+  o.network = std::make_shared<const nn::NetworkSpec>(nn::NetworkSpec::ending_at(out));
+  o.init = nn::parse_init(p["init"].toString().toStdString());
+  o.init_std = static_cast<float>(p["init_std"].toDouble());
+  o.seed = static_cast<uint64_t>(p["seed"].toInteger());
+  return o;
+}
+
+QString shapeText(const Shape& shape) {
+  QStringList dims;
+  for (int64_t d : shape) dims.append(QString::number(d));
+  return dims.join(QChar(0x00D7));
+}
+
+namespace {
+
+QString count(double n) {
+  return QLocale(QLocale::English).toString(static_cast<qlonglong>(n));
+}
+
+QString flopsText(double flops) {
+  if (flops >= 1e9) return QString::number(flops / 1e9, 'f', 2) + " GFLOPs";
+  if (flops >= 1e6) return QString::number(flops / 1e6, 'f', 2) + " MFLOPs";
+  if (flops >= 1e3) return QString::number(flops / 1e3, 'f', 1) + " kFLOPs";
+  return QString::number(flops, 'f', 0) + " FLOPs";
+}
+
+}  // namespace
+
+core::NodeFacts layerFacts(const nn::LayerNode& layer) {
+  QString badge = shapeText(layer.info.out);
+  if (layer.info.params > 0) badge += " · " + count(layer.info.params) + " params";
+  return {.badge = badge};
+}
+
+core::NodeFacts networkFacts(const nn::NetworkSpec& net) {
+  const std::vector<nn::LayerInfo> infos = net.infer();
+  core::NodeFacts f;
+  f.columns = {"Layer", "Type", "Output shape", "Params", "FLOPs"};
+  double params = 0, state = 0, flops = 0;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const nn::LayerInfo& info = infos[i];
+    params += info.params;
+    state += info.params + info.buffers;
+    flops += info.flops;
+    f.rows.append({qs(net.layers[i].id), nn::layer_kind_name(net.layers[i].kind), shapeText(info.out),
+                   count(info.params), flopsText(info.flops)});
+  }
+  const QString bytes = qs(format_bytes(static_cast<int64_t>(state * sizeof(float))));
+  f.rows.append({"Total", QString("%1 layers").arg(infos.size()), shapeText(infos.back().out), count(params),
+                 flopsText(flops)});
+  f.badge = QString("%1 params · %2/sample · %3").arg(count(params), flopsText(flops), bytes);
+  return f;
+}
+
+namespace {
+
+class LayerNodeType final : public GpuNode {
+ public:
+  LayerNodeType(LayerKind kind, const QString& description, QList<core::ParamSpec> params)
+      : GpuNode(specOf(kind, description, std::move(params))), kind_(kind) {}
+
+  void execute(core::NodeContext& ctx) const override {
+    std::vector<nn::LayerNodePtr> inputs;
+    for (const std::string& port : nn::layer_ports(kind_)) {
+      auto value = std::dynamic_pointer_cast<const LayerValue>(ctx.input(qs(port)));
+      if (!value) throw Error("input " + port + " must carry a Layer");
+      inputs.push_back(value->layer());
+    }
+    try {
+      auto layer = nn::make_layer(layerSpecOf(kind_, ctx.nodeId(), ctx.params()), std::move(inputs));
+      ctx.reportField("shape", shapeText(layer->info.out));
+      ctx.reportField("parameter_count", layer->info.params);
+      ctx.setOutput("out", std::make_shared<LayerValue>(std::move(layer)));
+    } catch (const nn::LayerError& e) {
+      throw Error((e.port().empty() ? std::string() : "inputs." + e.port() + ": ") + e.what());
+    }
+  }
+
+ private:
+  static core::NodeTypeSpec specOf(LayerKind kind, const QString& description,
+                                   QList<core::ParamSpec> params) {
+    core::NodeTypeSpec s;
+    s.name = nn::layer_kind_name(kind);
+    s.category = "Layers";
+    s.description = description;
+    for (const std::string& port : nn::layer_ports(kind))
+      s.inputs.append(
+          inPort(qs(port), PortType::Layer,
+                 port == "in" ? "The activation this layer reads." : "One of the two activations."));
+    s.outputs = {
+        outPort("out", PortType::Layer, "This layer's activation (its shape per sample is on the node).")};
+    s.params = std::move(params);
+    return s;
+  }
+
+  LayerKind kind_;
+};
+
+core::ParamSpec unitFloat(const QString& name, double def, double max, const QString& doc) {
+  core::ParamSpec p = floatParam(name, def, doc);
+  p.min = 0;
+  p.max = max;
+  return p;
+}
+
+constexpr double kMaxWidth = 1 << 20;  // channels and features
+constexpr double kMaxWindow = 4096;
+
+QList<core::ParamSpec> poolParams() {
+  return {
+      intParam("kernel_size", 2, 1, kMaxWindow, "The square window's side."),
+      intParam("stride", 0, 0, kMaxWindow, "Step between windows; 0 means kernel_size (PyTorch's default)."),
+      intParam("padding", 0, 0, kMaxWindow / 2, "Cells added on each side; at most half of kernel_size.")};
+}
+
+QList<core::ParamSpec> batchNormParams() {
+  return {unitFloat("eps", 1e-5, 1, "Added to the variance before the square root (PyTorch's eps)."),
+          unitFloat("momentum", 0.1, 1,
+                    "Running statistics: running = (1 - momentum) * running + momentum * batch (PyTorch's "
+                    "definition), with the batch's unbiased variance.")};
+}
+
+class NetworkNode final : public GpuNode {
+ public:
+  NetworkNode()
+      : GpuNode({
+            .name = "Network",
+            .category = "Layers",
+            .description =
+                "A model built from the layer nodes drawn upstream of its out input: exactly one Input, any "
+                "branches (Add, Concat) between. Train, Evaluate, Forward, Parameters, SaveParams and "
+                "LoadParams take it like a Model. Weights are drawn in the order a depth-first walk from out "
+                "reaches the layers (inputs in port order), so a drawn LeNet or ResNet-18 starts from the "
+                "same "
+                "weights as the Model node's with the same seed and init. Parameters are named "
+                "<layer id>.weight, <layer id>.bias, <layer id>.running_mean, ...",
+            .inputs = {inPort("out", PortType::Layer, "The network's last activation: its output."),
+                       inPort("device", PortType::Devices,
+                              "Where the parameters live: a Device, or Devices whose first device holds the "
+                              "model (Train replicates it onto the others). Open: the CPU.",
+                              false)},
+            .outputs = {outPort("model", PortType::Model, "The initialised model.")},
+            .params =
+                {
+                    enumParam("init", {"normal", "xavier", "kaiming"}, "normal",
+                              "Weights: normal(0, init_std); xavier (Glorot uniform); kaiming (He normal). "
+                              "Biases start at 0, BatchNorm at weight 1 and bias 0."),
+                    floatParam("init_std", 0.01, "normal: the standard deviation (above 0)."),
+                    intParam("seed", 0, 0, 9007199254740991.0,
+                             "Random seed: the same seed gives the same parameters on every device."),
+                },
+        }) {}
+
+  QStringList validateParams(const QJsonObject& params) const override {
+    const double std = params["init_std"].toDouble();
+    if (params["init"].toString() == "normal" && !(std > 0 && std < 1e6))
+      return {"init_std: must be above 0"};
+    return {};
+  }
+
+  void execute(core::NodeContext& ctx) const override {
+    NodesSession& session = sessionOf(ctx);
+    auto out = std::dynamic_pointer_cast<const LayerValue>(ctx.input("out"));
+    if (!out) throw Error("input out must carry a Layer");
+    std::vector<Device> devices = deviceInput(ctx, "device");
+    const Device device = devices.empty() ? Device::cpu() : devices.front();
+    if (!session.runtime().has(device)) throw Error("no such device: " + device.str());
+    const nn::ModelOptions options = networkOptionsOf(*out->layer(), ctx.params());
+    std::shared_ptr<nn::Model> model = nn::Model::create(session.runtime(), options, device);
+    reportModel(ctx, *model);
+    ctx.reportField("layers", qs(model->summary()));
+    ctx.setOutput("model", std::make_shared<ModelValue>(session.runtimePtr(), std::move(model)));
+  }
+};
+
+}  // namespace
+
+QList<core::NodeTypePtr> makeLayerNodes() {
+  using P = QList<core::ParamSpec>;
+  auto layer = [](LayerKind kind, const QString& doc, P params = {}) -> core::NodeTypePtr {
+    return std::make_shared<LayerNodeType>(kind, doc, std::move(params));
+  };
+  const core::ParamSpec bias = boolParam("bias", true, "Whether the layer adds a learned bias.");
+  return {
+      layer(LayerKind::Input,
+            "Where a network starts: the shape of one sample, [C, H, W] for images or [features].",
+            {shapeParam("shape", QJsonArray{1, 28, 28},
+                        "One sample's shape: [C, H, W] (Fashion-MNIST: [1, 28, 28]) or [features].")}),
+      layer(LayerKind::Conv2d,
+            "2-D convolution over a [C, H, W] activation (PyTorch's nn.Conv2d; square kernel).",
+            {intParam("out_channels", 16, 1, kMaxWidth, "Output channels (filters)."),
+             intParam("kernel_size", 3, 1, kMaxWindow, "The square kernel's side."),
+             intParam("stride", 1, 1, kMaxWindow, "Step between windows."),
+             intParam("padding", 0, 0, kMaxWindow, "Zeros added on each side."),
+             intParam("groups", 1, 1, kMaxWidth,
+                      "Channel groups: input and output channels must be multiples; groups = channels is a "
+                      "depthwise convolution."),
+             bias}),
+      layer(LayerKind::BatchNorm2d, "Batch normalisation per channel of a [C, H, W] activation.",
+            batchNormParams()),
+      layer(LayerKind::BatchNorm1d, "Batch normalisation per feature of a flat [features] activation.",
+            batchNormParams()),
+      layer(LayerKind::ReLU, "max(x, 0)."),
+      layer(LayerKind::Sigmoid, "1 / (1 + exp(-x)), as d2l's LeNet uses."),
+      layer(LayerKind::Tanh, "tanh(x)."),
+      layer(LayerKind::GELU, "x * Phi(x), the exact (erf) form that is PyTorch's default."),
+      layer(LayerKind::MaxPool2d, "The maximum of each window (padding counts as minus infinity).",
+            poolParams()),
+      layer(LayerKind::AvgPool2d,
+            "The mean of each window (padded cells count, as PyTorch's count_include_pad).", poolParams()),
+      layer(LayerKind::GlobalAvgPool2d,
+            "The mean of each channel: [C, H, W] -> [C, 1, 1] (d2l's "
+            "AdaptiveAvgPool2d((1, 1)))."),
+      layer(LayerKind::Flatten, "Everything per sample into one axis: [C, H, W] -> [C*H*W]."),
+      layer(LayerKind::Linear, "y = x W^T + b on a flat [features] activation (PyTorch's nn.Linear).",
+            {intParam("out_features", 10, 1, kMaxWidth, "Output features (the classes, for the last layer)."),
+             bias}),
+      layer(LayerKind::Dropout,
+            "In training, zeroes each value with probability p and scales the rest by 1 / (1 - p); in "
+            "evaluation it passes values through.",
+            {unitFloat("p", 0.5, 0.99, "The probability of zeroing a value.")}),
+      layer(LayerKind::Add, "a + b, elementwise: the residual connection. Both must have the same shape."),
+      layer(LayerKind::Concat,
+            "a and b joined along the channel axis (the first per-sample axis); the other sizes must match."),
+      std::make_shared<NetworkNode>(),
+  };
+}
+
+}  // namespace gn::nodes

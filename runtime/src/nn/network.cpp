@@ -1,0 +1,458 @@
+// Shape inference and the canonical text of drawn networks.
+#include "gpunodes/nn/network.h"
+
+#include <charconv>
+#include <cmath>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace gn::nn {
+
+namespace {
+
+struct KindName {
+  LayerKind kind;
+  const char* name;
+};
+constexpr KindName kKinds[] = {
+    {LayerKind::Input, "Input"},
+    {LayerKind::Conv2d, "Conv2d"},
+    {LayerKind::BatchNorm2d, "BatchNorm2d"},
+    {LayerKind::BatchNorm1d, "BatchNorm1d"},
+    {LayerKind::ReLU, "ReLU"},
+    {LayerKind::Sigmoid, "Sigmoid"},
+    {LayerKind::Tanh, "Tanh"},
+    {LayerKind::GELU, "GELU"},
+    {LayerKind::MaxPool2d, "MaxPool2d"},
+    {LayerKind::AvgPool2d, "AvgPool2d"},
+    {LayerKind::GlobalAvgPool2d, "GlobalAvgPool2d"},
+    {LayerKind::Flatten, "Flatten"},
+    {LayerKind::Linear, "Linear"},
+    {LayerKind::Dropout, "Dropout"},
+    {LayerKind::Add, "Add"},
+    {LayerKind::Concat, "Concat"},
+};
+
+// Far past any real layer, and small enough that products of a few of them stay exact in a double.
+constexpr int64_t kMaxDim = int64_t(1) << 24;
+constexpr double kMaxValues = 9007199254740992.0;  // 2^53
+
+std::string dims(const Shape& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "x" : "") + std::to_string(s[i]);
+  return out.empty() ? "scalar" : out;
+}
+
+double numel(const Shape& s) {
+  double n = 1;
+  for (int64_t d : s) n *= static_cast<double>(d);
+  return n;
+}
+
+std::string name(const LayerSpec& l) {
+  return l.id + " (" + layer_kind_name(l.kind) + ")";
+}
+
+// Output side of a window of `kernel` at `stride` over `size` padded by `pad` on each side.
+int64_t window_out(const LayerSpec& l, const char* what, int64_t size, int64_t kernel, int64_t stride,
+                   int64_t pad, const Shape& in) {
+  if (size + 2 * pad < kernel)
+    throw LayerError("in", std::string(what) + " window " + std::to_string(kernel) +
+                               " is larger than its input " + dims(in) +
+                               (pad ? " padded by " + std::to_string(pad) : std::string()));
+  (void)l;
+  return (size + 2 * pad - kernel) / stride + 1;
+}
+
+void need_image(const LayerSpec& l, const Shape& in) {
+  if (in.size() != 3)
+    throw LayerError("in", std::string(layer_kind_name(l.kind)) + " needs a [C, H, W] input, got " +
+                               (in.size() == 1 ? "a flat input of " : "") + dims(in) +
+                               (in.size() == 1 ? ": it cannot follow a Flatten or a Linear" : ""));
+}
+
+void need_positive(const char* param, int64_t v, int64_t min = 1) {
+  if (v < min || v > kMaxDim)
+    throw LayerError("", std::string(param) + " must be between " + std::to_string(min) + " and " +
+                             std::to_string(kMaxDim) + ", got " + std::to_string(v));
+}
+
+}  // namespace
+
+const char* layer_kind_name(LayerKind kind) {
+  for (const KindName& k : kKinds)
+    if (k.kind == kind) return k.name;
+  return "?";
+}
+
+std::optional<LayerKind> parse_layer_kind(const std::string& n) {
+  for (const KindName& k : kKinds)
+    if (n == k.name) return k.kind;
+  return std::nullopt;
+}
+
+int layer_arity(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::Input:
+      return 0;
+    case LayerKind::Add:
+    case LayerKind::Concat:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+std::vector<std::string> layer_ports(LayerKind kind) {
+  switch (layer_arity(kind)) {
+    case 0:
+      return {};
+    case 2:
+      return {"a", "b"};
+    default:
+      return {"in"};
+  }
+}
+
+LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
+  if (static_cast<int>(inputs.size()) != layer_arity(l.kind))
+    throw LayerError("", name(l) + " takes " + std::to_string(layer_arity(l.kind)) + " inputs, got " +
+                             std::to_string(inputs.size()));
+  LayerInfo info;
+  const Shape in = inputs.empty() ? Shape{} : inputs[0];
+  const double n_in = numel(in);
+  switch (l.kind) {
+    case LayerKind::Input:
+      if (l.shape.size() != 1 && l.shape.size() != 3)
+        throw LayerError("", "shape must be [C, H, W] or [features], got [" + dims(l.shape) + "]");
+      for (int64_t d : l.shape) need_positive("every dimension of shape", d);
+      info.out = l.shape;
+      break;
+    case LayerKind::Conv2d: {
+      need_image(l, in);
+      need_positive("out_channels", l.features);
+      need_positive("kernel_size", l.kernel);
+      need_positive("stride", l.stride);
+      need_positive("padding", l.padding, 0);
+      need_positive("groups", l.groups);
+      if (in[0] % l.groups != 0 || l.features % l.groups != 0)
+        throw LayerError("in", "groups=" + std::to_string(l.groups) + " must divide the input's " +
+                                   std::to_string(in[0]) +
+                                   " channels and out_channels=" + std::to_string(l.features));
+      const int64_t oh = window_out(l, "the convolution", in[1], l.kernel, l.stride, l.padding, in);
+      const int64_t ow = window_out(l, "the convolution", in[2], l.kernel, l.stride, l.padding, in);
+      info.out = {l.features, oh, ow};
+      const double per_out = static_cast<double>(in[0] / l.groups) * static_cast<double>(l.kernel * l.kernel);
+      info.params =
+          static_cast<double>(l.features) * per_out + (l.bias ? static_cast<double>(l.features) : 0);
+      info.flops = 2 * per_out * numel(info.out);
+      break;
+    }
+    case LayerKind::BatchNorm2d:
+    case LayerKind::BatchNorm1d: {
+      if (l.kind == LayerKind::BatchNorm2d) need_image(l, in);
+      if (l.kind == LayerKind::BatchNorm1d && in.size() != 1)
+        throw LayerError("in", "BatchNorm1d needs a flat [features] input, got " + dims(in) +
+                                   ": use BatchNorm2d on images, or put a Flatten before it");
+      if (!(l.eps > 0 && l.eps < 1)) throw LayerError("", "eps must be above 0 and below 1");
+      if (!(l.momentum >= 0 && l.momentum <= 1)) throw LayerError("", "momentum must be between 0 and 1");
+      info.out = in;
+      info.params = 2 * static_cast<double>(in[0]);
+      info.buffers = 2 * static_cast<double>(in[0]);
+      info.flops = 4 * n_in;
+      break;
+    }
+    case LayerKind::ReLU:
+    case LayerKind::Sigmoid:
+    case LayerKind::Tanh:
+    case LayerKind::GELU:
+      info.out = in;
+      info.flops = n_in;
+      break;
+    case LayerKind::Dropout:
+      if (!(l.p >= 0 && l.p < 1)) throw LayerError("", "p must be at least 0 and below 1");
+      info.out = in;
+      break;
+    case LayerKind::MaxPool2d:
+    case LayerKind::AvgPool2d: {
+      need_image(l, in);
+      need_positive("kernel_size", l.kernel);
+      need_positive("stride", l.stride, 0);
+      need_positive("padding", l.padding, 0);
+      // PyTorch's rule: padding beyond half the window would make windows of padding only.
+      if (2 * l.padding > l.kernel)
+        throw LayerError("", "padding " + std::to_string(l.padding) +
+                                 " must be at most half of kernel_size " + std::to_string(l.kernel));
+      const int64_t s = l.pool_stride();
+      info.out = {in[0], window_out(l, "the pool", in[1], l.kernel, s, l.padding, in),
+                  window_out(l, "the pool", in[2], l.kernel, s, l.padding, in)};
+      info.flops = numel(info.out) * static_cast<double>(l.kernel * l.kernel);
+      break;
+    }
+    case LayerKind::GlobalAvgPool2d:
+      need_image(l, in);
+      info.out = {in[0], 1, 1};
+      info.flops = n_in;
+      break;
+    case LayerKind::Flatten:
+      info.out = {static_cast<int64_t>(n_in)};
+      break;
+    case LayerKind::Linear: {
+      need_positive("out_features", l.features);
+      if (in.size() != 1)
+        throw LayerError("in", "Linear needs a flat [features] input, got " + dims(in) + " (" +
+                                   std::to_string(static_cast<int64_t>(n_in)) +
+                                   " values per sample): put a Flatten before it");
+      info.out = {l.features};
+      info.params = static_cast<double>(in[0]) * static_cast<double>(l.features) +
+                    (l.bias ? static_cast<double>(l.features) : 0);
+      info.flops = 2 * static_cast<double>(in[0]) * static_cast<double>(l.features);
+      break;
+    }
+    case LayerKind::Add:
+      if (inputs[0] != inputs[1])
+        throw LayerError("b", "Add needs two inputs of the same shape: a is " + dims(inputs[0]) + ", b is " +
+                                  dims(inputs[1]));
+      info.out = in;
+      info.flops = n_in;
+      break;
+    case LayerKind::Concat: {
+      const Shape& b = inputs[1];
+      bool ok = in.size() == b.size();
+      for (size_t i = 1; ok && i < in.size(); ++i) ok = in[i] == b[i];
+      if (!ok)
+        throw LayerError("b", "Concat joins along the channel axis and needs the other sizes equal: a is " +
+                                  dims(in) + ", b is " + dims(b));
+      info.out = in;
+      info.out[0] += b[0];
+      break;
+    }
+  }
+  for (int64_t d : info.out)
+    if (d < 1)
+      throw LayerError("in", name(l) + " would make an output of " + dims(info.out) + " from " + dims(in) +
+                                 ": every size must stay at least 1");
+  if (numel(info.out) > kMaxValues || info.params > kMaxValues)
+    throw LayerError("", name(l) + " makes an output of " + dims(info.out) + " per sample: too large");
+  return info;
+}
+
+LayerNodePtr make_layer(LayerSpec spec, std::vector<LayerNodePtr> inputs) {
+  std::vector<Shape> shapes;
+  for (const LayerNodePtr& i : inputs) shapes.push_back(i->info.out);
+  auto node = std::make_shared<LayerNode>();
+  node->info = infer_layer(spec, shapes);
+  spec.inputs.clear();
+  node->spec = std::move(spec);
+  node->inputs = std::move(inputs);
+  return node;
+}
+
+NetworkSpec NetworkSpec::ending_at(const LayerNode& out) {
+  // Iterative post-order walk: a hostile file may chain 100,000 layers, too deep for recursion.
+  NetworkSpec net;
+  std::unordered_map<const LayerNode*, int> index;
+  std::vector<std::pair<const LayerNode*, size_t>> stack{{&out, 0}};
+  std::unordered_set<const LayerNode*> open{&out};
+  std::vector<std::string> inputs_found;
+  while (!stack.empty()) {
+    auto& [node, next] = stack.back();
+    if (next < node->inputs.size()) {
+      const LayerNode* in = node->inputs[next++].get();
+      // Layer values are immutable and built from their inputs, so they cannot form a cycle; the check keeps
+      // a corrupt structure from looping.
+      if (open.count(in)) throw Error("the layer graph has a cycle through " + in->spec.id);
+      if (!index.count(in)) {
+        stack.emplace_back(in, 0);
+        open.insert(in);
+      }
+      continue;
+    }
+    LayerSpec spec = node->spec;
+    spec.inputs.clear();
+    for (const LayerNodePtr& in : node->inputs) spec.inputs.push_back(index.at(in.get()));
+    if (spec.kind == LayerKind::Input) inputs_found.push_back(spec.id);
+    index[node] = static_cast<int>(net.layers.size());
+    net.layers.push_back(std::move(spec));
+    open.erase(node);
+    stack.pop_back();
+  }
+  if (inputs_found.empty())
+    throw Error("the layers that end at " + out.spec.id + " do not reach an Input: wire an Input node first");
+  if (inputs_found.size() > 1)
+    throw Error("the network that ends at " + out.spec.id + " has " + std::to_string(inputs_found.size()) +
+                " Inputs (" + inputs_found[0] + " and " + inputs_found[1] + "): a network takes exactly one");
+  return net;
+}
+
+namespace {
+
+std::string num(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest text that reads back as the same double
+  return std::string(buf, r.ptr);
+}
+
+// The params each kind reads, as text, in a fixed order.
+std::string params_text(const LayerSpec& l) {
+  auto i = [](int64_t v) { return std::to_string(v); };
+  switch (l.kind) {
+    case LayerKind::Input:
+      return "shape=" + dims(l.shape);
+    case LayerKind::Conv2d:
+      return "out_channels=" + i(l.features) + ",kernel_size=" + i(l.kernel) + ",stride=" + i(l.stride) +
+             ",padding=" + i(l.padding) + ",groups=" + i(l.groups) + ",bias=" + i(l.bias);
+    case LayerKind::BatchNorm2d:
+    case LayerKind::BatchNorm1d:
+      return "eps=" + num(l.eps) + ",momentum=" + num(l.momentum);
+    case LayerKind::MaxPool2d:
+    case LayerKind::AvgPool2d:
+      return "kernel_size=" + i(l.kernel) + ",stride=" + i(l.stride) + ",padding=" + i(l.padding);
+    case LayerKind::Linear:
+      return "out_features=" + i(l.features) + ",bias=" + i(l.bias);
+    case LayerKind::Dropout:
+      return "p=" + num(l.p);
+    default:
+      return "";
+  }
+}
+
+[[noreturn]] void bad(const std::string& text, const std::string& why) {
+  const std::string head = text.size() > 120 ? text.substr(0, 120) + "..." : text;
+  throw Error("malformed network signature '" + head + "': " + why);
+}
+
+std::vector<std::string> split(const std::string& s, const std::string& sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    const size_t at = s.find(sep, start);
+    out.push_back(s.substr(start, at == std::string::npos ? std::string::npos : at - start));
+    if (at == std::string::npos) return out;
+    start = at + sep.size();
+  }
+}
+
+int64_t to_int(const std::string& text, const std::string& v) {
+  int64_t out = 0;
+  auto r = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (r.ec != std::errc() || r.ptr != v.data() + v.size()) bad(text, "'" + v + "' is not a whole number");
+  return out;
+}
+
+double to_double(const std::string& text, const std::string& v) {
+  double out = 0;
+  auto r = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (r.ec != std::errc() || r.ptr != v.data() + v.size() || !std::isfinite(out))
+    bad(text, "'" + v + "' is not a number");
+  return out;
+}
+
+}  // namespace
+
+std::string NetworkSpec::text() const {
+  std::string out = "network ";
+  for (size_t k = 0; k < layers.size(); ++k) {
+    const LayerSpec& l = layers[k];
+    out += (k ? "; " : "") + l.id + ":" + layer_kind_name(l.kind) + "(" + params_text(l) + ")";
+    for (size_t j = 0; j < l.inputs.size(); ++j) out += (j ? "," : "<-") + layers[l.inputs[j]].id;
+  }
+  return out;
+}
+
+NetworkSpec NetworkSpec::parse(const std::string& text) {
+  const std::string prefix = "network ";
+  if (text.compare(0, prefix.size(), prefix) != 0) bad(text, "it does not start with 'network '");
+  NetworkSpec net;
+  std::map<std::string, int> ids;
+  for (const std::string& item : split(text.substr(prefix.size()), "; ")) {
+    const size_t colon = item.find(':'), open = item.find('('), close = item.find(')');
+    if (colon == std::string::npos || open == std::string::npos || close == std::string::npos ||
+        !(colon < open && open < close))
+      bad(text, "layer '" + item + "' is not id:Kind(params)");
+    LayerSpec l;
+    l.id = item.substr(0, colon);
+    if (l.id.empty() || ids.count(l.id)) bad(text, "layer id '" + l.id + "' is empty or repeated");
+    const auto kind = parse_layer_kind(item.substr(colon + 1, open - colon - 1));
+    if (!kind) bad(text, "unknown layer type in '" + item + "'");
+    l.kind = *kind;
+    const std::string params = item.substr(open + 1, close - open - 1);
+    if (!params.empty())
+      for (const std::string& kv : split(params, ",")) {
+        const size_t eq = kv.find('=');
+        if (eq == std::string::npos) bad(text, "param '" + kv + "' has no value");
+        const std::string key = kv.substr(0, eq), v = kv.substr(eq + 1);
+        if (key == "shape") {
+          l.shape.clear();
+          for (const std::string& d : split(v, "x")) l.shape.push_back(to_int(text, d));
+        } else if (key == "out_channels" || key == "out_features") {
+          l.features = to_int(text, v);
+        } else if (key == "kernel_size") {
+          l.kernel = to_int(text, v);
+        } else if (key == "stride") {
+          l.stride = to_int(text, v);
+        } else if (key == "padding") {
+          l.padding = to_int(text, v);
+        } else if (key == "groups") {
+          l.groups = to_int(text, v);
+        } else if (key == "bias") {
+          l.bias = to_int(text, v) != 0;
+        } else if (key == "eps") {
+          l.eps = to_double(text, v);
+        } else if (key == "momentum") {
+          l.momentum = to_double(text, v);
+        } else if (key == "p") {
+          l.p = to_double(text, v);
+        } else {
+          bad(text, "unknown param '" + key + "'");
+        }
+      }
+    const std::string rest = item.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.compare(0, 2, "<-") != 0) bad(text, "unexpected '" + rest + "' after layer " + l.id);
+      for (const std::string& in : split(rest.substr(2), ",")) {
+        auto it = ids.find(in);
+        if (it == ids.end())
+          bad(text, "layer " + l.id + " reads '" + in + "', which comes later or not at all");
+        l.inputs.push_back(it->second);
+      }
+    }
+    if (static_cast<int>(l.inputs.size()) != layer_arity(l.kind))
+      bad(text, "layer " + l.id + " has " + std::to_string(l.inputs.size()) + " inputs");
+    ids[l.id] = static_cast<int>(net.layers.size());
+    net.layers.push_back(std::move(l));
+  }
+  int inputs = 0;
+  for (const LayerSpec& l : net.layers) inputs += l.kind == LayerKind::Input;
+  if (inputs != 1) bad(text, "it has " + std::to_string(inputs) + " Input layers");
+  try {
+    net.infer();
+  } catch (const Error& e) {
+    bad(text, e.what());
+  }
+  return net;
+}
+
+const LayerSpec& NetworkSpec::input() const {
+  for (const LayerSpec& l : layers)
+    if (l.kind == LayerKind::Input) return l;
+  throw Error("the network has no Input layer");
+}
+
+std::vector<LayerInfo> NetworkSpec::infer() const {
+  std::vector<LayerInfo> out;
+  out.reserve(layers.size());
+  for (const LayerSpec& l : layers) {
+    std::vector<Shape> in;
+    for (int i : l.inputs) in.push_back(out.at(static_cast<size_t>(i)).out);
+    try {
+      out.push_back(infer_layer(l, in));
+    } catch (const LayerError& e) {
+      throw LayerError(e.port(), l.id + ": " + e.what());
+    }
+  }
+  return out;
+}
+
+}  // namespace gn::nn

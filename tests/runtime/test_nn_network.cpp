@@ -1,0 +1,480 @@
+// Drawn networks: shape inference and its errors, the canonical text, the walk that orders the layers, a
+// drawn LeNet and ResNet-18 against the built-in ones (same weights, logits, one SGD step), gradients through
+// branches against finite differences, dropout, and parameter files that carry the whole network.
+// GN_TEST_DEVICE=cuda:0 runs the model checks on cuDNN and cuBLAS instead (skipped without a GPU).
+#include <QtTest>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+
+#include "gpunodes/errors.h"
+#include "gpunodes/nn/network.h"
+#include "gpunodes/nn/serialize.h"
+#include "nn_test_util.h"
+
+using namespace gn;
+using namespace gn::nn;
+
+namespace {
+
+// Appends layers to a NetworkSpec; returns each layer's index for the layers that read it.
+struct Net {
+  NetworkSpec spec;
+  int add(const std::string& id, LayerKind kind, std::vector<int> inputs = {},
+          const std::function<void(LayerSpec&)>& set = {}) {
+    LayerSpec l;
+    l.id = id;
+    l.kind = kind;
+    l.inputs = std::move(inputs);
+    if (set) set(l);
+    spec.layers.push_back(l);
+    return static_cast<int>(spec.layers.size()) - 1;
+  }
+  std::shared_ptr<const NetworkSpec> ptr() const { return std::make_shared<const NetworkSpec>(spec); }
+};
+
+auto conv(int64_t out, int64_t k, int64_t stride = 1, int64_t pad = 0) {
+  return [=](LayerSpec& l) { l.features = out, l.kernel = k, l.stride = stride, l.padding = pad; };
+}
+auto features(int64_t out) {
+  return [=](LayerSpec& l) { l.features = out; };
+}
+auto pool(int64_t k) {
+  return [=](LayerSpec& l) { l.kernel = k, l.stride = 0; };
+}
+auto input(Shape s) {
+  return [=](LayerSpec& l) { l.shape = s; };
+}
+
+// d2l's LeNet, as resources/examples/lenet-layers.json draws it.
+NetworkSpec lenet() {
+  Net n;
+  int h = n.add("x", LayerKind::Input, {}, input({1, 28, 28}));
+  h = n.add("conv1", LayerKind::Conv2d, {h}, conv(6, 5, 1, 2));
+  h = n.add("sig1", LayerKind::Sigmoid, {h});
+  h = n.add("pool1", LayerKind::AvgPool2d, {h}, pool(2));
+  h = n.add("conv2", LayerKind::Conv2d, {h}, conv(16, 5));
+  h = n.add("sig2", LayerKind::Sigmoid, {h});
+  h = n.add("pool2", LayerKind::AvgPool2d, {h}, pool(2));
+  h = n.add("flat", LayerKind::Flatten, {h});
+  h = n.add("fc1", LayerKind::Linear, {h}, features(120));
+  h = n.add("sig3", LayerKind::Sigmoid, {h});
+  h = n.add("fc2", LayerKind::Linear, {h}, features(84));
+  h = n.add("sig4", LayerKind::Sigmoid, {h});
+  n.add("fc3", LayerKind::Linear, {h}, features(10));
+  return n.spec;
+}
+
+// The seed's ResNet-18, drawn as resources/examples/resnet18-layers.json draws it: the layers of each block
+// in the order a walk from the output reaches them (main path, then the shortcut).
+NetworkSpec resnet18(int64_t channels) {
+  Net n;
+  int h = n.add("x", LayerKind::Input, {}, input({channels, 16, 16}));
+  h = n.add("conv0", LayerKind::Conv2d, {h}, conv(64, 3, 1, 1));
+  h = n.add("bn0", LayerKind::BatchNorm2d, {h});
+  h = n.add("relu0", LayerKind::ReLU, {h});
+  const int64_t widths[] = {64, 128, 256, 512};
+  for (int s = 0; s < 4; ++s)
+    for (int b = 0; b < 2; ++b) {
+      const std::string p = "s" + std::to_string(s + 1) + "b" + std::to_string(b) + "_";
+      const bool project = s > 0 && b == 0;
+      int m = n.add(p + "conv1", LayerKind::Conv2d, {h}, conv(widths[s], 3, project ? 2 : 1, 1));
+      m = n.add(p + "bn1", LayerKind::BatchNorm2d, {m});
+      m = n.add(p + "relu1", LayerKind::ReLU, {m});
+      m = n.add(p + "conv2", LayerKind::Conv2d, {m}, conv(widths[s], 3, 1, 1));
+      m = n.add(p + "bn2", LayerKind::BatchNorm2d, {m});
+      const int shortcut = project ? n.add(p + "conv3", LayerKind::Conv2d, {h}, conv(widths[s], 1, 2)) : h;
+      m = n.add(p + "add", LayerKind::Add, {m, shortcut});
+      h = n.add(p + "relu2", LayerKind::ReLU, {m});
+    }
+  h = n.add("gap", LayerKind::GlobalAvgPool2d, {h});
+  h = n.add("flat", LayerKind::Flatten, {h});
+  n.add("fc", LayerKind::Linear, {h}, features(10));
+  return n.spec;
+}
+
+void expect_layer_error(const std::function<void()>& fn, const std::string& port,
+                        const QStringList& needles) {
+  try {
+    fn();
+  } catch (const LayerError& e) {
+    const QString what = e.what();
+    QCOMPARE(QString::fromStdString(e.port()), QString::fromStdString(port));
+    for (const QString& n : needles)
+      if (!what.contains(n)) QFAIL(qPrintable("error '" + what + "' does not mention '" + n + "'"));
+    return;
+  }
+  QFAIL("no LayerError was thrown");
+}
+
+LayerSpec spec(LayerKind kind, const std::function<void(LayerSpec&)>& set = {}) {
+  LayerSpec l;
+  l.id = "l";
+  l.kind = kind;
+  if (set) set(l);
+  return l;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
+  return m;
+}
+
+double max_abs(const std::vector<float>& a) {
+  double m = 0;
+  for (float v : a) m = std::max(m, std::fabs(double(v)));
+  return m;
+}
+
+ModelOptions networkOptions(const NetworkSpec& net, Init init, uint64_t seed) {
+  ModelOptions o;
+  o.arch = Arch::Network;
+  o.network = std::make_shared<const NetworkSpec>(net);
+  o.init = init;
+  o.seed = seed;
+  return o;
+}
+
+}  // namespace
+
+class NnNetworkTest : public QObject {
+  Q_OBJECT
+  std::unique_ptr<Runtime> rt_;
+  Device device_ = Device::cpu();
+
+ private slots:
+  void initTestCase() {
+    rt_ = std::make_unique<Runtime>(RuntimeOptions{});
+    const QByteArray name = qgetenv("GN_TEST_DEVICE");
+    if (!name.isEmpty()) {
+      auto d = Device::parse(name.toStdString());
+      QVERIFY2(d.has_value(), "GN_TEST_DEVICE is not a device name");
+      if (d->is_cuda() && rt_->cuda_device_count() <= d->index) QSKIP("no CUDA device here");
+      device_ = *d;
+      set_cudnn_allow_tf32(false);
+    }
+    qInfo("networks on %s", device_.str().c_str());
+  }
+
+  void cleanupTestCase() { rt_.reset(); }
+
+  void every_layer_infers_pytorch_shapes_and_sizes() {
+    const std::vector<LayerInfo> info = lenet().infer();
+    const std::vector<Shape> shapes = {{1, 28, 28},  {6, 28, 28}, {6, 28, 28}, {6, 14, 14}, {16, 10, 10},
+                                       {16, 10, 10}, {16, 5, 5},  {400},       {120},       {120},
+                                       {84},         {84},        {10}};
+    QCOMPARE(info.size(), shapes.size());
+    double params = 0;
+    for (size_t i = 0; i < info.size(); ++i) {
+      QCOMPARE(info[i].out, shapes[i]);
+      params += info[i].params;
+    }
+    QCOMPARE(info[1].params, 156.0);   // 6 * 1 * 5 * 5 + 6
+    QCOMPARE(info[4].params, 2416.0);  // 16 * 6 * 5 * 5 + 16
+    QCOMPARE(params, 61706.0);         // d2l's LeNet
+    QCOMPARE(info[1].flops, 2.0 * 25 * 6 * 28 * 28);
+    double resnet = 0;
+    for (const LayerInfo& i : resnet18(1).infer()) resnet += i.params;
+    QCOMPARE(resnet, 11175818.0);  // counted with torch for the seed's resnet18(10), as the built-in one
+
+    auto one = [](LayerSpec l, std::vector<Shape> in) { return infer_layer(l, in); };
+    LayerInfo g = one(spec(LayerKind::Conv2d,
+                           [](LayerSpec& l) {
+                             l.features = 6, l.kernel = 3, l.stride = 2, l.padding = 1, l.groups = 2,
+                             l.bias = false;
+                           }),
+                      {{4, 9, 9}});
+    QCOMPARE(g.out, (Shape{6, 5, 5}));
+    QCOMPARE(g.params, 6.0 * 2 * 9);  // weight [6, 4/2, 3, 3], no bias
+    QCOMPARE(one(spec(LayerKind::MaxPool2d, [](LayerSpec& l) { l.kernel = 3, l.stride = 0, l.padding = 1; }),
+                 {{3, 7, 7}})
+                 .out,
+             (Shape{3, 3, 3}));  // stride 0 is kernel_size: (7 + 2 - 3) / 3 + 1
+    QCOMPARE(one(spec(LayerKind::Concat), {{3, 4, 4}, {5, 4, 4}}).out, (Shape{8, 4, 4}));
+    QCOMPARE(one(spec(LayerKind::GlobalAvgPool2d), {{7, 3, 5}}).out, (Shape{7, 1, 1}));
+    LayerInfo bn = one(spec(LayerKind::BatchNorm1d), {{20}});
+    QCOMPARE(bn.params, 40.0);
+    QCOMPARE(bn.buffers, 40.0);
+    QCOMPARE(
+        one(spec(LayerKind::Linear, [](LayerSpec& l) { l.features = 3, l.bias = false; }), {{20}}).params,
+        60.0);
+  }
+
+  void mismatches_name_the_port_and_both_shapes() {
+    auto one = [](LayerSpec l, std::vector<Shape> in) { infer_layer(l, in); };
+    expect_layer_error([&] { one(spec(LayerKind::Conv2d, conv(6, 3)), {{784}}); }, "in", {"flat", "784"});
+    expect_layer_error(
+        [&] {
+          one(spec(LayerKind::Linear, features(10)), {{16, 5, 5}});
+        },
+        "in", {"16x5x5", "400", "Flatten"});
+    expect_layer_error([&] { one(spec(LayerKind::Add), {{3, 4, 4}, {3, 4, 5}}); }, "b", {"3x4x4", "3x4x5"});
+    expect_layer_error(
+        [&] {
+          one(spec(LayerKind::Concat), {{3, 4, 4}, {3, 5, 4}});
+        },
+        "b", {"3x4x4", "3x5x4"});
+    expect_layer_error(
+        [&] {
+          one(spec(LayerKind::MaxPool2d, pool(3)), {{1, 2, 2}});
+        },
+        "in", {"window 3", "larger", "1x2x2"});
+    expect_layer_error(
+        [&] {
+          one(spec(LayerKind::Conv2d, conv(4, 5)), {{3, 4, 4}});
+        },
+        "in", {"larger", "3x4x4"});
+    expect_layer_error(
+        [&] {
+          one(spec(LayerKind::Conv2d, [](LayerSpec& l) { l.features = 4, l.kernel = 1, l.groups = 3; }),
+              {{4, 2, 2}});
+        },
+        "in", {"groups=3", "4"});
+    expect_layer_error(
+        [&] {
+          one(spec(LayerKind::BatchNorm1d), {{3, 4, 4}});
+        },
+        "in", {"BatchNorm1d", "3x4x4"});
+    expect_layer_error([&] { one(spec(LayerKind::Input, input({0, 28, 28})), {}); }, "", {"shape"});
+    expect_layer_error([&] { one(spec(LayerKind::Input, input({28, 28})), {}); }, "", {"[C, H, W]"});
+    expect_layer_error([&] { one(spec(LayerKind::Conv2d, conv(0, 3)), {{1, 8, 8}}); }, "", {"out_channels"});
+    expect_layer_error([&] { one(spec(LayerKind::Dropout, [](LayerSpec& l) { l.p = 1; }), {{4}}); }, "",
+                       {"p"});
+    expect_layer_error(
+        [&] {
+          one(spec(LayerKind::AvgPool2d, [](LayerSpec& l) { l.kernel = 2, l.padding = 2; }), {{1, 8, 8}});
+        },
+        "", {"padding"});
+    // A whole network says which layer.
+    NetworkSpec bad = lenet();
+    bad.layers[7].kind = LayerKind::ReLU;  // no Flatten before fc1
+    expect_layer_error([&] { bad.infer(); }, "in", {"fc1", "16x5x5"});
+  }
+
+  void the_walk_orders_layers_as_the_builtin_models_draw_weights() {
+    // Add(a: the main path, b: a shortcut): the main path's layers first, whatever order they were made in.
+    auto x = make_layer(spec(LayerKind::Input, input({2, 6, 6})), {});
+    LayerSpec shortcut = spec(LayerKind::Conv2d, conv(4, 1));
+    shortcut.id = "short";
+    auto s = make_layer(shortcut, {x});
+    LayerSpec main = spec(LayerKind::Conv2d, conv(4, 3, 1, 1));
+    main.id = "main";
+    auto m = make_layer(main, {x});
+    LayerSpec add = spec(LayerKind::Add);
+    add.id = "add";
+    auto out = make_layer(add, {m, s});
+    NetworkSpec net = NetworkSpec::ending_at(*out);
+    QStringList order;
+    for (const LayerSpec& l : net.layers) order.append(QString::fromStdString(l.id));
+    QCOMPARE(order, (QStringList{"l", "main", "short", "add"}));
+    QCOMPARE(net.layers[3].inputs, (std::vector<int>{1, 2}));
+
+    // Two Inputs are refused, naming both.
+    LayerSpec other = spec(LayerKind::Input, input({4, 6, 6}));
+    other.id = "other";
+    auto y = make_layer(other, {});
+    auto two = make_layer(add, {m, y});
+    try {
+      NetworkSpec::ending_at(*two);
+      QFAIL("two Inputs were accepted");
+    } catch (const Error& e) {
+      QVERIFY2(QString(e.what()).contains("2 Inputs") && QString(e.what()).contains("other"), e.what());
+    }
+    // A chain of 100,000 layers is walked without recursion.
+    LayerNodePtr h = x;
+    for (int i = 0; i < 100000; ++i) h = make_layer(spec(LayerKind::ReLU), {h});
+    QCOMPARE(NetworkSpec::ending_at(*h).layers.size(), size_t(100001));
+  }
+
+  void the_text_round_trips_and_refuses_what_is_malformed() {
+    for (const NetworkSpec& net : {lenet(), resnet18(3)}) {
+      const std::string text = net.text();
+      QCOMPARE(NetworkSpec::parse(text).text(), text);
+    }
+    Net n;
+    int h = n.add("x", LayerKind::Input, {}, input({8}));
+    h = n.add("bn", LayerKind::BatchNorm1d, {h}, [](LayerSpec& l) { l.eps = 1e-3, l.momentum = 0.25; });
+    n.add("drop", LayerKind::Dropout, {h}, [](LayerSpec& l) { l.p = 0.3; });
+    const NetworkSpec back = NetworkSpec::parse(n.spec.text());
+    QCOMPARE(back.layers[1].eps, 1e-3);
+    QCOMPARE(back.layers[1].momentum, 0.25);
+    QCOMPARE(back.layers[2].p, 0.3);
+
+    const std::string good = lenet().text();
+    for (const std::string& bad : {
+             std::string("lenet classes=10"),
+             std::string("network "),
+             std::string("network x:Input(shape=1x28x28); r:Relu()<-x"),
+             std::string("network r:ReLU()<-x; x:Input(shape=1x28x28)"),
+             std::string("network x:Input(shape=1x28x28); a:Add()<-x"),
+             std::string("network x:Input(shape=1x28x28); c:Conv2d(out_channels=six)<-x"),
+             std::string("network x:Input(shape=1x28x28); f:Linear(out_features=10)<-x"),
+             std::string("network x:Input(shape=1x28x28); y:Input(shape=1x28x28)"),
+             std::string("network x:Input(shape=1x28x28); x:ReLU()<-x"),
+             std::string("network x:Input(shape=1x28x28,color=red)"),
+             good.substr(0, good.size() / 2),
+         }) {
+      try {
+        NetworkSpec::parse(bad);
+        QFAIL(qPrintable(QString::fromStdString("accepted: " + bad)));
+      } catch (const Error& e) {
+        QVERIFY2(QString(e.what()).startsWith("malformed network signature"), e.what());
+      }
+    }
+  }
+
+  void drawn_lenet_equals_the_builtin_one() {
+    ModelOptions builtin = modelOptions(Arch::LeNet, 7);
+    builtin.init = Init::Xavier;
+    auto a = Model::create(*rt_, builtin, device_);
+    auto b = Model::create(*rt_, networkOptions(lenet(), Init::Xavier, 7), device_);
+    QCOMPARE(b->parameter_count(), a->parameter_count());
+    QCOMPARE(b->state().size(), a->state().size());
+    for (size_t i = 0; i < a->state().size(); ++i)
+      QCOMPARE(to_host(b->state()[i]->value), to_host(a->state()[i]->value));
+    QCOMPARE(b->state()[0]->name, std::string("conv1.weight"));
+
+    const Tensor x = uniform(*rt_, {4, 1, 28, 28}, device_, 11);
+    const Tensor labels = from_values(*rt_, {4}, device_, {3, 1, 4, 1});
+    const std::vector<float> la = to_host(a->forward(x)), lb = to_host(b->forward(x));
+    QVERIFY2(max_abs_diff(la, lb) <= 1e-5, "logits differ");
+    QVERIFY(max_abs(la) > 1e-2);  // not trivially equal
+
+    // One SGD step through each: the same parameters after it.
+    for (Model* m : {a.get(), b.get()}) {
+      Tensor logits = m->forward(x, Mode::Train);
+      m->backward(softmax_cross_entropy(logits, labels).dlogits);
+      std::vector<Tensor> params, grads;
+      for (Parameter* p : m->parameters()) params.push_back(p->value), grads.push_back(p->grad);
+      sgd_step(params, grads, {}, SgdOptions{.lr = 0.9f});
+    }
+    for (size_t i = 0; i < a->state().size(); ++i)
+      QVERIFY2(max_abs_diff(to_host(b->state()[i]->value), to_host(a->state()[i]->value)) <= 1e-5,
+               a->state()[i]->name.c_str());
+  }
+
+  void drawn_resnet18_equals_the_builtin_one_on_two_images() {
+    ModelOptions builtin = modelOptions(Arch::ResNet18, 5);
+    builtin.init = Init::Kaiming;  // logits far from zero, so that equal means something
+    auto a = Model::create(*rt_, builtin, device_);
+    auto b = Model::create(*rt_, networkOptions(resnet18(1), Init::Kaiming, 5), device_);
+    QCOMPARE(b->parameter_count(), a->parameter_count());
+    const Tensor x = normal(*rt_, {2, 1, 16, 16}, device_, 21);
+    for (Mode mode : {Mode::Train, Mode::Eval}) {
+      const std::vector<float> la = to_host(a->forward(x, mode)), lb = to_host(b->forward(x, mode));
+      QVERIFY(max_abs(la) > 1e-2);
+      QVERIFY2(max_abs_diff(la, lb) <= 1e-5 * std::max(1.0, max_abs(la)), "logits differ");
+    }
+    a->clear_cache();
+    b->clear_cache();
+  }
+
+  void gradients_through_branches_match_finite_differences() {
+    // A stem read by three branches (two of them concatenated, the sum of those and the third): the stem's
+    // gradient is the sum of what comes back along each.
+    Net n;
+    const int in = n.add("in", LayerKind::Input, {}, input({2, 5, 5}));
+    const int x = n.add("stem", LayerKind::Conv2d, {in}, conv(2, 3, 1, 1));
+    int a = n.add("a", LayerKind::Conv2d, {x}, conv(3, 3, 1, 1));
+    a = n.add("a_act", LayerKind::Tanh, {a});
+    const int b = n.add("b", LayerKind::Conv2d, {x},
+                        [](LayerSpec& l) { l.features = 2, l.kernel = 1, l.bias = false; });
+    int c = n.add("cat", LayerKind::Concat, {a, b});
+    c = n.add("c", LayerKind::Conv2d, {c},
+              [](LayerSpec& l) { l.features = 4, l.kernel = 3, l.padding = 1, l.groups = 1; });
+    const int d = n.add("d", LayerKind::Conv2d, {x}, conv(4, 1));
+    int h = n.add("sum", LayerKind::Add, {c, d});
+    h = n.add("gelu", LayerKind::GELU, {h});
+    h = n.add("bn", LayerKind::BatchNorm2d, {h});
+    // Average pooling: a max pool's kinks could flip under the finite differences' step.
+    h = n.add("pool", LayerKind::AvgPool2d, {h}, [](LayerSpec& l) { l.kernel = 2, l.stride = 1; });
+    h = n.add("flat", LayerKind::Flatten, {h});
+    n.add("fc", LayerKind::Linear, {h}, features(3));
+    auto m = Model::create(*rt_, networkOptions(n.spec, Init::Xavier, 3), device_);
+    const Tensor xs = normal(*rt_, {4, 2, 5, 5}, device_, 8);
+    const Tensor labels = from_values(*rt_, {4}, device_, {0, 2, 1, 2});
+    auto loss = [&] {
+      return double(item(softmax_cross_entropy(m->forward(xs, Mode::Train), labels, false).loss));
+    };
+
+    m->backward(softmax_cross_entropy(m->forward(xs, Mode::Train), labels).dlogits);
+    int checked = 0;
+    for (Parameter* p : m->parameters()) {
+      const std::vector<float> grad = to_host(p->grad);
+      std::vector<float> v = to_host(p->value);
+      for (size_t i : {size_t(0), v.size() / 2, v.size() - 1}) {
+        const float keep = v[i], h = 1e-2f;
+        v[i] = keep + h;
+        write_values(p->value, v);
+        const double up = loss();
+        v[i] = keep - h;
+        write_values(p->value, v);
+        const double down = loss();
+        v[i] = keep;
+        write_values(p->value, v);
+        const double numeric = (up - down) / (2 * h);
+        QVERIFY2(std::fabs(numeric - grad[i]) <= 2e-3 + 2e-2 * std::fabs(numeric),
+                 qPrintable(QString("%1[%2]: backward %3, finite differences %4")
+                                .arg(p->name.c_str())
+                                .arg(i)
+                                .arg(grad[i])
+                                .arg(numeric)));
+        ++checked;
+      }
+    }
+    QCOMPARE(checked, 3 * 13);  // stem, a, c, d, bn, fc: weight and bias; b: weight
+    m->clear_cache();
+  }
+
+  void dropout_acts_only_in_training() {
+    Net n;
+    int h = n.add("x", LayerKind::Input, {}, input({1000}));
+    n.add("drop", LayerKind::Dropout, {h}, [](LayerSpec& l) { l.p = 0.25; });
+    auto m = Model::create(*rt_, networkOptions(n.spec, Init::Normal, 0), device_);
+    QCOMPARE(m->parameter_count(), int64_t(0));
+    const Tensor x = full(*rt_, {2, 1000}, device_, 1.0f);
+    QCOMPARE(to_host(m->forward(x)), to_host(x));
+    const std::vector<float> y1 = to_host(m->forward(x, Mode::Train)),
+                             y2 = to_host(m->forward(x, Mode::Train));
+    int zeros = 0;
+    for (float v : y1) {
+      QVERIFY(v == 0.0f || std::fabs(v - 1.0f / 0.75f) < 1e-6);
+      zeros += v == 0.0f;
+    }
+    QVERIFY2(zeros > 400 && zeros < 600, qPrintable(QString::number(zeros)));  // 2000 * 0.25 = 500
+    QVERIFY(y1 != y2);                                                         // a fresh mask per forward
+    m->clear_cache();
+  }
+
+  void parameter_files_carry_the_whole_network() {
+    const auto dir = std::filesystem::temp_directory_path() / ("gn_net_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string path = (dir / "lenet.params").string();
+    Net extra;
+    extra.spec = lenet();
+    extra.spec.layers[8].bias = false;  // fc1 without bias: the file must say so
+    auto m = Model::create(*rt_, networkOptions(extra.spec, Init::Kaiming, 4), device_);
+    save_params(*m, path);
+    auto back = load_model(*rt_, path, device_);
+    QCOMPARE(back->signature(), m->signature());
+    QCOMPARE(back->state().size(), m->state().size());
+    const Tensor x = uniform(*rt_, {2, 1, 28, 28}, device_, 2);
+    QCOMPARE(to_host(back->forward(x)), to_host(m->forward(x)));
+    std::filesystem::remove_all(dir);
+  }
+
+  void a_network_refuses_inputs_of_another_shape_or_device() {
+    auto m = Model::create(*rt_, networkOptions(lenet(), Init::Normal, 0), device_);
+    try {
+      m->forward(uniform(*rt_, {2, 1, 32, 32}, device_, 1));
+      QFAIL("a 32x32 input was accepted");
+    } catch (const ShapeError& e) {
+      QVERIFY2(QString(e.what()).contains("[N, 1, 28, 28]"), e.what());
+    }
+  }
+};
+
+QTEST_GUILESS_MAIN(NnNetworkTest)
+#include "test_nn_network.moc"
