@@ -1,0 +1,260 @@
+// Networks drawn from layer nodes, between gpunodes and PyTorch, end to end through the real binary: for each
+// graph (the LeNet and ResNet-18 examples, and a graph that uses every layer type and branch), gpunodes
+// builds the Network, saves it as safetensors and runs Forward on a batch; torch builds the same network from
+// the graph file (tests/interop/torch_peer.py), loads the file with load_state_dict(strict=True) and must
+// give the same outputs. And back: torch's own weights load into the graph's Network through LoadParams and
+// give torch's outputs. The suite skips where /usr/bin/python3 cannot import torch (the scripts install it).
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
+#include <QProcess>
+#include <QTemporaryDir>
+#include <QtTest>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+namespace {
+
+constexpr int kBatch = 3;
+constexpr double kRelTol = 1e-4;  // float32 sums in another order, as in test_torch_interop
+
+QJsonObject readJson(const QString& path) {
+  QFile f(path);
+  if (!f.open(QIODevice::ReadOnly)) return {};
+  return QJsonDocument::fromJson(f.readAll()).object();
+}
+
+bool writeJson(const QString& path, const QJsonObject& o) {
+  QFile f(path);
+  return f.open(QIODevice::WriteOnly) && f.write(QJsonDocument(o).toJson()) > 0;
+}
+
+QJsonObject node(const QString& id, const QString& type, const QJsonObject& params = {}) {
+  return {{"id", id}, {"type", type}, {"position", QJsonArray{0, 0}}, {"params", params}};
+}
+QJsonObject wire(const QString& from, const QString& to) {
+  return {{"from", from}, {"to", to}};
+}
+
+// A graph that uses every layer type: two branches concatenated, a strided projection added back, grouped
+// and bias-free convolutions, both batch norms, every activation, both pools, and dropout (the identity in
+// evaluation, as Forward runs).
+QJsonObject everyLayerGraph() {
+  QJsonArray nodes{
+      node("x", "Input", {{"shape", QJsonArray{3, 12, 12}}}),
+      node("c1", "Conv2d", {{"out_channels", 8}, {"kernel_size", 3}, {"padding", 1}}),
+      node("bn", "BatchNorm2d"),
+      node("gelu", "GELU"),
+      node("dw", "Conv2d",
+           {{"out_channels", 8}, {"kernel_size", 3}, {"padding", 1}, {"groups", 4}, {"bias", false}}),
+      node("tanh", "Tanh"),
+      node("mp", "MaxPool2d", {{"kernel_size", 3}, {"stride", 2}, {"padding", 1}}),
+      node("ap", "AvgPool2d", {{"kernel_size", 2}}),
+      node("sig", "Sigmoid"),
+      node("cat", "Concat"),
+      node("proj", "Conv2d", {{"out_channels", 16}, {"kernel_size", 1}, {"stride", 2}}),
+      node("sum", "Add"),
+      node("relu", "ReLU"),
+      node("gap", "GlobalAvgPool2d"),
+      node("flat", "Flatten"),
+      node("fc1", "Linear", {{"out_features", 32}}),
+      node("bn1", "BatchNorm1d", {{"eps", 1e-3}, {"momentum", 0.2}}),
+      node("drop", "Dropout", {{"p", 0.3}}),
+      node("fc2", "Linear", {{"out_features", 5}, {"bias", false}}),
+      node("net", "Network", {{"init", "kaiming"}, {"seed", 3}}),
+  };
+  QJsonArray wires{wire("x.out", "c1.in"),     wire("c1.out", "bn.in"),    wire("bn.out", "gelu.in"),
+                   wire("gelu.out", "dw.in"),  wire("dw.out", "tanh.in"),  wire("tanh.out", "mp.in"),
+                   wire("c1.out", "ap.in"),    wire("ap.out", "sig.in"),   wire("mp.out", "cat.a"),
+                   wire("sig.out", "cat.b"),   wire("c1.out", "proj.in"),  wire("cat.out", "sum.a"),
+                   wire("proj.out", "sum.b"),  wire("sum.out", "relu.in"), wire("relu.out", "gap.in"),
+                   wire("gap.out", "flat.in"), wire("flat.out", "fc1.in"), wire("fc1.out", "bn1.in"),
+                   wire("bn1.out", "drop.in"), wire("drop.out", "fc2.in"), wire("fc2.out", "net.out")};
+  return {{"format", "gpunodes-graph"}, {"version", 1}, {"nodes", nodes}, {"connections", wires}};
+}
+
+// The graph's layer nodes and its Network "net" (everything else dropped), plus a batch of `values` as a
+// Tensor, the model from `modelFrom` ("net.model", or a LoadParams of torch's file), Forward and Inspect.
+QJsonObject runGraph(const QJsonObject& graph, const QJsonArray& sampleShape, const std::vector<float>& x,
+                     const QString& saveTo, const QString& loadFrom) {
+  static const QStringList kept{"Input",   "Conv2d",         "BatchNorm2d", "BatchNorm1d", "ReLU",
+                                "Sigmoid", "Tanh",           "GELU",        "MaxPool2d",   "AvgPool2d",
+                                "Flatten", "Linear",         "Dropout",     "Add",         "Concat",
+                                "Network", "GlobalAvgPool2d"};
+  QJsonArray nodes, wires;
+  QSet<QString> ids;
+  for (const QJsonValue& v : graph["nodes"].toArray()) {
+    const QJsonObject n = v.toObject();
+    if (kept.contains(n["type"].toString())) nodes.append(n), ids.insert(n["id"].toString());
+  }
+  for (const QJsonValue& v : graph["connections"].toArray()) {
+    const QJsonObject c = v.toObject();
+    if (ids.contains(c["from"].toString().section('.', 0, 0)) &&
+        ids.contains(c["to"].toString().section('.', 0, 0)))
+      wires.append(c);
+  }
+  QStringList text;
+  for (float v : x) text.append(QString::number(v, 'g', 9));
+  QJsonArray shape{kBatch};
+  for (const QJsonValue& d : sampleShape) shape.append(d);
+  nodes.append(node("cpu", "Device", {{"kind", "cpu"}}));
+  nodes.append(node("images", "Tensor", {{"shape", shape}, {"init", "values"}, {"values", text.join(' ')}}));
+  nodes.append(node("fwd", "Forward"));
+  nodes.append(node("logits", "Inspect"));
+  wires.append(wire("cpu.device", "images.device"));
+  wires.append(wire("images.out", "fwd.in"));
+  wires.append(wire("fwd.out", "logits.in"));
+  if (loadFrom.isEmpty()) {
+    wires.append(wire("net.model", "fwd.model"));
+    nodes.append(node("save", "SaveParams", {{"path", saveTo}, {"format", "safetensors"}}));
+    wires.append(wire("net.model", "save.model"));
+  } else {
+    nodes.append(node("load", "LoadParams", {{"path", loadFrom}}));
+    wires.append(wire("cpu.device", "load.device"));
+    wires.append(wire("net.model", "load.like"));
+    wires.append(wire("load.model", "fwd.model"));
+  }
+  return {{"format", "gpunodes-graph"}, {"version", 1}, {"nodes", nodes}, {"connections", wires}};
+}
+
+struct Process {
+  int exitCode = -1;
+  QString out, err;
+};
+
+Process run(const QString& program, const QStringList& args) {
+  QProcess p;
+  p.start(program, args);
+  Process r;
+  if (!p.waitForStarted(30000) || !p.waitForFinished(600000)) {
+    r.err = program + " did not finish: " + p.errorString();
+    p.kill();
+    return r;
+  }
+  r.exitCode = p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -1;
+  r.out = QString::fromUtf8(p.readAllStandardOutput());
+  r.err = QString::fromUtf8(p.readAllStandardError());
+  return r;
+}
+
+std::vector<float> readFloats(const QString& path) {
+  std::ifstream in(path.toStdString(), std::ios::binary);
+  std::vector<char> b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> v(b.size() / sizeof(float));
+  std::memcpy(v.data(), b.data(), v.size() * sizeof(float));
+  return v;
+}
+
+// Empty when got matches want within kRelTol of want's largest magnitude.
+QString compare(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size() || want.empty())
+    return QString("%1 outputs, expected %2").arg(got.size()).arg(want.size());
+  double scale = 0, worst = 0;
+  for (float w : want) scale = std::max(scale, std::abs(double(w)));
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - double(want[i])));
+  qInfo("largest difference %.3g, largest output %.3g", worst, scale);
+  if (scale > 0 && worst <= kRelTol * scale) return {};
+  return QString("largest difference %1 against outputs up to %2").arg(worst).arg(scale);
+}
+
+}  // namespace
+
+class TorchNetworksTest : public QObject {
+  Q_OBJECT
+  QTemporaryDir dir_;
+
+  // gpunodes' run of `graph` on x: the logits Inspect read.
+  std::vector<float> gpunodesLogits(const QString& name, const QJsonObject& graph, const QJsonArray& sample,
+                                    const std::vector<float>& x, const QString& saveTo,
+                                    const QString& loadFrom) {
+    const QString file = dir_.filePath(name), report = dir_.filePath(name + ".report.json");
+    if (!writeJson(file, runGraph(graph, sample, x, saveTo, loadFrom))) return {};
+    const Process p = run(GN_GPUNODES, {"run", file, "--quiet", "--report", report});
+    if (p.exitCode != 0)
+      qWarning("gpunodes run %s: exit %d\n%s", qPrintable(name), p.exitCode, qPrintable(p.err));
+    std::vector<float> out;
+    const QJsonArray inspect = readJson(report)["nodes"].toObject()["logits"].toObject()["inspect"].toArray();
+    for (const QJsonValue& v : inspect.at(0).toObject()["values"].toArray())
+      out.push_back(float(v.toDouble()));
+    return out;
+  }
+
+ private slots:
+  void initTestCase() {
+    QVERIFY(dir_.isValid());
+    if (!QFile::exists(GN_PYTHON))
+      QSKIP(GN_PYTHON " is missing: install python3-torch to run the interop suite");
+    const Process probe = run(GN_PYTHON, {"-c", "import torch"});
+    if (probe.exitCode != 0)
+      QSKIP(qPrintable("cannot import torch (apt-get install python3-torch): " + probe.err));
+  }
+
+  void drawn_networks_round_trip_through_torch_data() {
+    QTest::addColumn<QString>("name");
+    QTest::addColumn<QJsonObject>("graph");
+    QTest::addColumn<QJsonArray>("sample");
+    QJsonObject lenet = readJson(GN_EXAMPLES_DIR "/lenet-layers.json");
+    QJsonObject resnet = readJson(GN_EXAMPLES_DIR "/resnet18-layers.json");
+    QTest::newRow("lenet-layers") << "lenet-layers" << lenet << QJsonArray{1, 28, 28};
+    QTest::newRow("resnet18-layers") << "resnet18-layers" << resnet << QJsonArray{1, 28, 28};
+    QTest::newRow("every-layer") << "every-layer" << everyLayerGraph() << QJsonArray{3, 12, 12};
+  }
+  void drawn_networks_round_trip_through_torch() {
+    QFETCH(QString, name);
+    QFETCH(QJsonObject, graph);
+    QFETCH(QJsonArray, sample);
+    QVERIFY2(!graph.isEmpty(), "the example did not load");
+    // The graph file torch builds from: the test's copy, with the Network's init made Kaiming so that the
+    // outputs are far from zero.
+    QJsonArray nodes = graph["nodes"].toArray();
+    for (qsizetype i = 0; i < nodes.size(); ++i)
+      if (nodes[i].toObject()["type"].toString() == "Network") {
+        QJsonObject n = nodes[i].toObject(), p = n["params"].toObject();
+        p["init"] = "kaiming";
+        n["params"] = p;
+        nodes[i] = n;
+      }
+    graph["nodes"] = nodes;
+    const QString graphFile = dir_.filePath(name + ".graph.json");
+    QVERIFY(writeJson(graphFile, graph));
+
+    std::mt19937 gen(7);
+    std::uniform_real_distribution<float> dist(-1, 1);
+    int64_t numel = kBatch;
+    for (const QJsonValue& d : sample) numel *= d.toInteger();
+    std::vector<float> x(static_cast<size_t>(numel));
+    for (float& v : x) v = dist(gen);
+    const QString xFile = dir_.filePath(name + ".x.f32");
+    {
+      std::ofstream out(xFile.toStdString(), std::ios::binary);
+      out.write(reinterpret_cast<const char*>(x.data()), std::streamsize(x.size() * sizeof(float)));
+    }
+
+    // gpunodes -> torch
+    const QString gnWeights = dir_.filePath(name + ".gn.safetensors");
+    const std::vector<float> gn = gpunodesLogits(name + ".save.json", graph, sample, x, gnWeights, {});
+    QVERIFY2(!gn.empty(), "gpunodes gave no logits");
+    const QString spec = graphFile + "#net", torchOfGn = dir_.filePath(name + ".torch-of-gn.f32");
+    Process p =
+        run(GN_PYTHON, {GN_TORCH_PEER, "logits", spec, gnWeights, xFile, QString::number(kBatch), torchOfGn});
+    QVERIFY2(p.exitCode == 0, qPrintable("torch could not load gpunodes' weights: " + p.err));
+    QString diff = compare(readFloats(torchOfGn), gn);
+    QVERIFY2(diff.isEmpty(), qPrintable("torch on gpunodes' weights: " + diff));
+
+    // torch -> gpunodes
+    const QString torchWeights = dir_.filePath(name + ".torch.safetensors");
+    const QString torchOfTorch = dir_.filePath(name + ".torch-of-torch.f32");
+    p = run(GN_PYTHON, {GN_TORCH_PEER, "save", spec, "5", torchWeights});
+    QVERIFY2(p.exitCode == 0, qPrintable("torch could not save: " + p.err));
+    p = run(GN_PYTHON,
+            {GN_TORCH_PEER, "logits", spec, torchWeights, xFile, QString::number(kBatch), torchOfTorch});
+    QVERIFY2(p.exitCode == 0, qPrintable(p.err));
+    const std::vector<float> loaded = gpunodesLogits(name + ".load.json", graph, sample, x, {}, torchWeights);
+    diff = compare(loaded, readFloats(torchOfTorch));
+    QVERIFY2(diff.isEmpty(), qPrintable("gpunodes on torch's weights: " + diff));
+  }
+};
+
+QTEST_GUILESS_MAIN(TorchNetworksTest)
+#include "test_torch_networks.moc"
