@@ -25,7 +25,10 @@ class ModelNode final : public GpuNode {
                 "net.to(device=try_gpu())). linear is the seed's nn.Linear(in_channels, classes); mlp "
                 "Flatten-784-256-ReLU-classes; lenet d2l's LeNet (sigmoid, average pooling); resnet18 the "
                 "d2l ResNet-18 of the concise multi-GPU chapter (3x3 stem, no max-pool). The report lists "
-                "every parameter's name, shape and device.",
+                "every parameter's name, shape and device. This is the quick way to the seed's models; to "
+                "draw "
+                "a network of your own, wire nodes of the Layers category into a Network node "
+                "(lenet-layers.json and resnet18-layers.json draw these two).",
             .inputs = {inPort("device", PortType::Devices,
                               "Where the parameters live: a Device, or Devices (try_all_gpus), whose first "
                               "device holds the model; Train replicates it onto the others. Open: the CPU.",

@@ -204,6 +204,32 @@ class LayersTest : public QObject {
     QCOMPARE(r.node("train")["loss"].toDouble(), r.node("train_builtin")["loss"].toDouble());
   }
 
+  void a_drawn_network_trains_data_parallel_like_the_builtin_one() {
+    // Two CPU devices: each batch split across them, gradients summed, the same step on both replicas.
+    GraphDocument doc;
+    QVERIFY(loadExample("lenet-layers", doc));
+    doc.setSettings(QJsonObject{{"cpu_devices", 2}});
+    doc.setParam("data", "limit", 1000);
+    doc.setParam("train", "epochs", 1);
+    doc.addNode(makeNode("all", "AllDevices"));
+    for (const GraphConnection& c : doc.connections())
+      if (c.from.node == "dev") doc.removeConnection(c);
+    doc.removeNode("dev");
+    wire(doc, "all.devices", "net.device");
+    wire(doc, "all.devices", "train.devices");
+    doc.addNode(makeNode("builtin", "Model", {{"arch", "lenet"}, {"init", "xavier"}, {"seed", 0}}));
+    doc.addNode(makeNode("train_builtin", "Train", {{"epochs", 1}, {"lr", 0.9}, {"log_every", 50}}));
+    wire(doc, "all.devices", "builtin.device");
+    wire(doc, "builtin.model", "train_builtin.model");
+    wire(doc, "data.data", "train_builtin.data");
+    wire(doc, "all.devices", "train_builtin.devices");
+    const RunResult r = runGraph(doc);
+    QVERIFY2(r.failures().isEmpty(), qPrintable(r.failures().join("\n")));
+    QCOMPARE(r.node("train")["devices"].toArray().size(), 2);
+    QCOMPARE(r.node("train")["loss"].toDouble(), r.node("train_builtin")["loss"].toDouble());
+    QCOMPARE(r.node("test")["accuracy"].toDouble(), r.node("train_builtin")["test_acc"].toDouble());
+  }
+
   void a_network_goes_wherever_a_model_goes() {
     QTemporaryDir tmp;
     const QString path = tmp.filePath("net.params");
