@@ -238,6 +238,20 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
   return info;
 }
 
+LayerNode::~LayerNode() {
+  std::vector<LayerNodePtr> pending = std::move(inputs);
+  while (!pending.empty()) {
+    LayerNodePtr next = std::move(pending.back());
+    pending.pop_back();
+    // The last owner takes the inputs over before the node goes, so its destructor finds none to free.
+    if (next.use_count() == 1) {
+      auto& theirs = const_cast<LayerNode&>(*next).inputs;
+      for (LayerNodePtr& in : theirs) pending.push_back(std::move(in));
+      theirs.clear();
+    }
+  }
+}
+
 LayerNodePtr make_layer(LayerSpec spec, std::vector<LayerNodePtr> inputs) {
   std::vector<Shape> shapes;
   for (const LayerNodePtr& i : inputs) shapes.push_back(i->info.out);

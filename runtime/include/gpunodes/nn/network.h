@@ -87,6 +87,8 @@ struct LayerNode {
   LayerSpec spec;  // spec.inputs unused: the inputs are the pointers below
   std::vector<std::shared_ptr<const LayerNode>> inputs;
   LayerInfo info;
+  // Frees a chain of layers one by one: a hostile file may chain 100,000, too deep for nested destructors.
+  ~LayerNode();
 };
 using LayerNodePtr = std::shared_ptr<const LayerNode>;
 LayerNodePtr make_layer(LayerSpec spec, std::vector<LayerNodePtr> inputs);
