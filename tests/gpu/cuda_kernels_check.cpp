@@ -1,4 +1,6 @@
 // Qt-free check of every CUDA op through the public API, against float64 references computed on the host.
+// The layer ops (gpunodes/nn: grouped convolution, activations, dropout, concat/split, batch norm) are
+// checked against the CPU device on the same inputs, with cuDNN's TF32 off, and where cheap against float64.
 // Built where the toolkit is; run on a machine with a GPU. Exit 0: all passed, 1: a check failed,
 // 77: no CUDA device (CTest's skip code).
 #include <chrono>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "gpunodes/errors.h"
+#include "gpunodes/nn/layers.h"
 #include "gpunodes/ops.h"
 
 using namespace gn;
@@ -93,6 +96,65 @@ void check_matmul(Runtime& rt, int64_t m, int64_t n, int64_t k, bool ta, bool tb
 
 bool same_bits(float x, float y) {
   return std::memcmp(&x, &y, sizeof x) == 0;
+}
+
+// The largest |got - want| / max(floor, |want|) over all elements; infinity when the sizes differ or a value
+// is not finite.
+double max_rel_err(const std::vector<float>& want, const std::vector<float>& got, double floor = 1e-2) {
+  if (want.size() != got.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i]) || !std::isfinite(want[i])) return INFINITY;
+    worst = std::max(worst, std::abs(double(got[i]) - want[i]) / std::max(floor, std::abs(double(want[i]))));
+  }
+  return worst;
+}
+
+// A CUDA result against the CPU device's on the same inputs: same shape, devices as expected, values within
+// `tol` (relative, floored at `floor`).
+void expect_matches_cpu(const char* what, const Tensor& cpu, const Tensor& gpu, double tol,
+                        double floor = 1e-2) {
+  EXPECT(cpu.defined() && gpu.defined(), "%s: undefined result", what);
+  if (!cpu.defined() || !gpu.defined()) return;
+  EXPECT(gpu.shape() == cpu.shape(), "%s: shape %s, cpu %s", what, shape_str(gpu.shape()).c_str(),
+         shape_str(cpu.shape()).c_str());
+  EXPECT(gpu.device() == Device::cuda(0) && cpu.device() == Device::cpu(), "%s: devices %s, %s", what,
+         gpu.device().str().c_str(), cpu.device().str().c_str());
+  const double err = max_rel_err(to_host(cpu), to_host(gpu), floor);
+  EXPECT(err <= tol, "%s: CUDA differs from the CPU by %.3g (relative) > %.3g", what, err, tol);
+}
+
+// Counts the elements whose bits differ (all of them when the sizes differ).
+int64_t bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return int64_t(std::max(a.size(), b.size()));
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += !same_bits(a[i], b[i]);
+  return n;
+}
+
+// Grouped 2-D convolution in float64, NCHW, no bias: y[n, k, oh, ow].
+std::vector<double> conv2d_ref(const std::vector<float>& x, const std::vector<float>& w, int64_t n, int64_t c,
+                               int64_t h, int64_t wd, int64_t k, int64_t r, int64_t s, int64_t stride,
+                               int64_t pad, int64_t groups, int64_t oh, int64_t ow) {
+  const int64_t cg = c / groups, kg = k / groups;
+  std::vector<double> y(size_t(n * k * oh * ow), 0.0);
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t o = 0; o < k; ++o) {
+      const int64_t c0 = o / kg * cg;
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          double acc = 0;
+          for (int64_t ci = 0; ci < cg; ++ci)
+            for (int64_t u = 0; u < r; ++u)
+              for (int64_t v = 0; v < s; ++v) {
+                const int64_t yy = i * stride - pad + u, xx = j * stride - pad + v;
+                if (yy < 0 || yy >= h || xx < 0 || xx >= wd) continue;
+                acc += double(x[((b * c + c0 + ci) * h + yy) * wd + xx]) * w[((o * cg + ci) * r + u) * s + v];
+              }
+          y[((b * k + o) * oh + i) * ow + j] = acc;
+        }
+    }
+  return y;
 }
 
 }  // namespace
@@ -398,6 +460,189 @@ int main() {
     outs.clear();
     EXPECT(item(sum(ones(crt, {4}, g))) == 4.0f, "usable after reset_cancel");
   });
+
+  // --- the layer ops (gpunodes/nn): CUDA against the CPU device on the same inputs, TF32 off -------------
+  nn::set_cudnn_allow_tf32(false);
+  const Device cpu = Device::cpu();
+
+  run_check("nn: grouped conv2d, bias off, fwd + bwd", [&] {
+    struct Case {
+      int64_t n, c, h, w, k, r, stride, pad, groups;
+    };
+    // groups 2; depthwise (groups == C) with a channel multiplier of 2 and stride 2; groups 3 with a 1x1.
+    for (const Case& cs : {Case{2, 6, 9, 9, 4, 3, 1, 1, 2}, Case{3, 8, 11, 10, 16, 3, 2, 1, 8},
+                           Case{2, 9, 7, 7, 6, 1, 1, 0, 3}}) {
+      const nn::Conv2dOptions o{.stride = cs.stride, .padding = cs.pad, .groups = cs.groups};
+      Tensor xc = uniform(rt, {cs.n, cs.c, cs.h, cs.w}, cpu, 31, -1, 1);
+      Tensor wc = uniform(rt, {cs.k, cs.c / cs.groups, cs.r, cs.r}, cpu, 32, -1, 1);
+      Tensor xg = to(xc, g), wg = to(wc, g);
+      Tensor yc = nn::conv2d(xc, wc, Tensor(), o), yg = nn::conv2d(xg, wg, Tensor(), o);
+      char what[96];
+      std::snprintf(what, sizeof what, "conv2d groups=%lld k=%lld stride=%lld", (long long)cs.groups,
+                    (long long)cs.r, (long long)cs.stride);
+      expect_matches_cpu(what, yc, yg, 1e-4);
+      // Both against float64, which also pins the grouping (output channel k sees its group's inputs).
+      const int64_t oh = (cs.h + 2 * cs.pad - cs.r) / cs.stride + 1,
+                    ow = (cs.w + 2 * cs.pad - cs.r) / cs.stride + 1;
+      EXPECT(yg.shape() == (Shape{cs.n, cs.k, oh, ow}), "%s: shape %s", what, shape_str(yg.shape()).c_str());
+      const auto ref = conv2d_ref(to_host(xc), to_host(wc), cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.r,
+                                  cs.stride, cs.pad, cs.groups, oh, ow);
+      const auto ygv = to_host(yg);
+      double worst = ygv.size() == ref.size() ? 0 : INFINITY;
+      for (size_t i = 0; i < ref.size() && i < ygv.size(); ++i)
+        worst = std::max(worst, std::abs(ygv[i] - ref[i]) / std::max(1e-2, std::abs(ref[i])));
+      EXPECT(worst <= 1e-4, "%s: cuda:0 differs from float64 by %.3g", what, worst);
+      // Backward without a bias gradient: db stays undefined on both devices.
+      Tensor dyc = uniform(rt, yc.shape(), cpu, 33, -1, 1), dyg = to(dyc, g);
+      const nn::Conv2dGrads gc = nn::conv2d_backward(xc, wc, dyc, o, true, false);
+      const nn::Conv2dGrads gg = nn::conv2d_backward(xg, wg, dyg, o, true, false);
+      EXPECT(!gg.db.defined() && !gc.db.defined(), "%s: db defined with need_db = false", what);
+      std::string w2 = std::string(what) + " dx";
+      expect_matches_cpu(w2.c_str(), gc.dx, gg.dx, 1e-4);
+      w2 = std::string(what) + " dw";
+      expect_matches_cpu(w2.c_str(), gc.dw, gg.dw, 1e-4);
+    }
+  });
+
+  run_check("nn: tanh and gelu, fwd + bwd", [&] {
+    const int64_t n = 100003;
+    Tensor xc = uniform(rt, {n}, cpu, 41, -5, 5), dyc = uniform(rt, {n}, cpu, 42, -1, 1);
+    Tensor xg = to(xc, g), dyg = to(dyc, g);
+    const auto xv = to_host(xc);
+    for (nn::Activation kind : {nn::Activation::Tanh, nn::Activation::Gelu}) {
+      const char* name = nn::activation_name(kind);
+      Tensor yc = nn::activation(kind, xc), yg = nn::activation(kind, xg);
+      // Floored at 0.1: GELU's 1 + erf(x / sqrt 2) cancels for x << 0 (in PyTorch's kernel too), which leaves
+      // absolute errors near 1e-7 on values near 0.
+      expect_matches_cpu(name, yc, yg, 1e-5, 0.1);
+      // float64: tanh, and GELU's exact form x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2.
+      std::vector<float> ref(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        const double x = xv[i];
+        ref[i] =
+            float(kind == nn::Activation::Tanh ? std::tanh(x) : 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))));
+      }
+      const double err = max_rel_err(ref, to_host(yg), 0.1);
+      EXPECT(err <= 1e-5, "%s: cuda:0 differs from float64 by %.3g", name, err);
+      // tanh' follows from y, GELU's from x: pass what each needs.
+      Tensor dxc = nn::activation_backward(kind, xc, yc, dyc),
+             dxg = nn::activation_backward(kind, xg, yg, dyg);
+      const std::string what = std::string(name) + " backward";
+      expect_matches_cpu(what.c_str(), dxc, dxg, 1e-5, 0.1);
+    }
+  });
+
+  run_check("nn: dropout mask and values equal the CPU's", [&] {
+    const int64_t n = (1 << 20) + 7;
+    Tensor xc = uniform(rt, {n}, cpu, 51, -2, 2), xg = to(xc, g);
+    for (float p : {0.1f, 0.5f, 0.9f}) {
+      const nn::DropoutResult rc = nn::dropout(xc, p, 1234), rg = nn::dropout(xg, p, 1234);
+      const auto mc = to_host(rc.mask), mg = to_host(rg.mask);
+      EXPECT(bits_differ(mc, mg) == 0, "p=%g: %lld mask elements differ from the CPU's", p,
+             (long long)bits_differ(mc, mg));
+      EXPECT(bits_differ(to_host(rc.y), to_host(rg.y)) == 0, "p=%g: y differs from the CPU's", p);
+      int64_t kept = 0, bad_value = 0;
+      const float scale = 1.0f / (1.0f - p);
+      for (float m : mg) {
+        kept += m != 0.0f;
+        bad_value += !(m == 0.0f || same_bits(m, scale));
+      }
+      const double frac = double(kept) / double(n);
+      EXPECT(std::abs(frac - (1.0 - p)) < 0.005, "p=%g: kept %.4f of the values", p, frac);
+      EXPECT(bad_value == 0, "p=%g: %lld mask values are neither 0 nor 1/(1-p)", p, (long long)bad_value);
+      Tensor dyc = uniform(rt, {n}, cpu, 52, -1, 1);
+      EXPECT(bits_differ(to_host(nn::dropout_backward(dyc, rc.mask)),
+                         to_host(nn::dropout_backward(to(dyc, g), rg.mask))) == 0,
+             "p=%g: dropout backward differs from the CPU's", p);
+    }
+    // Another seed, another mask.
+    EXPECT(to_host(nn::dropout(xg, 0.5f, 1).mask) != to_host(nn::dropout(xg, 0.5f, 2).mask),
+           "seeds 1 and 2 gave the same mask");
+  });
+
+  run_check("nn: concat_channels and split_channels", [&] {
+    for (const auto& [sa, sb] :
+         {std::pair<Shape, Shape>{{3, 2, 5, 7}, {3, 4, 5, 7}}, std::pair<Shape, Shape>{{17, 3}, {17, 29}},
+          std::pair<Shape, Shape>{{2, 0, 4, 4}, {2, 5, 4, 4}}}) {
+      Tensor ac = uniform(rt, sa, cpu, 61, -1, 1), bc = uniform(rt, sb, cpu, 62, -1, 1);
+      Tensor yc = nn::concat_channels(ac, bc), yg = nn::concat_channels(to(ac, g), to(bc, g));
+      const std::string what = shape_str(sa) + " + " + shape_str(sb);
+      EXPECT(yg.shape() == yc.shape() && yg.device() == g, "%s: shape %s", what.c_str(),
+             shape_str(yg.shape()).c_str());
+      // Per sample: a's channels, then b's.
+      const auto av = to_host(ac), bv = to_host(bc);
+      std::vector<float> want;
+      const int64_t n = sa[0], ar = n ? int64_t(av.size()) / n : 0, br = n ? int64_t(bv.size()) / n : 0;
+      for (int64_t i = 0; i < n; ++i) {
+        want.insert(want.end(), av.begin() + i * ar, av.begin() + (i + 1) * ar);
+        want.insert(want.end(), bv.begin() + i * br, bv.begin() + (i + 1) * br);
+      }
+      EXPECT(bits_differ(to_host(yg), want) == 0 && bits_differ(to_host(yc), want) == 0,
+             "%s: concat is not a's channels then b's", what.c_str());
+      auto [da, db] = nn::split_channels(yg, sa[1]);
+      EXPECT(da.shape() == sa && db.shape() == sb && da.device() == g, "%s: split shapes %s %s", what.c_str(),
+             shape_str(da.shape()).c_str(), shape_str(db.shape()).c_str());
+      EXPECT(bits_differ(to_host(da), av) == 0 && bits_differ(to_host(db), bv) == 0,
+             "%s: split does not give a and b back", what.c_str());
+    }
+  });
+
+  run_check("nn: batchnorm on [N, C], train + eval + bwd", [&] {
+    const int64_t n = 64, c = 10;
+    // Features with different means and spreads.
+    std::vector<float> xv(size_t(n * c));
+    const auto u = to_host(uniform(rt, {n * c}, cpu, 71, -1, 1));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < c; ++j) xv[i * c + j] = float(j - 4) + float(j + 1) * 0.5f * u[i * c + j];
+    Tensor xc = from_values(rt, {n, c}, cpu, xv), xg = to(xc, g);
+    Tensor gamma = uniform(rt, {c}, cpu, 72, 0.5f, 1.5f), beta = uniform(rt, {c}, cpu, 73, -1, 1);
+    Tensor gg = to(gamma, g), bg = to(beta, g);
+    Tensor rmc = zeros(rt, {c}, cpu), rvc = ones(rt, {c}, cpu), rmg = zeros(rt, {c}, g),
+           rvg = ones(rt, {c}, g);
+    const nn::BatchNormOptions train{.training = true, .momentum = 0.1f, .eps = 1e-5f};
+    const nn::BatchNormResult tc = nn::batchnorm2d(xc, gamma, beta, rmc, rvc, train);
+    const nn::BatchNormResult tg = nn::batchnorm2d(xg, gg, bg, rmg, rvg, train);
+    expect_matches_cpu("bn1d y (train)", tc.y, tg.y, 1e-4);
+    expect_matches_cpu("bn1d save_mean", tc.save_mean, tg.save_mean, 1e-5);
+    expect_matches_cpu("bn1d save_invstd", tc.save_invstd, tg.save_invstd, 1e-4);
+    expect_matches_cpu("bn1d running_mean", rmc, rmg, 1e-5);
+    expect_matches_cpu("bn1d running_var", rvc, rvg, 1e-4);
+    // float64: batch mean and biased variance per feature; running = 0.9 * running + 0.1 * batch (unbiased).
+    const auto gv = to_host(gamma), bv = to_host(beta), yv = to_host(tg.y), rm = to_host(rmg),
+               rv = to_host(rvg);
+    double worst_y = 0, worst_r = 0;
+    for (int64_t j = 0; j < c; ++j) {
+      double mean = 0, var = 0;
+      for (int64_t i = 0; i < n; ++i) mean += xv[i * c + j];
+      mean /= double(n);
+      for (int64_t i = 0; i < n; ++i) var += (xv[i * c + j] - mean) * (xv[i * c + j] - mean);
+      const double invstd = 1 / std::sqrt(var / double(n) + 1e-5);
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = gv[j] * (xv[i * c + j] - mean) * invstd + bv[j];
+        worst_y = std::max(worst_y, std::abs(yv[i * c + j] - want) / std::max(1e-2, std::abs(want)));
+      }
+      worst_r = std::max(worst_r, std::abs(rm[j] - 0.1 * mean) / std::max(1e-2, std::abs(0.1 * mean)));
+      const double want_rv = 0.9 + 0.1 * var / double(n - 1);
+      worst_r = std::max(worst_r, std::abs(rv[j] - want_rv) / want_rv);
+    }
+    EXPECT(worst_y <= 1e-4, "bn1d y: cuda:0 differs from float64 by %.3g", worst_y);
+    EXPECT(worst_r <= 1e-4, "bn1d running statistics: cuda:0 differ from float64 by %.3g", worst_r);
+    // The training-mode gradient.
+    Tensor dyc = uniform(rt, {n, c}, cpu, 74, -1, 1);
+    const nn::BatchNormGrads bc = nn::batchnorm2d_backward(xc, dyc, gamma, tc.save_mean, tc.save_invstd);
+    const nn::BatchNormGrads bgr = nn::batchnorm2d_backward(xg, to(dyc, g), gg, tg.save_mean, tg.save_invstd);
+    expect_matches_cpu("bn1d dx", bc.dx, bgr.dx, 1e-3);
+    expect_matches_cpu("bn1d dgamma", bc.dgamma, bgr.dgamma, 1e-4);
+    expect_matches_cpu("bn1d dbeta", bc.dbeta, bgr.dbeta, 1e-4);
+    // Eval: the running statistics, unchanged by the call.
+    const nn::BatchNormOptions eval{.training = false};
+    const nn::BatchNormResult ec = nn::batchnorm2d(xc, gamma, beta, rmc, rvc, eval);
+    const nn::BatchNormResult eg = nn::batchnorm2d(xg, gg, bg, rmg, rvg, eval);
+    expect_matches_cpu("bn1d y (eval)", ec.y, eg.y, 1e-5);
+    EXPECT(to_host(rmg) == rm && to_host(rvg) == rv, "eval changed the running statistics");
+    EXPECT(!eg.save_mean.defined(), "eval returned save_mean");
+  });
+  nn::set_cudnn_allow_tf32(true);
 
   std::printf("%s: %d failed of %d expectations\n", g_failures ? "FAILED" : "PASSED", g_failures, g_checks);
   return g_failures ? 1 : 0;
