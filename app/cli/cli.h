@@ -1,5 +1,5 @@
-// The headless front of the `gpunodes` binary: run, validate, devices and nodes (see DESIGN.md, "Command
-// line"). Exit codes: 0 ok, 1 graph invalid or a node failed, 2 usage, 130 cancelled by Ctrl-C.
+// The headless front of the `gpunodes` binary: run, validate, devices and nodes (see docs/cli.md). Exit
+// codes: 0 ok, 1 graph invalid or a node failed, 2 usage, 130 cancelled by Ctrl-C.
 #pragma once
 #include <QJsonValue>
 #include <QString>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CUDA checks for the lent GPU machine (see /work/shared/GPU-CHECKS.md). That machine has CUDA 13, cmake,
+# CUDA checks for a lent GPU machine (an NVIDIA H200 in this project). That machine has CUDA 13, cmake,
 # ninja and python3 with PyTorch (whose nvidia wheels hold cuDNN and NCCL), but no Qt, no OpenBLAS, no oneDNN
 # and no network; its glibc is newer than Debian 12's.
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fills .gpu-carry/ (git-ignored) on the dev machine, for `tests/gpu/device-check.sh --carried` on a lent GPU
-# machine (see /work/shared/GPU-CHECKS.md): that machine has CUDA 13, cuDNN and NCCL (in PyTorch's nvidia
+# machine: that machine has CUDA 13, cuDNN and NCCL (in PyTorch's nvidia
 # wheels) but no Qt, OpenBLAS or oneDNN and no network, so the binaries are built here and travel with the
 # runtime libraries they need as Debian packages.
 #

@@ -1,5 +1,5 @@
 // The one JSON serializer: files, undo snapshots and the clipboard all go through it.
-// Format "gpunodes-graph", version 1 (see DESIGN.md). Unknown fields survive a load and save; the same
+// Format "gpunodes-graph", version 1 (see docs/file-format.md). Unknown fields survive a load and save; the same
 // document always saves to the same bytes.
 #pragma once
 #include <QByteArray>
