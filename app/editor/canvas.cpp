@@ -32,7 +32,8 @@ namespace {
 const char* kClipboardMime = "application/x-gpunodes-graph";
 const char* kNodeTypeMime = "application/x-gpunodes-node-type";
 
-constexpr qreal kHeader = 26, kPortTop = 32, kPortRow = 20, kSummaryRow = 15, kErrorStrip = 18, kRadius = 5;
+constexpr qreal kHeader = 26, kPortTop = 32, kPortRow = 20, kSummaryRow = 15, kFactRow = 15, kErrorStrip = 18,
+                kRadius = 5;
 // Below kLodSimple a node is a coloured box: text would be unreadable and costs most of the frame. Below
 // kLodNoDetail it keeps its port dots but loses text and antialiasing.
 constexpr qreal kLodSimple = 0.4, kLodNoDetail = 0.65;
@@ -73,6 +74,8 @@ QStaticText staticText(const QString& s) {
 
 const QColor kBody(0x2c, 0x2f, 0x35, 242), kText(0xe8, 0xea, 0xee), kDimText(0x9a, 0xa3, 0xad);
 const QColor kError(0xe5, 0x48, 0x48), kWarn(0xe6, 0xb4, 0x3c), kSelect(0xff, 0xd1, 0x66);
+// Facts (shapes, parameter counts) in a light tint of the Layer wire colour, on a band darker than the body.
+const QColor kFactText(0xf4, 0xd2, 0xea), kFactBand(0x1f, 0x21, 0x26);
 
 }  // namespace
 
@@ -134,15 +137,38 @@ void NodeItem::layout() {
   qreal maxIn = 0, maxOut = 0;
   for (const core::PortSpec& p : ports_.inputs) maxIn = qMax(maxIn, f.bodyM.horizontalAdvance(p.name));
   for (const core::PortSpec& p : ports_.outputs) maxOut = qMax(maxOut, f.bodyM.horizontalAdvance(p.name));
-  const qreal titleW =
-      f.titleM.horizontalAdvance(typeName_) + f.smallM.horizontalAdvance(idText_.text()) + 22;
-  // Room on the right of the title for the status badge ("running 100%").
-  const qreal w = std::ceil(qMax<qreal>(170, qMax(titleW + 78, maxIn + maxOut + 44)));
+  const qreal typeW = f.titleM.horizontalAdvance(typeName_), idW = f.smallM.horizontalAdvance(idText_.text());
+  // Room for the type and the id; and for the id, a few letters of the type and a status badge ("12.3 ms")
+  // side by side. While a run shows one, the type is shortened rather than every node widened for it:
+  // graphs are laid out for nodes of about this width (the layer examples place them 200 apart).
+  const qreal titleW = typeW + idW + 22;
+  const qreal runTitleW = qMin<qreal>(typeW, 40) + idW + 82;
+  const qreal w = std::ceil(qMax<qreal>(170, qMax(qMax(titleW, runTitleW), maxIn + maxOut + 44)));
+  titleFitRoom_ = -1;
 
+  // The facts wrap at their separators rather than widen the node: example graphs are laid out for nodes
+  // of the usual width, and a wider node would run into its neighbour.
+  factLines_.clear();
+  if (!facts_.isEmpty()) {
+    const qreal room = w - 20;
+    QStringList wrapped;
+    for (const QString& part : clipped(facts_).split(QStringLiteral(" · "), Qt::SkipEmptyParts)) {
+      const QString joined = wrapped.isEmpty() ? QString() : wrapped.last() + QStringLiteral(" · ") + part;
+      if (!wrapped.isEmpty() && f.bodyM.horizontalAdvance(joined) <= room)
+        wrapped.last() = joined;
+      else
+        wrapped << part;
+    }
+    for (const QString& l : wrapped) factLines_ << staticText(f.bodyM.elidedText(l, Qt::ElideRight, room));
+  }
+
+  // Three lines of text under the ports, facts first: a node keeps the height the graph was laid out for,
+  // and the params the facts push out are in the inspector. One param line stays in any case.
+  const qsizetype maxParams = qMax<qsizetype>(1, 3 - factLines_.size());
   QStringList lines;
   if (spec && n) {
     for (const core::ParamSpec& ps : spec->params) {
-      if (lines.size() == 3) break;
+      if (lines.size() == maxParams) break;
       const QJsonValue v = n->params.contains(ps.name) ? n->params.value(ps.name) : ps.defaultValue;
       lines << QString("%1  %2").arg(ps.name, style::formatValue(v));
     }
@@ -156,6 +182,7 @@ void NodeItem::layout() {
   const QStringList errs = errors();
   const int rows = int(qMax(ports_.inputs.size(), ports_.outputs.size()));
   qreal h = kPortTop + rows * kPortRow + summary_.size() * kSummaryRow + 10;
+  if (!factLines_.isEmpty()) h += factLines_.size() * kFactRow + 6;
   if (!errs.isEmpty()) {
     errorLine_ = staticText(f.smallM.elidedText(clipped(errs.first()), Qt::ElideRight, w - 12));
     h += kErrorStrip;
@@ -270,17 +297,38 @@ void NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
   p->setBrush(ports_.missing ? QColor(0x55, 0x55, 0x55) : headerColor_);
   p->drawPath(headerPath_);
 
+  const QString badge = badgeText();
+  const qreal bw = badge.isEmpty() ? 0 : f.smallM.horizontalAdvance(badge) + 12;
+  const qreal badgeLeft = body_.width() - bw - 6;
+  // Beside a status badge, the type gives way before the id does: runs, the timeline and the log name
+  // nodes by id. The shortened type is kept until the room changes, so a frame does not shape text.
+  const QStaticText* title = &title_;
+  const qreal idW = idText_.size().width();
+  if (!badge.isEmpty() && 14 + title_.size().width() + idW > badgeLeft - 4) {
+    const qreal room = qMax<qreal>(0, badgeLeft - 4 - idW - 14);
+    if (room != titleFitRoom_) {
+      titleFitRoom_ = room;
+      titleFit_ = staticText(f.titleM.elidedText(typeName_, Qt::ElideRight, room));
+    }
+    title = &titleFit_;
+  }
+  const qreal idX = 14 + (title->text().isEmpty() ? -6 : title->size().width());
+  // A badge wider than the whole header still leaves the text under it cut at its edge.
+  const bool clipTitle = !badge.isEmpty() && idX + idW > badgeLeft - 4;
+  if (clipTitle) {
+    p->save();  // the view's own clip (the exposed area) comes back with restore
+    p->setClipRect(QRectF(0, 0, badgeLeft - 4, kHeader), Qt::IntersectClip);
+  }
   p->setFont(f.title);
   p->setPen(kText);
-  p->drawStaticText(QPointF(8, (kHeader - f.titleM.height()) / 2), title_);
+  if (!title->text().isEmpty()) p->drawStaticText(QPointF(8, (kHeader - f.titleM.height()) / 2), *title);
   p->setFont(f.small);
   p->setPen(QColor(255, 255, 255, 150));
-  p->drawStaticText(QPointF(14 + title_.size().width(), (kHeader - f.smallM.height()) / 2 + 1), idText_);
+  p->drawStaticText(QPointF(idX, (kHeader - f.smallM.height()) / 2 + 1), idText_);
+  if (clipTitle) p->restore();
 
-  const QString badge = badgeText();
   if (!badge.isEmpty()) {
-    const qreal bw = f.smallM.horizontalAdvance(badge) + 12;
-    const QRectF r(body_.width() - bw - 6, 5, bw, kHeader - 10);
+    const QRectF r(badgeLeft, 5, bw, kHeader - 10);
     p->setPen(Qt::NoPen);
     p->setBrush(statusColor);
     p->drawRoundedRect(r, 7, 7);
@@ -312,10 +360,24 @@ void NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
   }
 
   {
-    p->setFont(f.small);
-    p->setPen(kDimText);
     const int rows = int(qMax(ports_.inputs.size(), ports_.outputs.size()));
     qreal y = portsTop_ + rows * kPortRow + 2;
+    if (!factLines_.isEmpty()) {
+      const QRectF band(6, y, body_.width() - 12, factLines_.size() * kFactRow + 3);
+      p->setPen(Qt::NoPen);
+      p->setBrush(kFactBand);
+      p->drawRoundedRect(band, 3, 3);
+      p->setFont(f.body);
+      p->setPen(kFactText);
+      qreal fy = y + 1.5 + (kFactRow - f.bodyM.height()) / 2;
+      for (const QStaticText& s : factLines_) {
+        p->drawStaticText(QPointF(10, fy), s);
+        fy += kFactRow;
+      }
+      y += factLines_.size() * kFactRow + 6;
+    }
+    p->setFont(f.small);
+    p->setPen(kDimText);
     for (const QStaticText& s : summary_) {
       p->drawStaticText(QPointF(8, y), s);
       y += kSummaryRow;
@@ -378,6 +440,18 @@ void NodeItem::setRunWarning(const QString& w) {
   update();
 }
 
+void NodeItem::setFacts(const QString& badge) {
+  if (badge == facts_) return;
+  facts_ = badge;
+  layout();
+}
+
+QStringList NodeItem::factsLines() const {
+  QStringList lines;
+  for (const QStaticText& t : factLines_) lines << t.text();
+  return lines;
+}
+
 void NodeItem::setIssues(const QStringList& errors, const QStringList& warnings) {
   if (errors == issueErrors_ && warnings == issueWarnings_) return;
   issueErrors_ = errors;
@@ -407,6 +481,7 @@ void NodeItem::hoverMoveEvent(QGraphicsSceneHoverEvent* e) {
     const core::NodeTypeSpec* spec = scene_->editor()->specOf(id_);
     tip = QString("<b>%1</b> (%2)").arg(clipped(id_, 60), typeName_);
     if (spec && !spec->description.isEmpty()) tip += "<br>" + spec->description.toHtmlEscaped();
+    if (!facts_.isEmpty()) tip += "<br><b>" + clipped(facts_).toHtmlEscaped() + "</b>";
     if (status_ != RunStatus::Idle) tip += "<br>status: " + runStatusName(status_);
     if (status_ == RunStatus::Done) tip += ", " + style::formatMs(timeMs_);
     for (const QString& m : errs) tip += "<br><font color='#ff7b7b'>" + m.toHtmlEscaped() + "</font>";
@@ -795,7 +870,11 @@ void GraphScene::setValidation(const core::ValidationReport& report) {
     const QString text = i.field.isEmpty() ? i.message : i.field + ": " + i.message;
     (i.severity == core::Issue::Severity::Error ? errs : warns)[i.node] << text;
   }
-  for (NodeItem* n : std::as_const(nodes_)) n->setIssues(errs.value(n->id()), warns.value(n->id()));
+  for (NodeItem* n : std::as_const(nodes_)) {
+    n->setIssues(errs.value(n->id()), warns.value(n->id()));
+    // A node the report says nothing about (its upstream has an error) loses what it showed before.
+    n->setFacts(report.facts().value(n->id()).badge);
+  }
 }
 
 void GraphScene::setWireDrag(const WireDrag& d) {

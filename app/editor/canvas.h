@@ -55,7 +55,12 @@ class NodeItem : public QGraphicsItem {
   void setProgress(double p);
   void setRunWarning(const QString& w);
   void setIssues(const QStringList& errors, const QStringList& warnings);
-  QStringList errors() const;  // validation and run errors, for tooltips and the Insert Copy offer
+  // What validation learned about the node (an output shape, a parameter count): drawn in the body under
+  // the ports, wrapped at its " · " separators to the node's width. Empty hides it.
+  void setFacts(const QString& badge);
+  const QString& factsText() const { return facts_; }
+  QStringList factsLines() const;  // the badge as drawn, line by line
+  QStringList errors() const;      // validation and run errors, for tooltips and the Insert Copy offer
   QStringList warnings() const;
 
   QList<WireItem*>& wires() { return wires_; }
@@ -73,7 +78,9 @@ class NodeItem : public QGraphicsItem {
   NodePorts ports_;
   QColor headerColor_;
   QStaticText title_, idText_, errorLine_;
-  QList<QStaticText> inLabels_, outLabels_, summary_;
+  QStaticText titleFit_;     // the type shortened to make room for a status badge
+  qreal titleFitRoom_ = -1;  // the width titleFit_ was made for
+  QList<QStaticText> inLabels_, outLabels_, summary_, factLines_;
   QRectF body_, bounds_;
   QPainterPath bodyPath_, headerPath_;
   qreal portsTop_ = 0;
@@ -81,6 +88,7 @@ class NodeItem : public QGraphicsItem {
   double timeMs_ = 0, progress_ = 0;
   QString runError_, runWarning_;
   QStringList issueErrors_, issueWarnings_;
+  QString facts_;
   QList<WireItem*> wires_;
 };
 

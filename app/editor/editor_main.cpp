@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 
+#include "canvas.h"
 #include "gpunodes/core/registry.h"
 #include "graph_editor.h"
 #include "main_window.h"
@@ -80,6 +81,19 @@ int runEditor(int argc, char** argv, const QString& file) {
   // A screenshot run must not stop at a question no one will answer.
   const bool restored = shot.isEmpty() && window.offerRecovery();
   if (!file.isEmpty() && !restored) window.loadFile(file);
+  // For screenshots: a node to select (the inspector shows it), and a view "zoom[,x,y]" centred on a scene
+  // point or else on the selection, so the grab can show text that framing the whole graph makes too small.
+  if (const QString select = qEnvironmentVariable("GPUNODES_EDITOR_SELECT"); !select.isEmpty())
+    window.scene()->selectNodes({select});
+  if (const QStringList view = qEnvironmentVariable("GPUNODES_EDITOR_VIEW").split(',', Qt::SkipEmptyParts);
+      !view.isEmpty()) {
+    window.view()->setZoom(view[0].toDouble());
+    const QStringList selected = window.scene()->selectedNodeIds();
+    if (view.size() == 3)
+      window.view()->centerOn(view[1].toDouble(), view[2].toDouble());
+    else if (!selected.isEmpty())
+      window.view()->centerOnNode(selected.first());
+  }
 
   if (!shot.isEmpty()) {
     auto grab = [&window, &app, shot] {

@@ -5,12 +5,14 @@
 #include <QDoubleSpinBox>
 #include <QFormLayout>
 #include <QHBoxLayout>
+#include <QHeaderView>
 #include <QJsonArray>
 #include <QLabel>
 #include <QLineEdit>
 #include <QRegularExpression>
 #include <QSignalBlocker>
 #include <QSpinBox>
+#include <QTableWidget>
 #include <QToolButton>
 #include <QVBoxLayout>
 #include <climits>
@@ -108,6 +110,10 @@ QString InspectorPanel::errorFor(const QString& param) const {
   return r.error && !r.error->isHidden() ? r.error->text() : QString();
 }
 
+QString InspectorPanel::factsText() const {
+  return factsLabel_ && !factsLabel_->isHidden() ? factsLabel_->text() : QString();
+}
+
 void InspectorPanel::setValidation(const core::ValidationReport& report) {
   report_ = report;
   syncValues();
@@ -197,6 +203,9 @@ QWidget* InspectorPanel::makeEditor(const ParamSpec& ps) {
 void InspectorPanel::rebuild() {
   rows_.clear();
   nodeErrors_ = nullptr;
+  factsLabel_ = nullptr;
+  factsTable_ = nullptr;
+  shownFacts_ = {};
   content_ = new QWidget;
   auto* v = new QVBoxLayout(content_);
   v->setContentsMargins(8, 8, 8, 8);
@@ -284,6 +293,38 @@ void InspectorPanel::rebuild() {
       rows_.insert(ps.name, row);
     }
     v->addLayout(form);
+    // What validation learned (shapes, parameter counts), filled by syncFacts as reports arrive: a fix
+    // upstream can bring facts to a node that had none when it was selected.
+    factsLabel_ = new QLabel;
+    factsLabel_->setObjectName("nodeFacts");
+    factsLabel_->setWordWrap(true);
+    factsLabel_->setTextInteractionFlags(Qt::TextSelectableByMouse);
+    factsLabel_->setStyleSheet("color: #f0c8e4; font-weight: bold; padding: 4px 0;");
+    factsLabel_->hide();
+    v->addWidget(factsLabel_);
+    factsTable_ = new QTableWidget;
+    factsTable_->setObjectName("factsTable");
+    factsTable_->setEditTriggers(QAbstractItemView::NoEditTriggers);
+    factsTable_->setSelectionBehavior(QAbstractItemView::SelectRows);
+    factsTable_->setWordWrap(false);
+    factsTable_->setShowGrid(false);
+    factsTable_->setAlternatingRowColors(true);
+    // A notch smaller than the panel's text: five columns share the dock's width.
+    QFont tableFont = factsTable_->font();
+    tableFont.setPointSizeF(tableFont.pointSizeF() - 0.5);
+    factsTable_->setFont(tableFont);
+    factsTable_->verticalHeader()->hide();
+    factsTable_->verticalHeader()->setDefaultSectionSize(QFontMetrics(tableFont).height() + 5);
+    factsTable_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+    factsTable_->horizontalHeader()->setHighlightSections(false);
+    factsTable_->horizontalHeader()->setStretchLastSection(true);
+    factsTable_->setStyleSheet(
+        "QTableWidget { background: #1e2024; alternate-background-color: #24272c;"
+        " border: 1px solid #3a3f46; }"
+        "QTableWidget::item { padding: 0 3px; }"
+        "QHeaderView::section { padding: 2px 3px; }");
+    factsTable_->hide();
+    v->addWidget(factsTable_, 1);
     // Ports, for reference: what the node takes and gives.
     QStringList ports;
     for (const core::PortSpec& p : spec->inputs)
@@ -301,10 +342,64 @@ void InspectorPanel::rebuild() {
   syncValues();
 }
 
+void InspectorPanel::syncFacts() {
+  if (!factsLabel_ || !factsTable_) return;
+  const core::NodeFacts f = report_.facts().value(node_);
+  if (f.badge == shownFacts_.badge && f.columns == shownFacts_.columns && f.rows == shownFacts_.rows) return;
+  shownFacts_ = f;
+  factsLabel_->setText(f.badge);
+  factsLabel_->setVisible(!f.badge.isEmpty());
+  const bool table = !f.columns.isEmpty();
+  factsTable_->setVisible(table);
+  // The table takes the panel's spare height when shown; otherwise the trailing stretch does.
+  if (auto* v = qobject_cast<QVBoxLayout*>(content_->layout())) v->setStretch(v->count() - 1, table ? 0 : 1);
+  if (!table) {
+    factsTable_->clear();
+    return;
+  }
+  const int cols = int(f.columns.size());
+  factsTable_->clear();
+  factsTable_->setColumnCount(cols);
+  factsTable_->setRowCount(int(f.rows.size()));
+  factsTable_->setHorizontalHeaderLabels(f.columns);
+  // A column of numbers (counts, shapes, FLOPs) is right-aligned so magnitudes line up, as in torchinfo.
+  // A row whose first cell is "Total" (the plugin's summary row, as torchinfo's) is set apart, and left
+  // out of that test since it may say "21 layers" under "Type".
+  auto isTotal = [](const QStringList& r) { return !r.isEmpty() && r.first() == "Total"; };
+  QList<bool> numeric(cols, true);
+  for (const QStringList& r : f.rows) {
+    if (isTotal(r)) continue;
+    for (int c = 0; c < cols; ++c)
+      if (c < r.size() && !r[c].isEmpty() && !r[c].front().isDigit()) numeric[c] = false;
+  }
+  QFont bold = factsTable_->font();
+  bold.setBold(true);
+  for (int i = 0; i < f.rows.size(); ++i) {
+    const QStringList& r = f.rows[i];
+    const bool total = isTotal(r);
+    for (int c = 0; c < cols; ++c) {
+      auto* item = new QTableWidgetItem(c < r.size() ? r[c] : QString());
+      item->setTextAlignment(Qt::AlignVCenter | (numeric[c] ? Qt::AlignRight : Qt::AlignLeft));
+      if (total) {
+        item->setFont(bold);
+        item->setBackground(QColor(0x3a, 0x3f, 0x46));
+        item->setForeground(QColor(0xf0, 0xc8, 0xe4));
+      }
+      factsTable_->setItem(i, c, item);
+    }
+  }
+  // Short tables show whole; long ones (a ResNet) scroll inside a table at least this tall.
+  const int rowsHeight = factsTable_->horizontalHeader()->sizeHint().height() +
+                         factsTable_->verticalHeader()->defaultSectionSize() * int(f.rows.size()) + 4;
+  factsTable_->setMinimumHeight(qMin(rowsHeight, 260));
+  factsTable_->setMaximumHeight(rowsHeight);
+}
+
 void InspectorPanel::syncValues() {
   const core::GraphNode* n = node_.isEmpty() ? nullptr : editor_->document()->node(node_);
   const core::NodeTypeSpec* spec = n ? editor_->specOf(node_) : nullptr;
   if (!n || !spec) return;
+  syncFacts();
   QHash<QString, QStringList> byField;
   QStringList nodeLevel;
   for (const core::Issue& i : report_.forNode(node_)) {

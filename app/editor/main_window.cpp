@@ -104,10 +104,13 @@ MainWindow::MainWindow(const core::NodeTypeRegistry* registry, QWidget* parent)
   connect(run_, &RunController::batch, this, &MainWindow::onBatch);
   connect(run_, &RunController::finished, this, &MainWindow::onRunFinished);
 
-  // Validation repaints node errors after edits; debounced so a drag or typing costs one pass.
+  // Validation repaints node errors and facts after edits; debounced so a drag or typing costs one pass.
   validateTimer_.setSingleShot(true);
   validateTimer_.setInterval(150);
-  connect(&validateTimer_, &QTimer::timeout, this, [this] { validateNow(); });
+  connect(&validateTimer_, &QTimer::timeout, this, [this] {
+    const QSet<QString> before = issueKeys_;
+    logNewIssues(before, validateNow());
+  });
   devicesTimer_.setSingleShot(true);
   devicesTimer_.setInterval(300);
   connect(&devicesTimer_, &QTimer::timeout, this, &MainWindow::refreshDevices);
@@ -693,6 +696,14 @@ void MainWindow::refreshDevices() {
 
 // ---------------------------------------------------------------------------------------------- running
 
+namespace {
+// One key per problem as the user reads it: a cycle is one message however many nodes it marks.
+QString issueKey(const core::Issue& i) {
+  if (i.message.startsWith("cycle: ")) return i.message;
+  return QString("%1\n%2\n%3\n%4").arg(int(i.severity)).arg(i.node, i.field, i.message);
+}
+}  // namespace
+
 core::ValidationReport MainWindow::validateNow() {
   validateTimer_.stop();
   core::ValidationReport r;
@@ -700,7 +711,36 @@ core::ValidationReport MainWindow::validateNow() {
   scene_->setValidation(r);
   inspector_->setValidation(r);
   validation_ = r;
+  issueKeys_.clear();
+  for (const core::Issue& i : r.issues()) issueKeys_.insert(issueKey(i));
   return r;
+}
+
+void MainWindow::logNewIssues(const QSet<QString>& before, const core::ValidationReport& report) {
+  // After an edit, the log gets each problem once, when it appears: one that stays through later edits (a
+  // param stepped through several values) is not repeated. Opening a file and F7 log everything instead.
+  constexpr int kMaxLogged = 20;  // a paste of a thousand broken nodes is marked on the canvas, not listed
+  QSet<QString> seen;
+  int fresh = 0;
+  QString first;
+  for (const core::Issue& i : report.issues()) {
+    const QString key = issueKey(i);
+    // An open required input is how every node starts out while it is being wired: marked on the node,
+    // not announced each time one is added.
+    if (i.message.startsWith("required input is not connected")) continue;
+    if (before.contains(key) || seen.contains(key)) continue;
+    seen.insert(key);
+    const QString text = i.field.isEmpty() ? i.message : i.field + ": " + i.message;
+    if (fresh++ < kMaxLogged)
+      logMessage(i.severity == core::Issue::Severity::Error ? LogLevel::Error : LogLevel::Warning, text,
+                 i.node);
+    if (first.isEmpty() && i.severity == core::Issue::Severity::Error)
+      first = i.node.isEmpty() ? text : i.node + ": " + text;
+  }
+  if (fresh > kMaxLogged)
+    logMessage(LogLevel::Error,
+               QString("... and %1 more new problems, marked on their nodes").arg(fresh - kMaxLogged));
+  if (!first.isEmpty()) statusBar()->showMessage(first, 6000);
 }
 
 QString MainWindow::runStateText() const {

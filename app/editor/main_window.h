@@ -4,6 +4,7 @@
 #pragma once
 #include <QMainWindow>
 #include <QMessageBox>
+#include <QSet>
 #include <QTimer>
 #include <functional>
 
@@ -110,6 +111,7 @@ class MainWindow : public QMainWindow {
   void addRecent(const QString& path);
   void setDocumentFrom(core::GraphDocument& loaded, const QString& file);
   void logProblems(const QString& fileName);
+  void logNewIssues(const QSet<QString>& before, const core::ValidationReport& report);
   void onBatch(const QList<core::RunEvent>& events);
   void onRunFinished(bool ok, bool cancelled, const QString& message);
   void onSelectionChanged();
@@ -147,6 +149,7 @@ class MainWindow : public QMainWindow {
   QTimer validateTimer_, autosaveTimer_, devicesTimer_;
   QString lastMessage_;
   core::ValidationReport validation_;  // of the last validateNow()
+  QSet<QString> issueKeys_;            // its issues, so an edit logs only the problems it brought
   QStringList devicesInUse_;
   PromptFn prompt_;
 };
