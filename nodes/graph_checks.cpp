@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "gpunodes/errors.h"
+#include "image_folder.h"
 #include "layer_nodes.h"
 #include "model_values.h"
 #include "node_util.h"
@@ -396,6 +397,22 @@ class Checker {
     const qint64 resize = p["resize"].toInteger();
     d.side = resize > 0 ? resize : 28;
     d.batch = p["batch_size"].toInteger();
+    if (p["name"].toString() == "image_folder") {
+      d.channels = p["channels"].toInteger();
+      // Without resize the side is the images' own, known from one header once the folder scans.
+      if (resize <= 0) d.side.reset();
+      // The loader's own scan (class folders only, not their files).
+      try {
+        const ImageFolderLayout layout = scanImageFolder(p["path"].toString());
+        if (resize <= 0)
+          if (const std::optional<QSize> size = firstImageSize(layout);
+              size && size->width() == size->height())
+            d.side = size->width();
+      } catch (const std::exception& e) {
+        report_.error(id, "params.path", QString::fromUtf8(e.what()));
+      }
+      return d;
+    }
     if (p["name"].toString() != "fashion-mnist") return d;
     // The loader's message, before the run: what is missing, where, and how to install it.
     const QString dir = p["path"].toString();
@@ -410,7 +427,8 @@ class Checker {
     }
     QStringList missing;
     QStringList files;
-    if (d.hasTrain)
+    // normalize reads the training split for its statistics, even when only the test split goes on.
+    if (d.hasTrain || p["normalize"].toBool())
       files << "train-images-idx3-ubyte"
             << "train-labels-idx1-ubyte";
     if (d.hasTest)

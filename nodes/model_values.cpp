@@ -29,6 +29,9 @@ QString DatasetValue::summary() const {
   QStringList parts;
   if (spec_.train) parts.append(QString("train %1").arg(spec_.train->count));
   if (spec_.test) parts.append(QString("test %1").arg(spec_.test->count));
+  if (spec_.train && spec_.train->transform.augments()) parts.append("augmented");
+  const nn::DatasetPtr& d = spec_.train ? spec_.train : spec_.test;
+  if (d && d->transform.normalizes()) parts.append("normalized");
   return QString("%1: %2, %3x%4x%4, batch %5")
       .arg(spec_.name, parts.join(", "))
       .arg(channels())
@@ -159,6 +162,7 @@ nn::DatasetPtr sliceDataset(const nn::DatasetPtr& data, int64_t begin, int64_t e
   d->channels = data->channels, d->height = data->height, d->width = data->width;
   d->classes = data->classes;
   d->class_names = data->class_names;
+  d->transform = data->transform;
   const int64_t numel = data->sample_numel();
   d->images.assign(data->images.begin() + begin * numel, data->images.begin() + end * numel);
   d->labels.assign(data->labels.begin() + begin, data->labels.begin() + end);

@@ -37,11 +37,11 @@ class ModelValue final : public core::PortValue {
 
 // A Dataset port's value: the training and test splits (either may be absent) and how to batch them.
 struct DatasetSpec {
-  QString name;          // "fashion-mnist", "synthetic"
-  nn::DatasetPtr train;  // null when the node loads only the test split
-  nn::DatasetPtr test;   // null when the node loads only the training split
+  QString name;          // "fashion-mnist", "synthetic", "image_folder"
+  nn::DatasetPtr train;  // null when the node loads only the test split; carries the augmentation
+  nn::DatasetPtr test;   // null when the node loads only the training split; normalised like train, no more
   int64_t batchSize = 256;
-  int64_t resize = 0;  // 0: images as stored
+  int64_t resize = 0;  // 0: images as stored (an image folder's are scaled when decoded, so it keeps 0)
   uint64_t shuffleSeed = 0;
 };
 

@@ -1,11 +1,13 @@
-// Dataset, Train and Evaluate: Fashion-MNIST (or a synthetic set) in batches, data-parallel training across
-// devices with live metric series, and accuracy on a split.
+// Dataset, Train and Evaluate: Fashion-MNIST, a folder of images (or a synthetic set) in batches,
+// data-parallel training across devices with live metric series, and accuracy on a split.
 #include <QJsonArray>
+#include <chrono>
 #include <cmath>
 #include <set>
 
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/trainer.h"
+#include "image_folder.h"
 #include "model_values.h"
 #include "node_util.h"
 
@@ -17,6 +19,56 @@ using core::PortType;
 // The synthetic set's sizes before `limit`: enough for a model to learn its patterns in an epoch or two.
 constexpr int64_t kSyntheticTrain = 2048, kSyntheticTest = 512;
 
+// `data` served with transform `t`. A set made for this node alone (`own`: an image folder's, which may fill
+// most of memory) takes it in place; loaded sets are shared, so they are copied when `t` changes anything.
+nn::DatasetPtr withTransform(const nn::DatasetPtr& data, const nn::Transform& t,
+                             const std::shared_ptr<nn::Dataset>& own = nullptr) {
+  if (own) {
+    own->transform = t;
+    return own;
+  }
+  if (!data || (!t.augments() && !t.normalizes())) return data;
+  auto d = std::make_shared<nn::Dataset>(*data);
+  d->transform = t;
+  return d;
+}
+
+// The loader's milliseconds per batch over the first batches of epoch 0, as Train will read `data`: whether
+// it can keep a device fed. A batch too large to probe cheaply is measured smaller and scaled (the cost is
+// per sample).
+double probeLoader(const nn::DatasetPtr& data, const DatasetSpec& spec, bool training) {
+  constexpr int kBatches = 8;
+  constexpr double kSeconds = 0.25, kMaxProbeBytes = 256.0 * (1 << 20);
+  const int64_t side = spec.resize > 0 ? spec.resize : data->height;
+  const double sampleBytes = static_cast<double>(data->channels * side * side + 1) * sizeof(float);
+  const int64_t full = std::min(spec.batchSize, data->count);
+  const int64_t probe =
+      std::clamp<int64_t>(static_cast<int64_t>(kMaxProbeBytes / sampleBytes), int64_t(1), full);
+  nn::LoaderOptions lo;
+  lo.batch_size = probe;
+  lo.shuffle = training;
+  lo.seed = spec.shuffleSeed;
+  lo.resize = spec.resize;
+  nn::DataLoader loader(data, lo);
+  loader.start_epoch(0);
+  const auto start = std::chrono::steady_clock::now();
+  for (int b = 0; b < kBatches; ++b) {
+    if (!loader.next()) break;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kSeconds) break;
+  }
+  loader.stop();
+  return loader.ms_per_batch() * static_cast<double>(full) / static_cast<double>(probe);
+}
+
+QJsonArray classCounts(const nn::Dataset& d) {
+  std::vector<double> counts(static_cast<size_t>(d.classes), 0.0);
+  for (uint8_t label : d.labels)
+    if (label < counts.size()) counts[label] += 1;
+  QJsonArray out;
+  for (double c : counts) out.append(c);
+  return out;
+}
+
 class DatasetNode final : public GpuNode {
  public:
   DatasetNode()
@@ -25,38 +77,83 @@ class DatasetNode final : public GpuNode {
             .category = "Models",
             .description =
                 "Fashion-MNIST from its gzipped IDX files (the Debian package dataset-fashion-mnist installs "
-                "them under /usr/share/datasets/fashion-mnist), or a small synthetic set for quick checks: "
+                "them under /usr/share/datasets/fashion-mnist), a folder of your own PNG or JPEG images in "
+                "torchvision's ImageFolder layout (image_folder), or a small synthetic set for quick checks: "
                 "10 classes of fixed random 28x28 patterns plus noise. Train and Evaluate read it in batches "
-                "of batch_size, shuffled per epoch from shuffle_seed, prepared on a background thread.",
+                "of batch_size, shuffled per epoch from shuffle_seed, prepared on a background thread, which "
+                "also augments training batches (random crop, flip) and normalises both splits when asked. "
+                "Reports the classes, the samples per class, the loader's milliseconds per batch, and the "
+                "normalisation's mean and std.",
             .inputs = {},
             .outputs = {outPort("data", PortType::Dataset,
                                 "The splits and how to batch them: Train trains on the training split and "
                                 "reports test accuracy on the test split.")},
             .params =
                 {
-                    enumParam("name", {"fashion-mnist", "synthetic"}, "fashion-mnist",
+                    enumParam("name", {"fashion-mnist", "synthetic", "image_folder"}, "fashion-mnist",
                               "fashion-mnist: 60,000 training and 10,000 test images, 28x28 grey. synthetic: "
-                              "2,048 training and 512 test samples of the same shape, made in memory."),
-                    stringParam("path", nn::default_fashion_mnist_dir(),
-                                "fashion-mnist: the directory holding train-images-idx3-ubyte.gz, "
-                                "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and "
-                                "t10k-labels-idx1-ubyte.gz (or the same names without .gz)."),
+                              "2,048 training and 512 test samples of the same shape, made in memory. "
+                              "image_folder: the images under path, decoded into memory."),
+                    stringParam(
+                        "path", nn::default_fashion_mnist_dir(),
+                        "fashion-mnist: the directory holding train-images-idx3-ubyte.gz, "
+                        "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and "
+                        "t10k-labels-idx1-ubyte.gz (or the same names without .gz). image_folder: a "
+                        "directory with one sub-directory of images per class (path/<class>/<image>, "
+                        "classes sorted by name, class i is label i, as torchvision's ImageFolder), "
+                        "or with train/ and test/ sub-directories of that layout (the same classes in "
+                        "both). Files that do not read as images are skipped and listed in a "
+                        "warning."),
+                    intParam("channels", 1, 1, 3,
+                             "image_folder: 1 converts every image to grey, 3 to RGB (grey images give "
+                             "R = G = B). The other sets are grey: 1."),
+                    floatParam("test_fraction", 0.2,
+                               "image_folder without train/ and test/ directories: the share of each class "
+                               "held out as the test split (stratified, 0 to 0.9), drawn from shuffle_seed."),
                     enumParam("split", {"both", "train", "test"}, "both",
                               "Which splits to load: both (training and test), train or test only."),
                     intParam("batch_size", 256, 1, 1000000,
                              "Samples per step, the whole minibatch: Train splits it across its devices "
                              "(unevenly when it does not divide)."),
-                    intParam("limit", 0, 0, 100000000,
-                             "Use only the first `limit` samples of each split; 0 uses them all."),
+                    intParam(
+                        "limit", 0, 0, 100000000,
+                        "Use only the first `limit` samples of each split (image_folder: of each split's "
+                        "order drawn from shuffle_seed, so every class is represented); 0 uses them "
+                        "all."),
                     intParam("shuffle_seed", 0, 0, 9007199254740991.0,
                              "The order of epoch e is a permutation drawn from (shuffle_seed, e): runs "
                              "repeat exactly."),
                     intParam("resize", 0, 0, 1024,
-                             "0: images as stored (28x28). Otherwise bilinear resize to resize x resize, as "
-                             "d2l's load_data_fashion_mnist(resize=96); the Model's image_size must match "
-                             "for mlp and lenet."),
+                             "0: images as stored (28x28; image_folder: all must share one square size). "
+                             "Otherwise bilinear resize to resize x resize, as d2l's "
+                             "load_data_fashion_mnist(resize=96) (image_folder: scaled once, when decoded); "
+                             "the Model's image_size must match for mlp and lenet."),
+                    intParam("augment_crop_padding", 0, 0, 1024,
+                             "Training batches only: a random crop of the image's size after zero padding "
+                             "by this many pixels on each side, as torchvision's RandomCrop(size, padding). "
+                             "0: off."),
+                    boolParam("augment_flip", false,
+                              "Training batches only: a random horizontal flip with probability 0.5. Crop "
+                              "and flip are drawn per image from (the Train's shuffle seed, epoch, image), "
+                              "so runs repeat."),
+                    boolParam("normalize", false,
+                              "Subtract each channel's mean and divide by its standard deviation, both "
+                              "computed once over the training split as stored (reported as mean and std), "
+                              "on training and test batches alike."),
                 },
         }) {}
+
+  QStringList validateParams(const QJsonObject& p) const override {
+    QStringList problems;
+    const qint64 channels = p["channels"].toInteger();
+    if (channels != 1 && channels != 3)
+      problems.append("channels: must be 1 (grey) or 3 (RGB)");
+    else if (channels == 3 && p["name"].toString() != "image_folder")
+      problems.append("channels: " + p["name"].toString() + " is grey; 3 channels apply to image_folder");
+    const double fraction = p["test_fraction"].toDouble();
+    if (!(fraction >= 0 && fraction <= 0.9)) problems.append("test_fraction: must be between 0 and 0.9");
+    return problems;
+  }
 
   void execute(core::NodeContext& ctx) const override {
     const QJsonObject& p = ctx.params();
@@ -68,6 +165,11 @@ class DatasetNode final : public GpuNode {
     const int64_t limit = p["limit"].toInteger();
     const QString split = p["split"].toString();
     const bool wantTrain = split != "test", wantTest = split != "train";
+    const bool normalize = p["normalize"].toBool();
+    // Normalisation's statistics come from the training split, loaded for them even when not handed on.
+    const bool loadTrain = wantTrain || normalize;
+    nn::DatasetPtr train, test;
+    std::shared_ptr<nn::Dataset> ownTrain, ownTest;
     if (spec.name == "synthetic") {
       const int64_t nTrain = limit > 0 ? std::min(limit, kSyntheticTrain) : kSyntheticTrain;
       const int64_t nTest = limit > 0 ? std::min(limit, kSyntheticTest) : kSyntheticTest;
@@ -75,30 +177,132 @@ class DatasetNode final : public GpuNode {
       nn::SyntheticOptions so;
       so.count = nTrain + nTest;
       const nn::DatasetPtr all = nn::make_synthetic(so);
-      if (wantTrain) spec.train = sliceDataset(all, 0, nTrain, "synthetic/train");
-      if (wantTest) spec.test = sliceDataset(all, nTrain, nTrain + nTest, "synthetic/test");
+      if (loadTrain) train = sliceDataset(all, 0, nTrain, "synthetic/train");
+      if (wantTest) test = sliceDataset(all, nTrain, nTrain + nTest, "synthetic/test");
     } else if (spec.name == "fashion-mnist") {
       const std::string dir = p["path"].toString().toStdString();
-      if (wantTrain) spec.train = nn::take(nn::load_fashion_mnist(nn::Split::Train, dir), limit);
+      if (loadTrain) train = nn::take(nn::load_fashion_mnist(nn::Split::Train, dir), limit);
       if (ctx.cancelled()) throw CancelledError();
-      if (wantTest) spec.test = nn::take(nn::load_fashion_mnist(nn::Split::Test, dir), limit);
+      if (wantTest) test = nn::take(nn::load_fashion_mnist(nn::Split::Test, dir), limit);
+    } else if (spec.name == "image_folder") {
+      ImageFolderOptions fo;
+      fo.channels = static_cast<int>(p["channels"].toInteger());
+      fo.resize = spec.resize;
+      fo.testFraction = p["test_fraction"].toDouble();
+      fo.seed = spec.shuffleSeed;
+      fo.limit = limit;
+      fo.wantTrain = loadTrain;
+      fo.wantTest = wantTest;
+      fo.cancelled = [&ctx] { return ctx.cancelled(); };
+      fo.progress = [&ctx](double f) { ctx.progress(f); };
+      ImageFolderData folder = loadImageFolder(p["path"].toString(), fo);
+      train = ownTrain = folder.train;
+      test = ownTest = folder.test;
+      // Scaled once when decoded: the loader hands the images out as they are.
+      spec.resize = 0;
+      const QJsonArray names = [&] {
+        QJsonArray a;
+        for (const QString& c : folder.layout.classes) a.append(c);
+        return a;
+      }();
+      ctx.reportField("classes", names);
+      ctx.reportField("split_by", folder.layout.trainTestDirs
+                                      ? QString("the train and test folders")
+                                      : QString("test_fraction %1 of each class").arg(fo.testFraction));
+      ctx.reportField("unreadable_files", static_cast<double>(folder.unreadable.size()));
+      if (!folder.unreadable.isEmpty()) {
+        constexpr int kShown = 5;
+        QStringList shown = folder.unreadable.mid(0, kShown);
+        if (folder.unreadable.size() > kShown)
+          shown.append(QString("and %1 more").arg(folder.unreadable.size() - kShown));
+        const bool one = folder.unreadable.size() == 1;
+        ctx.warning(QString("%1 file%2 under %3 did not read as images and %4 skipped: %5")
+                        .arg(folder.unreadable.size())
+                        .arg(one ? QString() : QString("s"), p["path"].toString(),
+                             one ? QString("was") : QString("were"), shown.join(", ")));
+      }
     } else {
       throw Error("name: unknown dataset " + spec.name.toStdString());
     }
+
+    nn::Transform both;
+    if (normalize) {
+      const nn::ChannelStats stats = nn::channel_stats(*train);
+      QJsonArray mean, std;
+      for (size_t c = 0; c < stats.mean.size(); ++c) {
+        mean.append(stats.mean[c]);
+        std.append(stats.std[c]);
+        both.mean.push_back(static_cast<float>(stats.mean[c]));
+        // A constant channel has nothing to scale: it is only centred.
+        const bool constant = !(stats.std[c] > 1e-12);
+        both.std.push_back(constant ? 1.0f : static_cast<float>(stats.std[c]));
+        if (constant)
+          ctx.warning(
+              QString("normalize: channel %1 is the same value everywhere in the training split: it is "
+                      "centred but not scaled")
+                  .arg(c));
+      }
+      ctx.reportField("mean", mean);
+      ctx.reportField("std", std);
+    }
+    nn::Transform augmented = both;
+    augmented.crop_padding = p["augment_crop_padding"].toInteger();
+    augmented.flip = p["augment_flip"].toBool();
+    if (wantTrain) spec.train = withTransform(train, augmented, ownTrain);
+    spec.test = withTransform(test, both, ownTest);
+
     auto value = std::make_shared<DatasetValue>(std::move(spec));
     const DatasetSpec& s = value->spec();
     ctx.reportField("train_samples", s.train ? static_cast<double>(s.train->count) : 0.0);
     ctx.reportField("test_samples", s.test ? static_cast<double>(s.test->count) : 0.0);
+    if (s.train) ctx.reportField("train_class_counts", classCounts(*s.train));
+    if (s.test) ctx.reportField("test_class_counts", classCounts(*s.test));
     ctx.reportField("image",
                     QJsonArray{static_cast<double>(value->channels()), static_cast<double>(value->side()),
                                static_cast<double>(value->side())});
+    if (const nn::DatasetPtr& probed = s.train ? s.train : s.test; probed && probed->count > 0)
+      ctx.reportField("loader_ms_per_batch", probeLoader(probed, s, probed == s.train));
     ctx.reportField("summary", value->summary());
+    ctx.progress(1.0);
     ctx.setOutput("data", value);
   }
 };
 
 // The Train node's device inputs, in order: the first holds replica 0.
 const QStringList kDevicePorts{"devices", "devices_2", "devices_3", "devices_4"};
+
+// A Float param with bounds that validation and the inspector's spin box both apply.
+core::ParamSpec boundedFloat(const QString& name, double def, double min, double max, const QString& doc) {
+  core::ParamSpec p = floatParam(name, def, doc);
+  p.min = min;
+  p.max = max;
+  return p;
+}
+
+// The Train node's optimizer and schedule params as the runtime's options (params already filled with
+// defaults, so graph files from before these params train exactly as they did: SGD at a constant rate).
+nn::OptimizerOptions optimizerOf(const QJsonObject& p) {
+  nn::OptimizerOptions o;
+  o.kind = nn::parse_optimizer(p["optimizer"].toString().toStdString());
+  o.lr = p["lr"].toDouble();
+  o.momentum = p["momentum"].toDouble();
+  o.nesterov = p["nesterov"].toBool();
+  o.weight_decay = p["weight_decay"].toDouble();
+  o.beta1 = p["beta1"].toDouble();
+  o.beta2 = p["beta2"].toDouble();
+  o.eps = p["eps"].toDouble();
+  return o;
+}
+
+nn::ScheduleOptions scheduleOf(const QJsonObject& p) {
+  nn::ScheduleOptions s;
+  s.kind = nn::parse_schedule(p["schedule"].toString().toStdString());
+  s.warmup_epochs = p["warmup_epochs"].toInteger();
+  s.step_size = p["step_size"].toInteger();
+  s.gamma = p["gamma"].toDouble();
+  s.min_lr = p["min_lr"].toDouble();
+  return s;
+}
 
 class TrainNode final : public GpuNode {
  public:
@@ -107,14 +311,17 @@ class TrainNode final : public GpuNode {
             .name = "Train",
             .category = "Models",
             .description =
-                "Minibatch SGD with softmax cross-entropy, data-parallel as the seed's nn.DataParallel: each "
-                "batch is split across the devices, every device runs forward and backward on its share at "
-                "the same time, the gradients are summed (NCCL on GPUs, on the host otherwise) and every "
+                "Minibatch SGD, Adam or AdamW (PyTorch's definitions) with softmax cross-entropy, at a "
+                "constant, step, cosine or one-cycle learning rate with an optional linear warmup, "
+                "data-parallel as the seed's nn.DataParallel: each batch is split across the devices, every "
+                "device runs forward and backward on its share at the same time, the gradients are summed "
+                "(NCCL on GPUs, on the host otherwise), optionally clipped by their total norm, and every "
                 "replica takes the same step. BatchNorm keeps per-replica batch statistics, as DataParallel "
                 "does (no synchronised BatchNorm); device 0's running statistics are the ones kept. Streams "
-                "the metric series <node>.loss and <node>.train_acc (every log_every batches and per epoch), "
-                "<node>.test_acc, <node>.epoch_seconds and <node>.images_per_second per epoch, and "
-                "<node>.memory_mb/<device> per device. Trains a copy: the input model stays as it was.",
+                "the metric series <node>.loss, <node>.train_acc and <node>.lr (every log_every batches and "
+                "per epoch), <node>.test_acc, <node>.epoch_seconds and <node>.images_per_second per epoch, "
+                "and <node>.memory_mb/<device> per device. Reports the optimizer and the schedule. Trains a "
+                "copy: the input model stays as it was.",
             .inputs = {inPort("model", PortType::Model, "The model to start from."),
                        inPort("data", PortType::Dataset,
                               "The data: its training split is trained on, its test split (if loaded) gives "
@@ -129,10 +336,50 @@ class TrainNode final : public GpuNode {
             .params =
                 {
                     intParam("epochs", 10, 0, 100000, "Passes over the training split."),
-                    floatParam("lr", 0.1,
-                               "Learning rate (above 0); the seed uses 0.1 for batch 256, 0.2 for 512."),
-                    floatParam("momentum", 0.0, "SGD momentum, 0 to below 1 (PyTorch's definition)."),
-                    floatParam("weight_decay", 0.0, "L2 penalty added to each gradient (0 or more)."),
+                    enumParam(
+                        "optimizer", {"sgd", "adam", "adamw"}, "sgd",
+                        "sgd: torch.optim.SGD. adam: torch.optim.Adam (weight_decay is an L2 term added "
+                        "to the gradient). adamw: torch.optim.AdamW (weight decay decoupled: each step "
+                        "first multiplies the weights by 1 - lr * weight_decay)."),
+                    boundedFloat(
+                        "lr", 0.1, 0, 1e6,
+                        "Learning rate (above 0), the base of the schedule; the seed uses 0.1 for SGD "
+                        "at batch 256, 0.2 for 512. Adam usually wants about 1e-3."),
+                    boundedFloat("momentum", 0.0, 0, 1,
+                                 "sgd: momentum, 0 to below 1 (PyTorch's definition)."),
+                    boolParam("nesterov", false, "sgd: Nesterov momentum (needs momentum above 0)."),
+                    boundedFloat("beta1", 0.9, 0, 1,
+                                 "adam, adamw: decay of the running mean of gradients, 0 to below 1."),
+                    boundedFloat(
+                        "beta2", 0.999, 0, 1,
+                        "adam, adamw: decay of the running mean of squared gradients, 0 to below 1."),
+                    boundedFloat("eps", 1e-8, 0, 1, "adam, adamw: added to the denominator (above 0)."),
+                    boundedFloat(
+                        "weight_decay", 0.0, 0, 1e6,
+                        "Weight decay (0 or more): an L2 term added to each gradient for sgd and adam, "
+                        "decoupled for adamw. (PyTorch's AdamW defaults to 0.01; here 0 for all.)"),
+                    enumParam(
+                        "schedule", {"constant", "step", "cosine", "onecycle"}, "constant",
+                        "The learning rate per batch. constant: lr. step: lr * gamma^(epoch // "
+                        "step_size) (StepLR, per epoch). cosine: from lr down to min_lr over the epochs "
+                        "after the warmup (CosineAnnealingLR, per epoch). onecycle: OneCycleLR per batch "
+                        "with max_lr = lr: up from lr/25 over the first 30% of steps, then down to min_lr "
+                        "(or lr/25/1e4 when min_lr is 0); it takes no warmup."),
+                    intParam("warmup_epochs", 0, 0, 100000,
+                             "Epochs of linear warmup before the schedule: from lr/W to lr over W = "
+                             "warmup_epochs * batches-per-epoch batches (LinearLR)."),
+                    intParam("step_size", 1, 1, 100000, "step: epochs between decays."),
+                    boundedFloat("gamma", 0.1, 0, 1e6, "step: the decay factor (above 0)."),
+                    boundedFloat("min_lr", 0.0, 0, 1e6,
+                                 "cosine: the final rate (eta_min). onecycle: the final rate when above 0. "
+                                 "Below lr."),
+                    boundedFloat("clip_grad_norm", 0.0, 0, 1e6,
+                                 "Clip the gradients' total 2-norm to this (clip_grad_norm_, after the "
+                                 "all-reduce); 0: off."),
+                    boundedFloat(
+                        "label_smoothing", 0.0, 0, 1,
+                        "Label smoothing of the training loss (CrossEntropyLoss(label_smoothing)), 0 "
+                        "to 1. Accuracy is unaffected."),
                     intParam("seed", 0, 0, 9007199254740991.0,
                              "Added to the Dataset's shuffle_seed for this node's epoch order, so that two "
                              "Train nodes on one Dataset can see different orders (0: the Dataset's)."),
@@ -148,11 +395,10 @@ class TrainNode final : public GpuNode {
 
   QStringList validateParams(const QJsonObject& params) const override {
     QStringList problems;
-    const double lr = params["lr"].toDouble(), momentum = params["momentum"].toDouble(),
-                 wd = params["weight_decay"].toDouble();
-    if (!(lr > 0 && lr < 1e6)) problems.append("lr: must be above 0");
-    if (!(momentum >= 0 && momentum < 1)) problems.append("momentum: must be at least 0 and below 1");
-    if (!(wd >= 0 && wd < 1e6)) problems.append("weight_decay: must be 0 or more");
+    const nn::OptimizerOptions o = optimizerOf(params);
+    // The runtime's checks, named after these params: one rule for the node and for the Trainer.
+    for (const std::string& p : nn::optimizer_problems(o)) problems.append(qs(p));
+    for (const std::string& p : nn::schedule_problems(scheduleOf(params), o.lr)) problems.append(qs(p));
     return problems;
   }
 
@@ -176,9 +422,10 @@ class TrainNode final : public GpuNode {
     nn::TrainOptions o;
     o.epochs = p["epochs"].toInteger();
     o.batch_size = ds.batchSize;
-    o.sgd.lr = static_cast<float>(p["lr"].toDouble());
-    o.sgd.momentum = static_cast<float>(p["momentum"].toDouble());
-    o.sgd.weight_decay = static_cast<float>(p["weight_decay"].toDouble());
+    o.optimizer = optimizerOf(p);
+    o.schedule = scheduleOf(p);
+    o.clip_grad_norm = p["clip_grad_norm"].toDouble();
+    o.label_smoothing = p["label_smoothing"].toDouble();
     o.shuffle_seed = ds.shuffleSeed + static_cast<uint64_t>(p["seed"].toInteger());
     o.resize = ds.resize;
     o.log_every = p["log_every"].toInteger();
@@ -199,6 +446,8 @@ class TrainNode final : public GpuNode {
     ctx.reportField("devices", names);
     ctx.reportField("batch_split", split);
     ctx.reportField("reducer", qs(trainer.reducer_name()));
+    ctx.reportField("optimizer", qs(nn::describe(trainer.optimizer())));
+    ctx.reportField("schedule", qs(nn::describe(o.schedule)));
 
     const QString prefix = ctx.nodeId() + ".";
     const double epochs = static_cast<double>(std::max<int64_t>(o.epochs, 1));

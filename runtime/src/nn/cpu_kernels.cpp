@@ -1,6 +1,6 @@
 // CPU layer kernels. Convolutions (grouped ones too) and activations use oneDNN; linear layers OpenBLAS (as
-// PyTorch does here); batch norm, pooling, dropout, channel concat, the loss and SGD are OpenMP loops, being
-// memory-bound.
+// PyTorch does here); batch norm, pooling, dropout, channel concat, the loss and the optimizers are OpenMP
+// loops, being memory-bound.
 //
 // Convolution: oneDNN, chosen by measurement on this machine's 2-core AVX-512 EPYC (tests/bench/train_bench
 // prints the table again). Forward + backward, 2 threads, ms, oneDNN vs im2col + OpenBLAS sgemm over the
@@ -634,7 +634,7 @@ class CpuNnKernels final : public NnKernels {
 
   void softmax_cross_entropy(int64_t n, int64_t classes, const float* logits, const float* labels,
                              float* loss, float* stats, float* dlogits, float grad_scale,
-                             KernelContext&) override {
+                             float label_smoothing, KernelContext&) override {
     // Labels are checked before anything is written, so a bad label leaves no half-made gradient behind.
     for (int64_t i = 0; i < n; ++i) {
       const float l = labels[i];
@@ -642,6 +642,7 @@ class CpuNnKernels final : public NnKernels {
         throw Error("softmax_cross_entropy: label " + std::to_string(l) + " at row " + std::to_string(i) +
                     " is not a class index in [0, " + std::to_string(classes) + ")");
     }
+    const double eps = label_smoothing, uniform = eps / static_cast<double>(classes);
     double loss_sum = 0, correct = 0;
 #pragma omp parallel for reduction(+ : loss_sum, correct) if (n * classes > kParallelMin)
     for (int64_t i = 0; i < n; ++i) {
@@ -651,16 +652,22 @@ class CpuNnKernels final : public NnKernels {
       float mx = z[0];
       for (int64_t j = 1; j < classes; ++j)
         if (z[j] > mx) mx = z[j], arg = j;
-      double se = 0;
-      for (int64_t j = 0; j < classes; ++j) se += std::exp(static_cast<double>(z[j] - mx));
+      double se = 0, zsum = 0;
+      for (int64_t j = 0; j < classes; ++j) {
+        se += std::exp(static_cast<double>(z[j] - mx));
+        zsum += z[j];
+      }
       const double lse = std::log(se) + mx;
-      loss_sum += lse - z[label];
+      const double nll = lse - z[label];
+      // -mean_j log p_j = lse - mean_j z_j: the uniform part of the smoothed target.
+      loss_sum += eps > 0 ? (1 - eps) * nll + eps * (lse - zsum / static_cast<double>(classes)) : nll;
       correct += arg == label ? 1.0 : 0.0;
       if (dlogits) {
         float* g = dlogits + i * classes;
         for (int64_t j = 0; j < classes; ++j) {
           const double p = std::exp(z[j] - lse);
-          g[j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * grad_scale);
+          const double target = (j == label ? 1.0 - eps : 0.0) + uniform;
+          g[j] = static_cast<float>((p - target) * grad_scale);
         }
       }
     }
@@ -669,19 +676,77 @@ class CpuNnKernels final : public NnKernels {
     stats[1] = static_cast<float>(correct);
   }
 
-  void sgd_step(int64_t n, float* p, const float* g, float* buf, float lr, float momentum, float wd,
-                KernelContext&) override {
-    if (buf) {
-#pragma omp parallel for simd if (n > kParallelMin)
-      for (int64_t i = 0; i < n; ++i) {
-        const float d = g[i] + wd * p[i];
-        buf[i] = momentum * buf[i] + d;
-        p[i] -= lr * buf[i];
+  // The same float operations in the same order as the CUDA kernels (which spell them with _rn intrinsics),
+  // so a CPU replica and a GPU replica take bit-equal steps.
+  void optimizer_step(const std::vector<OptimizerTensor>& tensors, const OptimizerScalars& s,
+                      const float* clip, KernelContext&) override {
+    const float coef = clip ? clip[1] : 1.0f;
+    for (const OptimizerTensor& t : tensors) {
+      const int64_t n = t.n;
+      float *p = t.param, *a = t.a, *b = t.b;
+      const float* grad = t.grad;
+      const bool fresh = t.fresh;
+      if (s.kind == OptimizerKind::Sgd) {
+#pragma omp parallel for if (n > kParallelMin)
+        for (int64_t i = 0; i < n; ++i) {
+          const float g = clip ? grad[i] * coef : grad[i];
+          float d = g + s.weight_decay * p[i];
+          if (a) {
+            const float buf = fresh ? d : s.momentum * a[i] + s.keep * d;
+            a[i] = buf;
+            d = s.nesterov ? d + s.momentum * buf : buf;
+          }
+          p[i] = p[i] - s.lr * d;
+        }
+      } else {
+#pragma omp parallel for if (n > kParallelMin)
+        for (int64_t i = 0; i < n; ++i) {
+          float v = p[i] * s.decay;
+          float g = clip ? grad[i] * coef : grad[i];
+          if (s.weight_decay != 0) g = g + s.weight_decay * v;
+          const float m1 = s.beta1 * (fresh ? 0.0f : a[i]) + s.one_minus_beta1 * g;
+          const float m2 = s.beta2 * (fresh ? 0.0f : b[i]) + (s.one_minus_beta2 * g) * g;
+          const float denom = std::sqrt(m2) / s.bias2_sqrt + s.eps;
+          v = v - s.step_size * (m1 / denom);
+          a[i] = m1;
+          b[i] = m2;
+          p[i] = v;
+        }
       }
-    } else {
-#pragma omp parallel for simd if (n > kParallelMin)
-      for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
     }
+  }
+
+  void grad_clip_coefficient(const std::vector<GradSpan>& grads, float max_norm, float* out,
+                             KernelContext&) override {
+    // Every chunk of every gradient, in order; their sums are independent, then added in that order.
+    std::vector<GradSpan> chunks;
+    for (const GradSpan& g : grads)
+      for (int64_t at = 0; at < g.n; at += kNormChunk)
+        chunks.push_back({g.data + at, std::min(kNormChunk, g.n - at)});
+    std::vector<double> partial(chunks.size());
+    const int64_t count = static_cast<int64_t>(chunks.size());
+#pragma omp parallel for if (count * kNormChunk > kParallelMin)
+    for (int64_t c = 0; c < count; ++c) {
+      double lanes[kNormLanes] = {};
+      const float* x = chunks[c].data;
+      const int64_t len = chunks[c].n;
+      for (int64_t base = 0; base < len; base += kNormLanes) {
+        const int64_t m = std::min<int64_t>(kNormLanes, len - base);
+        for (int64_t l = 0; l < m; ++l) {
+          const double v = x[base + l];
+          lanes[l] += v * v;
+        }
+      }
+      for (int stride = kNormLanes / 2; stride > 0; stride >>= 1)
+        for (int l = 0; l < stride; ++l) lanes[l] += lanes[l + stride];
+      partial[static_cast<size_t>(c)] = lanes[0];
+    }
+    double total = 0;
+    for (double v : partial) total += v;
+    const float norm = static_cast<float>(std::sqrt(total));
+    const float q = max_norm / (norm + 1e-6f);
+    out[0] = norm;
+    out[1] = q > 1.0f ? 1.0f : q;  // torch's clamp(max=1): a NaN norm gives a NaN factor, as there
   }
 
  private:

@@ -1,10 +1,11 @@
-// Fashion-MNIST's IDX files through zlib, the synthetic set, and the background loader.
+// Fashion-MNIST's IDX files through zlib, the synthetic set, augmentation, and the background loader.
 #include "gpunodes/nn/data.h"
 
 #include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -137,6 +138,12 @@ uint64_t splitmix64(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
+// One 64-bit state from two values, so that draws keyed by (seed, epoch, sample) are unrelated to each other.
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t state = a ^ (b * 0xD1B54A32D192ED03ull);
+  return splitmix64(state);
+}
+
 // Bilinear weights for one axis, align_corners=False (PyTorch's and PIL's pixel-centre convention).
 struct Tap {
   int64_t i0, i1;
@@ -211,6 +218,84 @@ DatasetPtr take(const DatasetPtr& data, int64_t limit) {
   return d;
 }
 
+ChannelStats channel_stats(const Dataset& data) {
+  const int64_t c = data.channels, plane = data.height * data.width;
+  ChannelStats out;
+  out.mean.assign(static_cast<size_t>(c), 0.0);
+  out.std.assign(static_cast<size_t>(c), 0.0);
+  if (data.count == 0 || plane == 0) return out;
+  // Integer sums of bytes and their squares are exact; 2^64 / 255^2 leaves room for 2.8e14 pixels.
+  std::vector<uint64_t> sum(static_cast<size_t>(c), 0), squares(static_cast<size_t>(c), 0);
+  for (int64_t i = 0; i < data.count; ++i)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const uint8_t* p = data.images.data() + (i * c + ch) * plane;
+      uint64_t s = 0, q = 0;
+      for (int64_t j = 0; j < plane; ++j) s += p[j], q += uint64_t(p[j]) * p[j];
+      sum[ch] += s, squares[ch] += q;
+    }
+  const double n = static_cast<double>(data.count) * static_cast<double>(plane);
+  for (int64_t ch = 0; ch < c; ++ch) {
+    const double mean = static_cast<double>(sum[ch]) / n;
+    const double var = std::max(0.0, static_cast<double>(squares[ch]) / n - mean * mean);
+    out.mean[ch] = mean / 255.0;
+    out.std[ch] = std::sqrt(var) / 255.0;
+  }
+  return out;
+}
+
+AugmentDraw draw_augment(const Transform& t, uint64_t seed, int64_t epoch, int64_t sample) {
+  // A stream of its own: the salt keeps these draws apart from the epoch's shuffle of the same seed.
+  uint64_t state =
+      mix(mix(mix(seed, 0x61756720ull), static_cast<uint64_t>(epoch)), static_cast<uint64_t>(sample));
+  AugmentDraw d;
+  if (t.crop_padding > 0) {
+    const uint64_t span = static_cast<uint64_t>(2 * t.crop_padding + 1);
+    d.dy = static_cast<int64_t>(splitmix64(state) % span);
+    d.dx = static_cast<int64_t>(splitmix64(state) % span);
+  }
+  if (t.flip) d.flip = (splitmix64(state) >> 63) != 0;
+  return d;
+}
+
+void augment_sample(const Transform& t, const AugmentDraw& d, float* sample, int64_t channels, int64_t height,
+                    int64_t width) {
+  const int64_t h = height, w = width;
+  // Output (y, x) reads input (y + sy, x + sx): RandomCrop's window in the image padded by crop_padding.
+  const int64_t sy = t.crop_padding > 0 ? d.dy - t.crop_padding : 0;
+  const int64_t sx = t.crop_padding > 0 ? d.dx - t.crop_padding : 0;
+  if (sy != 0 || sx != 0) {
+    const int64_t n = std::max<int64_t>(0, w - std::abs(sx));
+    const int64_t out0 = std::max<int64_t>(0, -sx), in0 = std::max<int64_t>(0, sx);
+    for (int64_t ch = 0; ch < channels; ++ch) {
+      float* plane = sample + ch * h * w;
+      // In place: rows are walked so that each source row is read before it is overwritten.
+      for (int64_t k = 0; k < h; ++k) {
+        const int64_t y = sy >= 0 ? k : h - 1 - k, ys = y + sy;
+        float* dst = plane + y * w;
+        if (ys < 0 || ys >= h || n == 0) {
+          std::fill(dst, dst + w, 0.0f);
+          continue;
+        }
+        std::memmove(dst + out0, plane + ys * w + in0, static_cast<size_t>(n) * sizeof(float));
+        std::fill(dst, dst + out0, 0.0f);
+        std::fill(dst + out0 + n, dst + w, 0.0f);
+      }
+    }
+  }
+  if (d.flip)
+    for (int64_t r = 0; r < channels * h; ++r) std::reverse(sample + r * w, sample + (r + 1) * w);
+}
+
+void normalize_sample(const Transform& t, float* sample, int64_t channels, int64_t height, int64_t width) {
+  if (!t.normalizes()) return;
+  const int64_t plane = height * width;
+  for (int64_t ch = 0; ch < channels; ++ch) {
+    const float mean = t.mean[ch], std = t.std[ch];
+    float* p = sample + ch * plane;
+    for (int64_t j = 0; j < plane; ++j) p[j] = (p[j] - mean) / std;
+  }
+}
+
 std::vector<int64_t> shuffled_indices(int64_t n, uint64_t seed, int64_t epoch) {
   std::vector<int64_t> order(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) order[i] = i;
@@ -267,6 +352,18 @@ DataLoader::DataLoader(DatasetPtr data, LoaderOptions options) : data_(std::move
   if (options_.batch_size < 1) throw Error("data loader: batch size must be at least 1");
   if (options_.resize < 0) throw Error("data loader: resize must be 0 (none) or a size");
   if (options_.prefetch < 1) options_.prefetch = 1;
+  const Transform& t = data_->transform;
+  if (t.crop_padding < 0) throw Error("data loader: the crop padding must be 0 (none) or more");
+  if (t.normalizes()) {
+    if (static_cast<int64_t>(t.mean.size()) != data_->channels ||
+        static_cast<int64_t>(t.std.size()) != data_->channels)
+      throw Error("data loader: normalisation needs one mean and one std per channel (" +
+                  std::to_string(data_->channels) + "), got " + std::to_string(t.mean.size()) + " and " +
+                  std::to_string(t.std.size()));
+    for (float s : t.std)
+      if (!(s > 0) || !std::isfinite(s))
+        throw Error("data loader: normalisation needs standard deviations above 0");
+  }
   out_h_ = options_.resize ? options_.resize : data_->height;
   out_w_ = options_.resize ? options_.resize : data_->width;
   pool_ = std::make_shared<Pool>();
@@ -321,10 +418,16 @@ void DataLoader::start_epoch(int64_t epoch) {
     finished_ = false;
     error_ = nullptr;
   }
-  thread_ = std::thread([this, order = std::move(order)]() mutable { produce(std::move(order)); });
+  thread_ =
+      std::thread([this, order = std::move(order), epoch]() mutable { produce(std::move(order), epoch); });
 }
 
-void DataLoader::produce(std::vector<int64_t> order) {
+double DataLoader::ms_per_batch() const {
+  const int64_t n = prepared_batches_.load();
+  return n ? static_cast<double>(prepare_ns_.load()) / 1e6 / static_cast<double>(n) : 0.0;
+}
+
+void DataLoader::produce(std::vector<int64_t> order, int64_t epoch) {
   try {
     const int64_t batches = batches_per_epoch();
     for (int64_t b = 0; b < batches; ++b) {
@@ -335,7 +438,11 @@ void DataLoader::produce(std::vector<int64_t> order) {
       }
       const int64_t begin = b * options_.batch_size;
       const int64_t end = std::min<int64_t>(begin + options_.batch_size, static_cast<int64_t>(order.size()));
-      HostBatchPtr batch = make_batch(order, begin, end);
+      const auto t0 = std::chrono::steady_clock::now();
+      HostBatchPtr batch = make_batch(order, begin, end, epoch);
+      prepare_ns_ +=
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+      ++prepared_batches_;
       {
         std::lock_guard lock(mutex_);
         queue_.push_back(std::move(batch));
@@ -353,7 +460,38 @@ void DataLoader::produce(std::vector<int64_t> order) {
   cv_.notify_all();
 }
 
-HostBatchPtr DataLoader::make_batch(const std::vector<int64_t>& order, int64_t begin, int64_t end) {
+namespace {
+
+// One sample as [0, 1] floats at the loader's size: scaled, and bilinearly resized when taps are given.
+void read_sample(const uint8_t* src, float* dst, int64_t c, int64_t h, int64_t w, int64_t out_h,
+                 int64_t out_w, const std::vector<Tap>& ty, const std::vector<Tap>& tx,
+                 std::vector<float>& plane) {
+  constexpr float kScale = 1.0f / 255.0f;
+  if (ty.empty()) {
+    for (int64_t j = 0; j < c * h * w; ++j) dst[j] = static_cast<float>(src[j]) * kScale;
+    return;
+  }
+  for (int64_t ch = 0; ch < c; ++ch) {
+    for (int64_t j = 0; j < h * w; ++j) plane[j] = static_cast<float>(src[ch * h * w + j]) * kScale;
+    float* out = dst + ch * out_h * out_w;
+    for (int64_t oy = 0; oy < out_h; ++oy) {
+      const Tap& a = ty[oy];
+      const float* r0 = plane.data() + a.i0 * w;
+      const float* r1 = plane.data() + a.i1 * w;
+      for (int64_t ox = 0; ox < out_w; ++ox) {
+        const Tap& b = tx[ox];
+        const float top = r0[b.i0] + (r0[b.i1] - r0[b.i0]) * b.w1;
+        const float bot = r1[b.i0] + (r1[b.i1] - r1[b.i0]) * b.w1;
+        out[oy * out_w + ox] = top + (bot - top) * a.w1;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+HostBatchPtr DataLoader::make_batch(const std::vector<int64_t>& order, int64_t begin, int64_t end,
+                                    int64_t epoch) {
   auto batch = std::make_shared<HostBatch>();
   const int64_t n = end - begin, c = data_->channels, h = data_->height, w = data_->width;
   batch->size = n, batch->channels = c, batch->height = out_h_, batch->width = out_w_;
@@ -365,35 +503,21 @@ HostBatchPtr DataLoader::make_batch(const std::vector<int64_t>& order, int64_t b
   float* labels = images + options_.batch_size * c * out_h_ * out_w_;
   batch->images = images;
   batch->labels = labels;
-  constexpr float kScale = 1.0f / 255.0f;
   const bool resize = out_h_ != h || out_w_ != w;
   std::vector<Tap> ty, tx;
   if (resize) ty = taps(h, out_h_), tx = taps(w, out_w_);
   std::vector<float> plane(resize ? static_cast<size_t>(h * w) : 0);
+  const Transform& transform = data_->transform;
+  const bool augment = options_.shuffle && transform.augments();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = order[begin + i];
     labels[i] = static_cast<float>(data_->labels[s]);
-    const uint8_t* src = data_->images.data() + s * c * h * w;
     float* dst = images + i * c * out_h_ * out_w_;
-    if (!resize) {
-      for (int64_t j = 0; j < c * h * w; ++j) dst[j] = static_cast<float>(src[j]) * kScale;
-      continue;
-    }
-    for (int64_t ch = 0; ch < c; ++ch) {
-      for (int64_t j = 0; j < h * w; ++j) plane[j] = static_cast<float>(src[ch * h * w + j]) * kScale;
-      float* out = dst + ch * out_h_ * out_w_;
-      for (int64_t oy = 0; oy < out_h_; ++oy) {
-        const Tap& a = ty[oy];
-        const float* r0 = plane.data() + a.i0 * w;
-        const float* r1 = plane.data() + a.i1 * w;
-        for (int64_t ox = 0; ox < out_w_; ++ox) {
-          const Tap& b = tx[ox];
-          const float top = r0[b.i0] + (r0[b.i1] - r0[b.i0]) * b.w1;
-          const float bot = r1[b.i0] + (r1[b.i1] - r1[b.i0]) * b.w1;
-          out[oy * out_w_ + ox] = top + (bot - top) * a.w1;
-        }
-      }
-    }
+    read_sample(data_->images.data() + s * c * h * w, dst, c, h, w, out_h_, out_w_, ty, tx, plane);
+    // Keyed by the sample, not its place in the batch: a seed and epoch give the same images in any order.
+    if (augment)
+      augment_sample(transform, draw_augment(transform, options_.seed, epoch, s), dst, c, out_h_, out_w_);
+    normalize_sample(transform, dst, c, out_h_, out_w_);
   }
   return batch;
 }

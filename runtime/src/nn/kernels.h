@@ -33,6 +33,46 @@ struct BnShape {
   int64_t n, c, hw;
 };
 
+// The scalars of one optimizer update, computed on the host in double and rounded once, so that every device
+// gets the same floats and, with the same arithmetic, takes the same step.
+struct OptimizerScalars {
+  OptimizerKind kind = OptimizerKind::Sgd;
+  float lr = 0;            // sgd
+  float weight_decay = 0;  // sgd and adam: L2 added to the gradient; adamw: 0 (its decay is `decay`)
+  float momentum = 0;      // sgd; 0: no buffer
+  float keep = 1;          // sgd: 1 - dampening
+  bool nesterov = false;   // sgd
+  float beta1 = 0, one_minus_beta1 = 0, beta2 = 0, one_minus_beta2 = 0, eps = 0;  // adam, adamw
+  float step_size = 0;                                                            // lr / (1 - beta1^t)
+  float bias2_sqrt = 1;                                                           // sqrt(1 - beta2^t)
+  float decay = 1;  // adamw: 1 - lr * weight_decay; 1 otherwise
+};
+
+// One tensor of an optimizer update. a and b are the state (OptimizerState's), null where the optimizer
+// keeps none; fresh: the state was made for this step and holds nothing yet (a momentum buffer becomes d,
+// Adam's averages count as zero).
+struct OptimizerTensor {
+  int64_t n = 0;
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* a = nullptr;
+  float* b = nullptr;
+  bool fresh = false;
+};
+
+struct GradSpan {
+  const float* data;
+  int64_t n;
+};
+
+// The order of grad_clip_coefficient's sum of squares, which both backends follow so that their sums agree
+// to the bit: each gradient is cut into chunks of kNormChunk values; in a chunk, lane l (of kNormLanes) sums
+// the squares of values l, l + kNormLanes, ... in order, in double (a float's square is exact in double, so
+// fused multiply-adds change nothing); the lanes are then added pairwise as a tree (lane t += lane t + s for
+// s = kNormLanes / 2, ..., 1); the chunks' sums are added in order, gradient after gradient.
+constexpr int kNormLanes = 256;
+constexpr int64_t kNormChunk = int64_t{kNormLanes} * 32;
+
 // Everything a kernel call may need besides its pointers: the op's context, and the device's allocator for
 // temporary workspace (cuDNN's, taken from the caching allocator).
 struct KernelContext {
@@ -92,14 +132,20 @@ class NnKernels {
   virtual void global_avg_pool_backward(int64_t planes, int64_t hw, const float* dy, float* dx,
                                         KernelContext& kc) = 0;
 
-  // loss: mean; stats: {sum, correct}; dlogits may be null.
+  // loss: mean; stats: {sum, correct}; dlogits may be null. The target is (1 - smoothing) * onehot +
+  // smoothing / classes.
   virtual void softmax_cross_entropy(int64_t n, int64_t classes, const float* logits, const float* labels,
                                      float* loss, float* stats, float* dlogits, float grad_scale,
-                                     KernelContext& kc) = 0;
+                                     float label_smoothing, KernelContext& kc) = 0;
 
-  // momentum_buf may be null when momentum == 0.
-  virtual void sgd_step(int64_t n, float* param, const float* grad, float* momentum_buf, float lr,
-                        float momentum, float weight_decay, KernelContext& kc) = 0;
+  // One optimizer update of every tensor (optim.h's formulas) with the step's scalars. clip is null or
+  // grad_clip_coefficient's [2] output; gradients are multiplied by clip[1] as they are read.
+  virtual void optimizer_step(const std::vector<OptimizerTensor>& tensors, const OptimizerScalars& s,
+                              const float* clip, KernelContext& kc) = 0;
+  // out[0] = the 2-norm over all gradients, out[1] = min(1, max_norm / (out[0] + 1e-6)), in the fixed order
+  // described at kNormLanes.
+  virtual void grad_clip_coefficient(const std::vector<GradSpan>& grads, float max_norm, float* out,
+                                     KernelContext& kc) = 0;
 };
 
 NnKernels& cpu_nn_kernels();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cmath>
 #include <string>
 
 #include "gpunodes/errors.h"
@@ -501,13 +502,16 @@ Tensor flatten(const Tensor& x) {
 // --- loss --------------------------------------------------------------------------------------------------
 
 CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool want_grad,
-                                   float grad_scale) {
+                                   float grad_scale, float label_smoothing) {
   check_same_device({&logits, &labels});
   need_rank("softmax_cross_entropy", "logits", logits, 2);
   const int64_t n = logits.shape()[0], classes = logits.shape()[1];
   need_shape("softmax_cross_entropy", "labels", labels, {n});
   if (n < 1 || classes < 1)
     throw ShapeError("softmax_cross_entropy: empty logits " + shape_str(logits.shape()));
+  if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
+    throw Error("softmax_cross_entropy: label_smoothing must be between 0 and 1, got " +
+                std::to_string(label_smoothing));
   Runtime& rt = logits.runtime();
   CrossEntropy r;
   r.loss = Tensor(rt, {}, logits.device());
@@ -524,33 +528,66 @@ CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, b
                4.0 * dbl(logits.numel())},
               [=](NnKernels& k, KernelContext& kc) {
                 k.softmax_cross_entropy(n, classes, logits.data(), labels.data(), loss.data(), stats.data(),
-                                        dl.defined() ? dl.data() : nullptr, scale, kc);
+                                        dl.defined() ? dl.data() : nullptr, scale, label_smoothing, kc);
               });
   return r;
 }
 
-// --- optimiser ---------------------------------------------------------------------------------------------
+// --- optimisers --------------------------------------------------------------------------------------------
 
-void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdOptions& o) {
+namespace {
+
+// The older SGD interface's scalars: its caller's buffers start at zero, so m * 0 + d is the first d and no
+// step counts as fresh.
+OptimizerScalars legacy_sgd_scalars(const SgdOptions& o) {
+  OptimizerScalars s;
+  s.kind = OptimizerKind::Sgd;
+  s.lr = o.lr;
+  s.momentum = o.momentum;
+  s.weight_decay = o.weight_decay;
+  return s;
+}
+
+// Rounds each scalar once from the double the host computed, as PyTorch hands its Python floats to float
+// kernels.
+OptimizerScalars step_scalars(const OptimizerOptions& o, double lr, int64_t step) {
+  OptimizerScalars s;
+  s.kind = o.kind;
+  s.lr = static_cast<float>(lr);
+  if (o.kind == OptimizerKind::Sgd) {
+    s.weight_decay = static_cast<float>(o.weight_decay);
+    s.momentum = static_cast<float>(o.momentum);
+    s.keep = static_cast<float>(1.0 - o.dampening);
+    s.nesterov = o.nesterov;
+    return s;
+  }
+  const double t = static_cast<double>(step);
+  s.weight_decay = o.kind == OptimizerKind::Adam ? static_cast<float>(o.weight_decay) : 0.0f;
+  s.decay = o.kind == OptimizerKind::AdamW ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f;
+  s.beta1 = static_cast<float>(o.beta1);
+  s.beta2 = static_cast<float>(o.beta2);
+  s.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
+  s.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+  s.eps = static_cast<float>(o.eps);
+  s.step_size = static_cast<float>(lr / (1.0 - std::pow(o.beta1, t)));
+  s.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));
+  return s;
+}
+
+void check_param_grad(const char* op, const Tensor& param, const Tensor& grad) {
+  if (!param.defined() || !grad.defined())
+    throw Error(std::string(op) + ": a parameter or gradient is undefined");
   check_same_device({&param, &grad});
   if (param.shape() != grad.shape())
-    throw ShapeError("sgd: parameter " + shape_str(param.shape()) + " and gradient " +
+    throw ShapeError(std::string(op) + ": parameter " + shape_str(param.shape()) + " and gradient " +
                      shape_str(grad.shape()) + " differ");
-  const bool use_buf = o.momentum != 0;
-  if (use_buf) {
-    check_same_device({&param, &momentum_buf});
-    need_shape("sgd", "momentum buffer", momentum_buf, param.shape());
-  }
-  std::vector<VarPtr> writes{param.var()};
-  if (use_buf) writes.push_back(momentum_buf.var());
-  const int64_t n = param.numel();
-  const float lr = o.lr, m = o.momentum, wd = o.weight_decay;
-  Tensor buf = use_buf ? momentum_buf : Tensor();
-  push_kernel(param.runtime(), param.device(), {grad.var()}, writes,
-              {"sgd", "", (use_buf ? 5 : 3) * param.bytes(), 4.0 * dbl(n)},
-              [=](NnKernels& k, KernelContext& kc) {
-                k.sgd_step(n, param.data(), grad.data(), buf.defined() ? buf.data() : nullptr, lr, m, wd, kc);
-              });
+}
+
+}  // namespace
+
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdOptions& o) {
+  sgd_step(std::vector<Tensor>{param}, std::vector<Tensor>{grad},
+           o.momentum != 0 ? std::vector<Tensor>{momentum_buf} : std::vector<Tensor>{}, o);
 }
 
 void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
@@ -562,10 +599,8 @@ void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grad
   std::vector<VarPtr> reads, writes;
   int64_t bytes = 0, count = 0;
   for (size_t i = 0; i < params.size(); ++i) {
-    check_same_device({&params.front(), &params[i], &grads[i]});
-    if (params[i].shape() != grads[i].shape())
-      throw ShapeError("sgd: parameter " + shape_str(params[i].shape()) + " and gradient " +
-                       shape_str(grads[i].shape()) + " differ");
+    check_param_grad("sgd", params[i], grads[i]);
+    check_same_device({&params.front(), &params[i]});
     if (use_buf) {
       check_same_device({&params[i], &momentum_bufs[i]});
       need_shape("sgd", "momentum buffer", momentum_bufs[i], params[i].shape());
@@ -576,14 +611,104 @@ void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grad
     bytes += (use_buf ? 5 : 3) * params[i].bytes();
     count += params[i].numel();
   }
-  const float lr = o.lr, m = o.momentum, wd = o.weight_decay;
+  const OptimizerScalars scalars = legacy_sgd_scalars(o);
   std::vector<Tensor> bufs = use_buf ? momentum_bufs : std::vector<Tensor>();
   push_kernel(params.front().runtime(), params.front().device(), reads, writes,
               {"sgd", "", bytes, 4.0 * dbl(count)}, [=](NnKernels& k, KernelContext& kc) {
+                std::vector<OptimizerTensor> ts;
                 for (size_t i = 0; i < params.size(); ++i)
-                  k.sgd_step(params[i].numel(), params[i].data(), grads[i].data(),
-                             bufs.empty() ? nullptr : bufs[i].data(), lr, m, wd, kc);
+                  ts.push_back({params[i].numel(), params[i].data(), grads[i].data(),
+                                bufs.empty() ? nullptr : bufs[i].data(), nullptr, false});
+                k.optimizer_step(ts, scalars, nullptr, kc);
               });
+}
+
+void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                    std::vector<OptimizerState>& states, const OptimizerOptions& o, double lr, int64_t step,
+                    const Tensor& clip) {
+  const char* name = optimizer_name(o.kind);
+  if (grads.size() != params.size() || states.size() != params.size())
+    throw Error(std::string(name) + ": one gradient and one state per parameter expected, got " +
+                std::to_string(params.size()) + " parameters, " + std::to_string(grads.size()) +
+                " gradients and " + std::to_string(states.size()) + " states");
+  if (params.empty()) return;
+  if (const auto problems = optimizer_problems(o); !problems.empty())
+    throw Error(std::string(name) + ": " + problems.front());
+  if (!(lr >= 0 && std::isfinite(lr)))
+    throw Error(std::string(name) + ": the step's learning rate must be 0 or more, got " +
+                std::to_string(lr));
+  if (step < 1) throw Error(std::string(name) + ": step counts from 1, got " + std::to_string(step));
+  if (clip.defined()) {
+    check_same_device({&params.front(), &clip});
+    need_shape(name, "clip coefficient", clip, {2});
+  }
+  const bool adam = o.kind != OptimizerKind::Sgd;
+  const bool need_a = adam || o.momentum != 0, need_b = adam;
+  Runtime& rt = params.front().runtime();
+  const Device device = params.front().device();
+  std::vector<VarPtr> reads, writes;
+  if (clip.defined()) reads.push_back(clip.var());
+  std::vector<bool> fresh(params.size(), false);
+  int64_t bytes = 0, count = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    check_param_grad(name, params[i], grads[i]);
+    check_same_device({&params.front(), &params[i]});
+    OptimizerState& st = states[i];
+    if (st.a.defined() != st.b.defined() && need_b)
+      throw Error(std::string(name) + ": parameter " + std::to_string(i) + " has half an optimizer state");
+    // Made here, unfilled: the kernel treats a fresh state as PyTorch's first step does, which saves a pass.
+    if (need_a && !st.a.defined()) {
+      st.a = Tensor(rt, params[i].shape(), device);
+      if (need_b) st.b = Tensor(rt, params[i].shape(), device);
+      fresh[i] = true;
+    }
+    for (Tensor* t : {&st.a, &st.b})
+      if (t->defined()) {
+        check_same_device({&params[i], t});
+        need_shape(name, "optimizer state", *t, params[i].shape());
+        writes.push_back(t->var());
+      }
+    reads.push_back(grads[i].var());
+    writes.push_back(params[i].var());
+    bytes += (3 + 2 * (int64_t{need_a} + int64_t{need_b})) * params[i].bytes();
+    count += params[i].numel();
+  }
+  const OptimizerScalars scalars = step_scalars(o, lr, step);
+  std::vector<OptimizerState> state(states.begin(), states.end());
+  push_kernel(rt, device, reads, writes, {name, "", bytes, (adam ? 12.0 : 5.0) * dbl(count)},
+              [=](NnKernels& k, KernelContext& kc) {
+                std::vector<OptimizerTensor> ts;
+                ts.reserve(params.size());
+                for (size_t i = 0; i < params.size(); ++i)
+                  ts.push_back({params[i].numel(), params[i].data(), grads[i].data(),
+                                state[i].a.defined() ? state[i].a.data() : nullptr,
+                                state[i].b.defined() ? state[i].b.data() : nullptr, fresh[i]});
+                k.optimizer_step(ts, scalars, clip.defined() ? clip.data() : nullptr, kc);
+              });
+}
+
+Tensor grad_clip_coefficient(const std::vector<Tensor>& grads, float max_norm) {
+  if (grads.empty()) throw Error("clip_grad_norm: no gradients");
+  if (!(max_norm > 0 && std::isfinite(max_norm)))
+    throw Error("clip_grad_norm: max_norm must be above 0, got " + std::to_string(max_norm));
+  std::vector<VarPtr> reads;
+  int64_t bytes = 0, count = 0;
+  for (const Tensor& g : grads) {
+    if (!g.defined()) throw Error("clip_grad_norm: a gradient is undefined");
+    check_same_device({&grads.front(), &g});
+    reads.push_back(g.var());
+    bytes += g.bytes();
+    count += g.numel();
+  }
+  Tensor out(grads.front().runtime(), {2}, grads.front().device());
+  push_kernel(out.runtime(), out.device(), reads, {out.var()},
+              {"clip grad norm", "", bytes, 2.0 * dbl(count)}, [=](NnKernels& k, KernelContext& kc) {
+                std::vector<GradSpan> spans;
+                spans.reserve(grads.size());
+                for (const Tensor& g : grads) spans.push_back({g.data(), g.numel()});
+                k.grad_clip_coefficient(spans, max_norm, out.data(), kc);
+              });
+  return out;
 }
 
 // --- helpers -----------------------------------------------------------------------------------------------

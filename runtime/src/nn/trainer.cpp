@@ -84,6 +84,21 @@ class HostReducer final : public GradientReducer {
   Runtime& rt_;
 };
 
+// TrainOptions::sgd is the older spelling of plain SGD: it wins when set, and must not meet a set optimizer.
+OptimizerOptions resolve_optimizer(const TrainOptions& o) {
+  const SgdOptions defaults;
+  const bool legacy = o.sgd.lr != defaults.lr || o.sgd.momentum != defaults.momentum ||
+                      o.sgd.weight_decay != defaults.weight_decay;
+  if (!legacy) return o.optimizer;
+  if (o.optimizer != OptimizerOptions{})
+    throw Error("training: set the optimizer through TrainOptions::optimizer or ::sgd, not both");
+  OptimizerOptions r;
+  r.lr = o.sgd.lr;
+  r.momentum = o.sgd.momentum;
+  r.weight_decay = o.sgd.weight_decay;
+  return r;
+}
+
 }  // namespace
 
 // --- Trainer -----------------------------------------------------------------------------------------------
@@ -98,7 +113,20 @@ Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options
   }
   if (options_.batch_size < 1) throw Error("training: batch size must be at least 1");
   if (options_.epochs < 0) throw Error("training: epochs must not be negative");
-  if (!(options_.sgd.lr > 0)) throw Error("training: the learning rate must be positive");
+  options_.optimizer = resolve_optimizer(options_);
+  std::vector<std::string> problems = optimizer_problems(options_.optimizer);
+  for (std::string& p : schedule_problems(options_.schedule, options_.optimizer.lr))
+    problems.push_back(std::move(p));
+  if (!(options_.clip_grad_norm >= 0 && std::isfinite(options_.clip_grad_norm)))
+    problems.push_back("clip_grad_norm: must be 0 (off) or more");
+  if (!(options_.label_smoothing >= 0 && options_.label_smoothing <= 1))
+    problems.push_back("label_smoothing: must be between 0 and 1");
+  if (!problems.empty()) {
+    std::string all = "training: " + problems.front();
+    for (size_t i = 1; i < problems.size(); ++i) all += "; " + problems[i];
+    throw Error(all);
+  }
+  lr_ = options_.optimizer.lr;
   if (options_.steps_in_flight < 0) options_.steps_in_flight = 0;
 
   for (size_t r = 0; r < devices_.size(); ++r) {
@@ -110,10 +138,7 @@ Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options
     }
   }
   for (Model* m : replicas_) {
-    std::vector<Tensor> bufs;
-    if (options_.sgd.momentum != 0)
-      for (Parameter* p : m->parameters()) bufs.push_back(zeros(rt_, p->value.shape(), m->device()));
-    momentum_.push_back(std::move(bufs));
+    optim_state_.emplace_back(m->parameters().size());
     totals_.push_back(zeros(rt_, {2}, m->device()));
   }
   samples_.assign(devices_.size(), 0);
@@ -179,6 +204,17 @@ void Trainer::drain() noexcept {
   } catch (...) {
   }
   release_step_state();
+  // A dropped update may have left the optimizer state half-written (or, made at its first step, never
+  // written): start it afresh, as a new optimizer would.
+  for (auto& states : optim_state_)
+    for (OptimizerState& st : states) st = OptimizerState();
+  optimizer_steps_ = 0;
+}
+
+void Trainer::set_lr(double lr) {
+  // 0 is allowed: a long step schedule may decay that far, and a zero rate is a step that changes nothing.
+  if (!(lr >= 0 && std::isfinite(lr))) throw Error("training: the learning rate must be 0 or more");
+  lr_ = lr;
 }
 
 std::vector<int64_t> Trainer::split(int64_t n) const {
@@ -231,7 +267,8 @@ void Trainer::step(const HostBatchPtr& batch) {
       if (sizes[r] > 0) {
         DeviceBatch db = to_device(rt_, batch, offset, offset + sizes[r], devices_[r]);
         Tensor logits = m.forward(db.images, Mode::Train);
-        CrossEntropy ce = softmax_cross_entropy(logits, db.labels, true, scale);
+        CrossEntropy ce = softmax_cross_entropy(logits, db.labels, true, scale,
+                                                static_cast<float>(options_.label_smoothing));
         m.backward(ce.dlogits);
         totals_[r] = add(totals_[r], ce.stats);
         samples_[r] += sizes[r];
@@ -253,6 +290,7 @@ void Trainer::step(const HostBatchPtr& batch) {
         reducer_->allreduce(part);
       }
     std::vector<VarPtr> markers;
+    const int64_t t = optimizer_steps_ + 1;
     for (size_t r = 0; r < replicas; ++r) {
       auto params = replicas_[r]->parameters();
       std::vector<VarPtr> reads;
@@ -261,13 +299,19 @@ void Trainer::step(const HostBatchPtr& batch) {
         values.push_back(p->value);
         reads.push_back(p->value.var());
       }
-      sgd_step(values, grads[r], momentum_[r], options_.sgd);
+      // Each replica measures the norm of its own copy of the summed gradients: equal copies, the same fixed
+      // summation order on every device, so the same factor everywhere, with no host read.
+      Tensor clip;
+      if (options_.clip_grad_norm > 0 && !values.empty())
+        clip = grad_clip_coefficient(grads[r], static_cast<float>(options_.clip_grad_norm));
+      optimizer_step(values, grads[r], optim_state_[r], options_.optimizer, lr_, t, clip);
       // Marks the end of this step on this device: the host waits on it to stay steps_in_flight ahead.
       VarPtr done = new_var();
       rt_.engine().push([](OpContext&) {}, reads, {done}, devices_[r], StreamKind::Compute,
                         {"step done", "", 0, 0});
       markers.push_back(done);
     }
+    optimizer_steps_ = t;
     in_flight_.push_back(std::move(markers));
   } catch (...) {
     for (Model* m : replicas_) m->clear_cache();
@@ -402,6 +446,7 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
       int64_t b = 0;
       while (HostBatchPtr batch = loader.next()) {
         if (stop_requested()) throw CancelledError();
+        set_lr(scheduled_lr(options_.schedule, options_.optimizer.lr, global_step, batches, options_.epochs));
         step(batch);
         ++b, ++global_step;
         const double x = static_cast<double>(epoch) + static_cast<double>(b) / static_cast<double>(batches);
@@ -410,6 +455,7 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
           emit("loss", x, t.loss());
           emit("train_acc", x, t.accuracy());
           emit("images_per_second", x, static_cast<double>(t.samples) / seconds_since(t_epoch));
+          emit("lr", x, lr_);
           if (options_.balance && devices_.size() > 1) {
             std::vector<int64_t> done(samples_.size());
             for (size_t r = 0; r < done.size(); ++r) done[r] = samples_[r] - balance_base[r];
@@ -432,6 +478,7 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
       emit("train_acc", x, er.train_acc);
       emit("images_per_second", x, er.images_per_second);
       emit("epoch_seconds", x, er.seconds);
+      emit("lr", x, lr_);
       if (options_.balance && devices_.size() > 1) {
         std::vector<int64_t> done(samples_.size());
         for (size_t r = 0; r < done.size(); ++r) done[r] = samples_[r] - balance_base[r];

@@ -1,6 +1,8 @@
 // Data: Fashion-MNIST from its gzipped IDX files, a synthetic set for tests, and a loader that shuffles with
-// a seed and prepares batches on a background thread (into page-locked memory when they go to a GPU).
+// a seed and prepares batches on a background thread (into page-locked memory when they go to a GPU), with
+// the random crop, flip and normalisation of a dataset's transform.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -16,15 +18,29 @@
 
 namespace gn::nn {
 
+// How loaders serve a dataset's images, carried by the dataset as torchvision's ImageFolder carries its
+// transform: a training split gets the augmentation, its test split only the normalisation. Applied after the
+// scaling to [0, 1] and the loader's resize, in torchvision's order RandomCrop(size, padding),
+// RandomHorizontalFlip, Normalize. The random parts apply only to shuffled (training) passes, so that an
+// evaluation pass, which reads in order, sees every image as it is.
+struct Transform {
+  int64_t crop_padding = 0;      // > 0: a random crop of the image's own size after zero padding by this much
+  bool flip = false;             // horizontal flip with probability 0.5
+  std::vector<float> mean, std;  // per channel, of [0, 1] values; empty: no normalisation
+  bool augments() const { return crop_padding > 0 || flip; }
+  bool normalizes() const { return !mean.empty(); }
+};
+
 // Images as bytes (0..255), each sample C*H*W in CHW order; labels are class indices.
 struct Dataset {
-  std::string name;  // "fashion-mnist/train", "synthetic"
+  std::string name;  // "fashion-mnist/train", "synthetic", "image_folder/train"
   int64_t count = 0;
   int64_t channels = 1, height = 28, width = 28;
   int64_t classes = 10;
-  std::vector<uint8_t> images;  // count * C * H * W
-  std::vector<uint8_t> labels;  // count
-  std::vector<std::string> class_names;
+  std::vector<uint8_t> images;           // count * C * H * W
+  std::vector<uint8_t> labels;           // count
+  std::vector<std::string> class_names;  // label i is class_names[i] (an image folder's directory names)
+  Transform transform;
   int64_t sample_numel() const { return channels * height * width; }
 };
 using DatasetPtr = std::shared_ptr<const Dataset>;
@@ -52,10 +68,32 @@ DatasetPtr make_synthetic(const SyntheticOptions& options);
 // The first `limit` samples (all when limit <= 0 or >= count): the Dataset node's limit.
 DatasetPtr take(const DatasetPtr& data, int64_t limit);
 
+// Per-channel mean and standard deviation (over all pixels, dividing by their count) of a dataset's images
+// scaled to [0, 1], summed in float64: what Transform::mean and Transform::std take for normalisation.
+struct ChannelStats {
+  std::vector<double> mean, std;
+};
+ChannelStats channel_stats(const Dataset& data);
+
+// The random choices of one sample's augmentation, drawn from (seed, epoch, sample index): the same for a
+// seed and epoch whichever batch, thread or run the sample lands in. (dy, dx): the crop window's corner in
+// the padded image, each in 0..2*crop_padding (crop_padding on both: the image unmoved).
+struct AugmentDraw {
+  int64_t dy = 0, dx = 0;
+  bool flip = false;
+};
+AugmentDraw draw_augment(const Transform& t, uint64_t seed, int64_t epoch, int64_t sample);
+// Applies a draw to one sample [C, H, W] of floats in place: crop (zeros where the window leaves the image)
+// and then flip.
+void augment_sample(const Transform& t, const AugmentDraw& d, float* sample, int64_t channels, int64_t height,
+                    int64_t width);
+// (x - mean[c]) / std[c] for every value of one sample [C, H, W]; nothing without normalisation.
+void normalize_sample(const Transform& t, float* sample, int64_t channels, int64_t height, int64_t width);
+
 struct LoaderOptions {
   int64_t batch_size = 256;
-  bool shuffle = true;
-  uint64_t seed = 0;   // the permutation of epoch e comes from (seed, e)
+  bool shuffle = true;  // a training pass: also applies the random part of the dataset's transform
+  uint64_t seed = 0;    // the permutation of epoch e comes from (seed, e)
   int64_t resize = 0;  // 0: keep the size; else bilinear resize to resize x resize (the seed's 96 for ResNet)
   bool drop_last = false;
   int prefetch = 3;     // batches prepared ahead
@@ -94,9 +132,14 @@ class DataLoader {
   // Stops the background thread; next() then returns null.
   void stop();
 
+  // Time the background thread spent preparing each batch (reading, resizing, augmenting, normalising), on
+  // average over every batch since the loader was made; 0 before the first. Thread-safe.
+  double ms_per_batch() const;
+  int64_t batches_prepared() const { return prepared_batches_.load(); }
+
  private:
-  void produce(std::vector<int64_t> order);
-  HostBatchPtr make_batch(const std::vector<int64_t>& order, int64_t begin, int64_t end);
+  void produce(std::vector<int64_t> order, int64_t epoch);
+  HostBatchPtr make_batch(const std::vector<int64_t>& order, int64_t begin, int64_t end, int64_t epoch);
 
   DatasetPtr data_;
   LoaderOptions options_;
@@ -108,6 +151,7 @@ class DataLoader {
   std::deque<HostBatchPtr> queue_;
   bool finished_ = true, stopping_ = false;
   std::exception_ptr error_;
+  std::atomic<int64_t> prepared_batches_{0}, prepare_ns_{0};
   std::thread thread_;
 };
 

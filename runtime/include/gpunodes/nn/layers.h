@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpunodes/nn/optim.h"
 #include "gpunodes/ops.h"
 #include "gpunodes/tensor.h"
 
@@ -112,20 +113,23 @@ Tensor reshape(const Tensor& x, const Shape& shape);  // same element count; a c
 
 // --- loss --------------------------------------------------------------------------------------------------
 // Softmax cross-entropy of logits [N, classes] against labels [N] (class indices stored as floats),
-// computed with the log-sum-exp shift so that large logits do not overflow.
+// computed with the log-sum-exp shift so that large logits do not overflow. With label smoothing e (PyTorch's
+// CrossEntropyLoss(label_smoothing=e)) the target is (1 - e) * onehot + e / classes: each sample's loss is
+// (1 - e) * (-log p[label]) + e * mean over the classes of -log p[j], and its gradient softmax - target.
 struct CrossEntropy {
   Tensor loss;     // [] mean over the batch
   Tensor stats;    // [2] {sum of the per-sample losses, number of correct argmax predictions}
-  Tensor dlogits;  // [N, classes] (softmax - onehot) * grad_scale; undefined unless asked for
+  Tensor dlogits;  // [N, classes] (softmax - target) * grad_scale; undefined unless asked for
 };
 // grad_scale 0 means 1/N, the gradient of the mean. Data parallel replicas pass 1/(total batch) so that
-// their gradients sum to the whole batch's.
+// their gradients sum to the whole batch's. 0 <= label_smoothing <= 1; accuracy ignores it.
 CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool want_grad = true,
-                                   float grad_scale = 0);
+                                   float grad_scale = 0, float label_smoothing = 0);
 
-// --- optimiser ---------------------------------------------------------------------------------------------
+// --- optimisers --------------------------------------------------------------------------------------------
 // PyTorch's SGD, in place: g = grad + weight_decay * p; buf = momentum * buf + g; p -= lr * buf (plain
 // p -= lr * g without momentum). `momentum_buf` starts at zero and may be undefined when momentum is 0.
+// The older interface, kept for its callers: optimizer_step below covers it and Adam, AdamW and Nesterov.
 struct SgdOptions {
   float lr = 0.1f;
   float momentum = 0;
@@ -136,6 +140,27 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
 // momentum_bufs may be empty when momentum is 0.
 void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
               const std::vector<Tensor>& momentum_bufs, const SgdOptions& options);
+
+// What optimizer_step keeps per parameter, made on the parameter's device at its first step: sgd with
+// momentum keeps its buffer in `a`; adam and adamw keep exp_avg in `a` and exp_avg_sq in `b`.
+struct OptimizerState {
+  Tensor a, b;
+};
+// One update (the formulas in optim.h) of every parameter, in place, as one engine op on their device (all
+// on one device). lr is this step's rate (the schedule's, not necessarily o.lr); step counts the updates so
+// far including this one (1, 2, ...) and gives Adam's bias corrections, computed on the host. `states` holds
+// one entry per parameter; empty entries are filled here, and a state made now starts as PyTorch's does (a
+// momentum buffer equal to its first d, Adam's averages at zero). `clip` is undefined or
+// grad_clip_coefficient's result on the same device: every gradient is multiplied by its coefficient on the
+// way in (the gradient tensors are left as they are).
+void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                    std::vector<OptimizerState>& states, const OptimizerOptions& o, double lr, int64_t step,
+                    const Tensor& clip = Tensor());
+// torch.nn.utils.clip_grad_norm_(grads, max_norm)'s numbers, computed on the gradients' device with no host
+// read: [2] {the total 2-norm over every gradient, min(1, max_norm / (norm + 1e-6))}. The sum of squares runs
+// in double in a fixed order that the CPU and CUDA kernels share, so equal gradients give bit-equal results
+// on every device. max_norm > 0.
+Tensor grad_clip_coefficient(const std::vector<Tensor>& grads, float max_norm);
 
 // --- in-place helpers the trainer and loaders use
 // ------------------------------------------------------------ dst <- src, between any two devices (same

@@ -1,7 +1,9 @@
 // Data-parallel training, as the seed's nn.DataParallel loop: each minibatch is split across the devices,
 // every device runs forward and backward on its share at the same time (their ops are independent, so the
 // engine overlaps them), the gradients are summed over the devices (NCCL on CUDA GPUs, a host reduction
-// otherwise), and every replica takes the same SGD step, so the replicas stay identical.
+// otherwise), and every replica takes the same optimizer step (SGD, Adam or AdamW at the schedule's rate,
+// after an optional gradient-norm clip), so the replicas stay identical. Each replica keeps its own optimizer
+// state on its device; the step count and the rates are the host's.
 //
 // BatchNorm: each replica normalises with the statistics of its own share of the batch, as DataParallel does
 // (no synchronised BatchNorm), and the running statistics that count are device 0's: before evaluating and
@@ -18,6 +20,7 @@
 #include "gpunodes/nn/data.h"
 #include "gpunodes/nn/layers.h"
 #include "gpunodes/nn/model.h"
+#include "gpunodes/nn/optim.h"
 
 namespace gn::nn {
 
@@ -26,7 +29,16 @@ class GradientReducer;
 struct TrainOptions {
   int64_t epochs = 10;
   int64_t batch_size = 256;  // the whole minibatch, split across the devices
-  SgdOptions sgd;            // lr 0.1, no momentum or weight decay: the seed's torch.optim.SGD(lr=0.1)
+  // SGD at lr 0.1, no momentum or weight decay: the seed's torch.optim.SGD(lr=0.1). See optim.h.
+  OptimizerOptions optimizer;
+  // The older way to set SGD, kept for its callers: when it differs from its defaults, the trainer runs plain
+  // SGD with its lr, momentum and weight decay (and refuses a non-default `optimizer` beside it).
+  SgdOptions sgd;
+  ScheduleOptions schedule;  // the rate per batch, from optimizer.lr; constant by default
+  // torch.nn.utils.clip_grad_norm_ over every gradient after the all-reduce, before the step: the gradients
+  // are scaled by min(1, max / (total 2-norm + 1e-6)). 0: off.
+  double clip_grad_norm = 0;
+  double label_smoothing = 0;  // of the training loss (CrossEntropyLoss(label_smoothing)), 0 <= e <= 1
   uint64_t shuffle_seed = 0;
   int64_t resize = 0;      // images resized to resize x resize (the seed uses 96 for ResNet); 0: as stored
   int64_t log_every = 50;  // loss and train accuracy every N batches; 0: per epoch only
@@ -41,8 +53,9 @@ struct TrainOptions {
 };
 
 // One point of a live series. Series: "loss", "train_acc", "images_per_second" (every log_every batches, over
-// the epoch so far); per epoch also "test_acc", "epoch_seconds", and per device "memory_mb/<device>" and
-// "peak_memory_mb/<device>" (allocated bytes), and "share/<device>" (its fraction of each batch).
+// the epoch so far) and "lr" (the rate of the latest batch; also per epoch); per epoch also "test_acc",
+// "epoch_seconds", and per device "memory_mb/<device>" and "peak_memory_mb/<device>" (allocated bytes), and
+// "share/<device>" (its fraction of each batch).
 struct MetricSample {
   std::string series;
   double epoch = 0;    // x axis: epochs done, fractional inside an epoch
@@ -86,13 +99,22 @@ class Trainer {
   // trained state in the model (gradients are released at the end, as zero_grad(set_to_none) does). Blocks;
   // call it from a thread of its own to keep a UI live. Throws CancelledError after cancel() or the engine's
   // cancel, once every op it enqueued has drained (its temporaries are freed then; the engine's cancel flag
-  // is the caller's to reset). Its ops carry the calling thread's ScopedOpTag: a node that runs fit() on a
-  // thread of its own sets its tag on that thread.
+  // is the caller's to reset; the optimizer state starts afresh then, since a dropped update may have left
+  // it half-written). Its ops carry the calling thread's ScopedOpTag: a node that runs fit() on a thread of
+  // its own sets its tag on that thread. The rate of each batch is the schedule's (optim.h), counted from the
+  // start of this fit().
   TrainResult fit(const DatasetPtr& train, const DatasetPtr& test, const MetricCallback& on_metric = {});
 
-  // One SGD step on a host batch: split, forward and backward on each device, all-reduce, update. Enqueued;
-  // waits only when more than steps_in_flight steps are outstanding.
+  // One optimizer step on a host batch at the current lr(): split, forward and backward on each device,
+  // all-reduce, clip, update. Enqueued; waits only when more than steps_in_flight steps are outstanding.
   void step(const HostBatchPtr& batch);
+  // The rate the next step() takes: the optimizer's lr until set; fit() sets it per batch from the schedule.
+  double lr() const { return lr_; }
+  void set_lr(double lr);
+  // Updates taken so far (Adam's t), over every fit() and step().
+  int64_t optimizer_steps() const { return optimizer_steps_; }
+  // The optimizer in use (options.sgd resolved into it).
+  const OptimizerOptions& optimizer() const { return options_.optimizer; }
   // Waits for every step enqueued so far; rethrows their errors.
   void synchronize();
   // Reads (a blocking read) the totals since the last reset, over all replicas.
@@ -131,9 +153,11 @@ class Trainer {
   TrainOptions options_;
   std::vector<Model*> replicas_;
   std::vector<std::unique_ptr<Model>> owned_;
-  std::vector<std::vector<Tensor>> momentum_;  // [replica][parameter]
-  std::vector<Tensor> totals_;                 // per replica [2]: loss sum, correct
-  std::vector<int64_t> samples_;               // per replica, since reset
+  std::vector<std::vector<OptimizerState>> optim_state_;  // [replica][parameter], made at the first step
+  int64_t optimizer_steps_ = 0;
+  double lr_ = 0;
+  std::vector<Tensor> totals_;    // per replica [2]: loss sum, correct
+  std::vector<int64_t> samples_;  // per replica, since reset
   std::vector<double> shares_;
   std::vector<std::vector<size_t>> buckets_;  // parameter indices reduced together, in backward order
   std::unique_ptr<GradientReducer> reducer_;

@@ -1,8 +1,8 @@
 // CUDA layer kernels: cuDNN for convolution, batch norm, pooling and activations; cuBLAS for linear layers;
 // small kernels only where no library call fits (bias broadcast and sums, global average pooling, the fused
-// softmax cross-entropy, SGD, GELU, dropout); channel concat and split are strided copies. Every call
-// enqueues on the op's stream (the device worker's); the worker waits for the stream when the op ends.
-// Every library return code is checked.
+// softmax cross-entropy, the optimizers and the gradient norm, GELU, dropout); channel concat and split are
+// strided copies. Every call enqueues on the op's stream (the device worker's); the worker waits for the
+// stream when the op ends. Every library return code is checked.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -375,7 +375,9 @@ __global__ void plane_broadcast_kernel(const float* __restrict__ dy, float* __re
 // order, so the result is the same on every run. `bad` gets the first invalid label's row, or stays -1.
 __global__ void softmax_ce_kernel(const float* __restrict__ z, const float* __restrict__ labels, int64_t n,
                                   int64_t classes, float* __restrict__ loss, float* __restrict__ stats,
-                                  float* __restrict__ dz, float scale, long long* __restrict__ bad) {
+                                  float* __restrict__ dz, float scale, float smoothing,
+                                  long long* __restrict__ bad) {
+  const double eps = smoothing, uniform = eps / static_cast<double>(classes);
   __shared__ double s_loss[kThreads];
   __shared__ double s_hit[kThreads];
   double acc = 0, hits = 0;
@@ -391,14 +393,21 @@ __global__ void softmax_ce_kernel(const float* __restrict__ z, const float* __re
     int64_t arg = 0;
     for (int64_t j = 1; j < classes; ++j)
       if (row[j] > mx) mx = row[j], arg = j;
-    double se = 0;
-    for (int64_t j = 0; j < classes; ++j) se += ::exp(static_cast<double>(row[j] - mx));
+    double se = 0, zsum = 0;
+    for (int64_t j = 0; j < classes; ++j) {
+      se += ::exp(static_cast<double>(row[j] - mx));
+      zsum += row[j];
+    }
     const double lse = ::log(se) + mx;
-    acc += lse - row[label];
+    const double nll = lse - row[label];
+    // With smoothing, the uniform part of the target adds eps * (lse - mean z) = eps * mean(-log p).
+    acc += eps > 0 ? (1 - eps) * nll + eps * (lse - zsum / static_cast<double>(classes)) : nll;
     hits += arg == label ? 1.0 : 0.0;
     if (dz)
-      for (int64_t j = 0; j < classes; ++j)
-        dz[i * classes + j] = static_cast<float>((::exp(row[j] - lse) - (j == label ? 1.0 : 0.0)) * scale);
+      for (int64_t j = 0; j < classes; ++j) {
+        const double target = (j == label ? 1.0 - eps : 0.0) + uniform;
+        dz[i * classes + j] = static_cast<float>((::exp(row[j] - lse) - target) * scale);
+      }
   }
   s_loss[threadIdx.x] = acc;
   s_hit[threadIdx.x] = hits;
@@ -460,21 +469,78 @@ void copy_rows(float* dst, int64_t dst_row, const float* src, int64_t src_row, i
                                   static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream));
 }
 
-// PyTorch's SGD update with explicit round-to-nearest operations, so that no FMA contraction makes it differ
-// from the CPU's in the last bit.
-__global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ buf,
-                           int64_t n, float lr, float momentum, float wd) {
+// The optimizer updates of optim.h with explicit round-to-nearest operations in the CPU loop's order, so
+// that no FMA contraction makes a GPU replica's step differ from a CPU replica's in the last bit. One thread
+// per element, grid-stride; launched per tensor.
+__global__ void sgd_kernel(OptimizerTensor t, OptimizerScalars s, const float* __restrict__ clip) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float d = __fadd_rn(g[i], __fmul_rn(wd, p[i]));
-    if (buf) {
-      const float b = __fadd_rn(__fmul_rn(momentum, buf[i]), d);
-      buf[i] = b;
-      p[i] = __fsub_rn(p[i], __fmul_rn(lr, b));
-    } else {
-      p[i] = __fsub_rn(p[i], __fmul_rn(lr, d));
+  const float coef = clip ? clip[1] : 1.0f;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < t.n; i += stride) {
+    const float p = t.param[i];
+    const float g = clip ? __fmul_rn(t.grad[i], coef) : t.grad[i];
+    float d = __fadd_rn(g, __fmul_rn(s.weight_decay, p));
+    if (t.a) {
+      const float buf = t.fresh ? d : __fadd_rn(__fmul_rn(s.momentum, t.a[i]), __fmul_rn(s.keep, d));
+      t.a[i] = buf;
+      d = s.nesterov ? __fadd_rn(d, __fmul_rn(s.momentum, buf)) : buf;
     }
+    t.param[i] = __fsub_rn(p, __fmul_rn(s.lr, d));
   }
+}
+
+__global__ void adam_kernel(OptimizerTensor t, OptimizerScalars s, const float* __restrict__ clip) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  const float coef = clip ? clip[1] : 1.0f;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < t.n; i += stride) {
+    float p = __fmul_rn(t.param[i], s.decay);
+    float g = clip ? __fmul_rn(t.grad[i], coef) : t.grad[i];
+    if (s.weight_decay != 0) g = __fadd_rn(g, __fmul_rn(s.weight_decay, p));
+    const float m1 = __fadd_rn(__fmul_rn(s.beta1, t.fresh ? 0.0f : t.a[i]), __fmul_rn(s.one_minus_beta1, g));
+    const float m2 =
+        __fadd_rn(__fmul_rn(s.beta2, t.fresh ? 0.0f : t.b[i]), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(m2), s.bias2_sqrt), s.eps);
+    p = __fsub_rn(p, __fmul_rn(s.step_size, __fdiv_rn(m1, denom)));
+    t.a[i] = m1;
+    t.b[i] = m2;
+    t.param[i] = p;
+  }
+}
+
+// grad_clip_coefficient's chunk sums in kernels.h's order: one block of kNormLanes threads per chunk, thread
+// l summing lane l in double, then the same pairwise tree as the CPU's. Deterministic: no atomics.
+__global__ void chunk_sumsq_kernel(const float* __restrict__ x, int64_t n, double* __restrict__ partial) {
+  __shared__ double lanes[kNormLanes];
+  const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+  for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const float* base = x + c * kNormChunk;
+    const int64_t len = n - c * kNormChunk < kNormChunk ? n - c * kNormChunk : kNormChunk;
+    double acc = 0;
+    for (int64_t j = threadIdx.x; j < len; j += kNormLanes) {
+      const double v = base[j];
+      acc = __dadd_rn(acc, __dmul_rn(v, v));
+    }
+    lanes[threadIdx.x] = acc;
+    __syncthreads();
+    for (int stride = kNormLanes / 2; stride > 0; stride >>= 1) {
+      if (static_cast<int>(threadIdx.x) < stride)
+        lanes[threadIdx.x] = __dadd_rn(lanes[threadIdx.x], lanes[threadIdx.x + stride]);
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[c] = lanes[0];
+    __syncthreads();
+  }
+}
+
+// The chunks' sums in order by one thread (a few thousand at most), then the norm and torch's clip factor.
+__global__ void clip_finish_kernel(const double* __restrict__ partial, int64_t count, float max_norm,
+                                   float* __restrict__ out) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double total = 0;
+  for (int64_t i = 0; i < count; ++i) total = __dadd_rn(total, partial[i]);
+  const float norm = __double2float_rn(__dsqrt_rn(total));
+  const float q = __fdiv_rn(max_norm, __fadd_rn(norm, 1e-6f));
+  out[0] = norm;
+  out[1] = q > 1.0f ? 1.0f : q;  // torch's clamp(max=1): a NaN norm gives a NaN factor, as there
 }
 
 // --- the kernels -------------------------------------------------------------------------------------------
@@ -733,14 +799,14 @@ class CudaNnKernels final : public NnKernels {
 
   void softmax_cross_entropy(int64_t n, int64_t classes, const float* logits, const float* labels,
                              float* loss, float* stats, float* dlogits, float grad_scale,
-                             KernelContext& kc) override {
+                             float label_smoothing, KernelContext& kc) override {
     Stream s(kc);
     Workspace flag(kc.allocator, s, sizeof(long long));
     auto* bad = static_cast<long long*>(flag.get());
     const long long none = LLONG_MAX;
     GN_CUDA_CHECK(cudaMemcpyAsync(bad, &none, sizeof none, cudaMemcpyHostToDevice, s.get()));
     softmax_ce_kernel<<<1, kThreads, 0, s.get()>>>(logits, labels, n, classes, loss, stats, dlogits,
-                                                   grad_scale, bad);
+                                                   grad_scale, label_smoothing, bad);
     GN_CUDA_CHECK_LAUNCH();
     // A bad label is the op's error: read the flag back (into pageable memory, so the copy completes first).
     long long first_bad = LLONG_MAX;
@@ -751,12 +817,37 @@ class CudaNnKernels final : public NnKernels {
                   " is not a class index in [0, " + std::to_string(classes) + ")");
   }
 
-  void sgd_step(int64_t n, float* param, const float* grad, float* momentum_buf, float lr, float momentum,
-                float weight_decay, KernelContext& kc) override {
+  void optimizer_step(const std::vector<OptimizerTensor>& tensors, const OptimizerScalars& sc,
+                      const float* clip, KernelContext& kc) override {
     Stream s(kc);
-    if (n == 0) return;
-    sgd_kernel<<<blocks_for(n), kThreads, 0, s.get()>>>(param, grad, momentum_buf, n, lr, momentum,
-                                                        weight_decay);
+    for (const OptimizerTensor& t : tensors) {
+      if (t.n == 0) continue;
+      if (sc.kind == OptimizerKind::Sgd)
+        sgd_kernel<<<blocks_for(t.n), kThreads, 0, s.get()>>>(t, sc, clip);
+      else
+        adam_kernel<<<blocks_for(t.n), kThreads, 0, s.get()>>>(t, sc, clip);
+      GN_CUDA_CHECK_LAUNCH();
+    }
+  }
+
+  void grad_clip_coefficient(const std::vector<GradSpan>& grads, float max_norm, float* out,
+                             KernelContext& kc) override {
+    static_assert(kNormLanes == kThreads, "one thread per lane");
+    Stream s(kc);
+    int64_t count = 0;
+    for (const GradSpan& g : grads) count += (g.n + kNormChunk - 1) / kNormChunk;
+    Workspace partial(kc.allocator, s, static_cast<size_t>(count) * sizeof(double));
+    auto* sums = static_cast<double*>(partial.get());
+    int64_t offset = 0;
+    for (const GradSpan& g : grads) {
+      const int64_t chunks = (g.n + kNormChunk - 1) / kNormChunk;
+      if (chunks == 0) continue;
+      chunk_sumsq_kernel<<<static_cast<int>(std::min(chunks, kMaxBlocks)), kNormLanes, 0, s.get()>>>(
+          g.data, g.n, sums + offset);
+      GN_CUDA_CHECK_LAUNCH();
+      offset += chunks;
+    }
+    clip_finish_kernel<<<1, 1, 0, s.get()>>>(sums, count, max_norm, out);
     GN_CUDA_CHECK_LAUNCH();
   }
 };
