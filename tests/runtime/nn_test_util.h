@@ -1,7 +1,14 @@
 // Shared by the training-layer suites.
 #pragma once
-#include <cstdint>
+#include <unistd.h>
 
+#include <QtTest>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include "gpunodes/errors.h"
 #include "gpunodes/nn/model.h"
 
 namespace gn::nn {
@@ -12,6 +19,39 @@ inline ModelOptions modelOptions(Arch arch, uint64_t seed = 0) {
   o.arch = arch;
   o.seed = seed;
   return o;
+}
+
+// A fresh directory under the system's temporary directory, removed when the test ends.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& prefix = "gn_nn_test_") {
+    static int counter = 0;
+    path = std::filesystem::temp_directory_path() /
+           (prefix + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+// fn must throw gn::Error whose message names every needle; returns the message (empty after a failure).
+inline std::string expect_error(const std::function<void()>& fn, const QStringList& needles) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    const QString what = e.what();
+    for (const QString& n : needles)
+      if (!what.contains(n)) {
+        QTest::qFail(qPrintable("error '" + what + "' does not mention '" + n + "'"), __FILE__, __LINE__);
+        return {};
+      }
+    return e.what();
+  }
+  QTest::qFail("no error was thrown", __FILE__, __LINE__);
+  return {};
 }
 
 }  // namespace gn::nn

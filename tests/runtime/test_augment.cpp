@@ -8,23 +8,12 @@
 
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/data.h"
+#include "nn_test_util.h"
 
 using namespace gn;
 using namespace gn::nn;
 
 namespace {
-
-void expect_error(const std::function<void()>& fn, const QStringList& needles) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const QString what = e.what();
-    for (const QString& n : needles)
-      if (!what.contains(n)) QFAIL(qPrintable("error '" + what + "' does not mention '" + n + "'"));
-    return;
-  }
-  QFAIL("no error was thrown");
-}
 
 // torchvision's RandomCrop(size, padding) then RandomHorizontalFlip, written out the long way: build the
 // zero-padded image, cut the window at (dy, dx), mirror each row.

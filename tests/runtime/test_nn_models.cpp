@@ -26,37 +26,6 @@ double stddev(const std::vector<float>& v) {
   return std::sqrt(s / static_cast<double>(v.size()));
 }
 
-// A fresh directory under the system's temporary directory, removed when the test ends.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("gn_nn_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-void expect_error(const std::function<void()>& fn, const QStringList& needles) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const QString what = e.what();
-    for (const QString& n : needles)
-      if (!what.contains(n)) QFAIL(qPrintable("error '" + what + "' does not mention '" + n + "'"));
-    return;
-  }
-  QFAIL("no error was thrown");
-}
-
 }  // namespace
 
 class NnModelsTest : public QObject {

@@ -18,40 +18,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("gn_safetensors_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string expect_error(const std::function<void()>& fn, const QStringList& needles) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const QString what = e.what();
-    for (const QString& n : needles)
-      if (!what.contains(n)) {
-        QTest::qFail(qPrintable("error '" + what + "' does not mention '" + n + "'"), __FILE__, __LINE__);
-        return {};
-      }
-    return e.what();
-  }
-  QTest::qFail("no error was thrown", __FILE__, __LINE__);
-  return {};
-}
-
 std::vector<char> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
