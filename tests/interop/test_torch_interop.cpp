@@ -17,6 +17,7 @@
 
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/serialize.h"
+#include "interop_util.h"
 
 using namespace gn;
 using namespace gn::nn;
@@ -24,9 +25,6 @@ using namespace gn::nn;
 namespace {
 
 constexpr int64_t kBatch = 3;
-// Outputs agree to 1e-4 of the largest output magnitude: float32 sums in another order (oneDNN and OpenBLAS
-// against torch's kernels) differ in the last bits, and nothing larger.
-constexpr double kRelTol = 1e-4;
 
 struct Case {
   const char* name;
@@ -79,43 +77,6 @@ void perturb(Model& m, uint32_t seed) {
     for (float& x : v) x = dist(gen);
     write_values(p->value, std::move(v));
   }
-}
-
-void write_floats(const QString& path, const std::vector<float>& v) {
-  std::ofstream out(path.toStdString(), std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
-}
-
-std::vector<float> read_floats(const QString& path) {
-  std::ifstream in(path.toStdString(), std::ios::binary);
-  std::vector<char> b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> v(b.size() / sizeof(float));
-  std::memcpy(v.data(), b.data(), v.size() * sizeof(float));
-  return v;
-}
-
-// Empty when `got` matches `want` within kRelTol of want's largest magnitude; otherwise what differs.
-QString compare(const std::vector<float>& got, const std::vector<float>& want) {
-  if (got.size() != want.size())
-    return QStringLiteral("%1 outputs, expected %2").arg(got.size()).arg(want.size());
-  double scale = 0, worst = 0;
-  size_t at = 0;
-  for (float w : want) scale = std::max(scale, std::abs(double(w)));
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = std::abs(double(got[i]) - double(want[i]));
-    if (!(d <= worst)) {  // NaN counts as the worst
-      worst = d;
-      at = i;
-    }
-  }
-  qInfo("largest difference %.3g, largest output %.3g", worst, scale);
-  if (scale > 0 && worst <= kRelTol * scale) return {};
-  return QStringLiteral("output %1 is %2, expected %3 (largest difference %4, tolerance %5)")
-      .arg(at)
-      .arg(double(got[at]), 0, 'g', 9)
-      .arg(double(want[at]), 0, 'g', 9)
-      .arg(worst, 0, 'g', 3)
-      .arg(kRelTol * scale, 0, 'g', 3);
 }
 
 QStringList to_list(const QJsonValue& v) {
@@ -178,7 +139,7 @@ class TorchInteropTest : public QObject {
       for (int64_t d : in) numel *= d;
       std::vector<float> x(static_cast<size_t>(numel));
       for (float& v : x) v = dist(gen);
-      write_floats(file(c.name, ".x.f32"), x);
+      interop::write_floats(file(c.name, ".x.f32"), x);
       s.gn_logits = to_host(forward(*s.model, from_values(rt_, in, Device::cpu(), x)));
 
       const QString sig = QString::fromStdString(peer_signature(*s.model));
@@ -238,7 +199,8 @@ class TorchInteropTest : public QObject {
     const QJsonValue tracked = s.torch_loaded["num_batches_tracked"];
     QCOMPARE(tracked.isNull() ? int64_t(-1) : int64_t(tracked.toInteger()),
              s.model->arch() == Arch::ResNet18 ? int64_t(6) : int64_t(-1));
-    const QString diff = compare(read_floats(file(arch.toStdString(), ".torch-of-gn.f32")), s.gn_logits);
+    const QString diff =
+        interop::compare(interop::read_floats(file(arch.toStdString(), ".torch-of-gn.f32")), s.gn_logits);
     QVERIFY2(diff.isEmpty(), qPrintable(diff));
   }
 
@@ -264,10 +226,10 @@ class TorchInteropTest : public QObject {
     load_params(*m, path);
     const QJsonValue tracked = s.torch_saved["num_batches_tracked"];
     QCOMPARE(m->batches_tracked(), tracked.isNull() ? int64_t(0) : int64_t(tracked.toInteger()));
-    const std::vector<float> x = read_floats(file(name, ".x.f32"));
+    const std::vector<float> x = interop::read_floats(file(name, ".x.f32"));
     const std::vector<float> y =
         to_host(forward(*m, from_values(rt_, m->input_shape(kBatch), Device::cpu(), x)));
-    const QString diff = compare(y, read_floats(file(name, ".torch-of-torch.f32")));
+    const QString diff = interop::compare(y, interop::read_floats(file(name, ".torch-of-torch.f32")));
     QVERIFY2(diff.isEmpty(), qPrintable(diff));
     QCOMPARE(to_list(s.torch_saved["keys"]), expected_keys(*m));
   }

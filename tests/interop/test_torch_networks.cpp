@@ -14,10 +14,11 @@
 #include <fstream>
 #include <random>
 
+#include "interop_util.h"
+
 namespace {
 
 constexpr int kBatch = 3;
-constexpr double kRelTol = 1e-4;  // float32 sums in another order, as in test_torch_interop
 
 QJsonObject readJson(const QString& path) {
   QFile f(path);
@@ -138,26 +139,6 @@ Process run(const QString& program, const QStringList& args) {
   return r;
 }
 
-std::vector<float> readFloats(const QString& path) {
-  std::ifstream in(path.toStdString(), std::ios::binary);
-  std::vector<char> b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> v(b.size() / sizeof(float));
-  std::memcpy(v.data(), b.data(), v.size() * sizeof(float));
-  return v;
-}
-
-// Empty when got matches want within kRelTol of want's largest magnitude.
-QString compare(const std::vector<float>& got, const std::vector<float>& want) {
-  if (got.size() != want.size() || want.empty())
-    return QString("%1 outputs, expected %2").arg(got.size()).arg(want.size());
-  double scale = 0, worst = 0;
-  for (float w : want) scale = std::max(scale, std::abs(double(w)));
-  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - double(want[i])));
-  qInfo("largest difference %.3g, largest output %.3g", worst, scale);
-  if (scale > 0 && worst <= kRelTol * scale) return {};
-  return QString("largest difference %1 against outputs up to %2").arg(worst).arg(scale);
-}
-
 }  // namespace
 
 class TorchNetworksTest : public QObject {
@@ -239,7 +220,7 @@ class TorchNetworksTest : public QObject {
     Process p =
         run(GN_PYTHON, {GN_TORCH_PEER, "logits", spec, gnWeights, xFile, QString::number(kBatch), torchOfGn});
     QVERIFY2(p.exitCode == 0, qPrintable("torch could not load gpunodes' weights: " + p.err));
-    QString diff = compare(readFloats(torchOfGn), gn);
+    QString diff = interop::compare(interop::read_floats(torchOfGn), gn);
     QVERIFY2(diff.isEmpty(), qPrintable("torch on gpunodes' weights: " + diff));
 
     // torch -> gpunodes
@@ -251,7 +232,7 @@ class TorchNetworksTest : public QObject {
             {GN_TORCH_PEER, "logits", spec, torchWeights, xFile, QString::number(kBatch), torchOfTorch});
     QVERIFY2(p.exitCode == 0, qPrintable(p.err));
     const std::vector<float> loaded = gpunodesLogits(name + ".load.json", graph, sample, x, {}, torchWeights);
-    diff = compare(loaded, readFloats(torchOfTorch));
+    diff = interop::compare(loaded, interop::read_floats(torchOfTorch));
     QVERIFY2(diff.isEmpty(), qPrintable("gpunodes on torch's weights: " + diff));
   }
 };

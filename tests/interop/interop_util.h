@@ -1,0 +1,55 @@
+// Shared by the PyTorch interop suites: float32 files exchanged with the torch peer, and the comparison of
+// outputs.
+#pragma once
+#include <QString>
+#include <QtTest>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+namespace interop {
+
+// Outputs agree to 1e-4 of the largest output magnitude: float32 sums in another order (oneDNN and OpenBLAS
+// against torch's kernels) differ in the last bits, and nothing larger.
+constexpr double kRelTol = 1e-4;
+
+inline void write_floats(const QString& path, const std::vector<float>& v) {
+  std::ofstream out(path.toStdString(), std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+}
+
+inline std::vector<float> read_floats(const QString& path) {
+  std::ifstream in(path.toStdString(), std::ios::binary);
+  std::vector<char> b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> v(b.size() / sizeof(float));
+  std::memcpy(v.data(), b.data(), v.size() * sizeof(float));
+  return v;
+}
+
+// Empty when `got` matches `want` within kRelTol of want's largest magnitude; otherwise what differs.
+inline QString compare(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size() || want.empty())
+    return QStringLiteral("%1 outputs, expected %2").arg(got.size()).arg(want.size());
+  double scale = 0, worst = 0;
+  size_t at = 0;
+  for (float w : want) scale = std::max(scale, std::abs(double(w)));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::abs(double(got[i]) - double(want[i]));
+    if (!(d <= worst)) {  // NaN counts as the worst
+      worst = d;
+      at = i;
+    }
+  }
+  qInfo("largest difference %.3g, largest output %.3g", worst, scale);
+  if (scale > 0 && worst <= kRelTol * scale) return {};
+  return QStringLiteral("output %1 is %2, expected %3 (largest difference %4, tolerance %5)")
+      .arg(at)
+      .arg(double(got[at]), 0, 'g', 9)
+      .arg(double(want[at]), 0, 'g', 9)
+      .arg(worst, 0, 'g', 3)
+      .arg(kRelTol * scale, 0, 'g', 3);
+}
+
+}  // namespace interop
