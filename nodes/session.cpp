@@ -219,7 +219,9 @@ NodesSession::NodesSession(const core::RunSettings& settings) {
 }
 
 // Batches that outlive the session keep the runtime alive (and its destructor waits for queued work).
-NodesSession::~NodesSession() = default;
+NodesSession::~NodesSession() {
+  if (graceTimer_.joinable()) graceTimer_.join();
+}
 
 void NodesSession::beginNode(const QString& nodeId) {
   tag_.reset();
@@ -237,21 +239,36 @@ void NodesSession::endNode(const QString& nodeId, std::function<void(const QStri
 }
 
 void NodesSession::cancel() {
-  runtime_->engine().cancel();
   std::lock_guard lock(hooksMutex_);
+  if (cancelled_) return;
   cancelled_ = true;
   for (auto& [id, fn] : cancelHooks_) fn();
+  if (gracefulHooks_ == 0)
+    runtime_->engine().cancel();
+  else
+    graceTimer_ = std::thread([this] { cancelEngineAfterGrace(); });
 }
 
-std::shared_ptr<void> NodesSession::onCancel(std::function<void()> fn) {
+void NodesSession::cancelEngineAfterGrace() {
+  {
+    std::unique_lock lock(hooksMutex_);
+    gracefulDone_.wait_for(lock, kGrace, [this] { return gracefulHooks_ == 0; });
+  }
+  runtime_->engine().cancel();
+}
+
+std::shared_ptr<void> NodesSession::onCancel(std::function<void()> fn, CancelStyle style) {
   std::lock_guard lock(hooksMutex_);
   if (cancelled_) fn();
   const uint64_t id = nextHook_++;
   cancelHooks_.emplace(id, std::move(fn));
+  const bool graceful = style == CancelStyle::Graceful;
+  if (graceful) ++gracefulHooks_;
   // The handle lives no longer than the node that holds it, and nodes end before their session does.
-  return std::shared_ptr<void>(nullptr, [this, id](void*) {
+  return std::shared_ptr<void>(nullptr, [this, id, graceful](void*) {
     std::lock_guard lock(hooksMutex_);
     cancelHooks_.erase(id);
+    if (graceful && --gracefulHooks_ == 0) gracefulDone_.notify_all();
   });
 }
 

@@ -6,12 +6,15 @@
 #include <QList>
 #include <QPair>
 #include <QString>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "gpunodes/core/plugin.h"
 #include "gpunodes/engine.h"
@@ -63,14 +66,26 @@ class NodesSession final : public core::RunSession {
   // flag of its own (a Trainer between batches) hears the run's cancel besides the engine's. fn runs under
   // a lock that dropping the handle also takes, so it never runs after the handle is gone. Registered after
   // a cancel, fn runs at once.
-  std::shared_ptr<void> onCancel(std::function<void()> fn);
+  //
+  // Graceful: fn stops the work on its own, at a point where it can save what it did (a Trainer finishing
+  // its steps in flight and writing a checkpoint), and cancelling the engine's queued ops would drop that.
+  // cancel() then holds the engine's cancel back until every graceful handle is dropped, or kGrace has
+  // passed, whichever comes first: the run still ends within a second.
+  enum class CancelStyle { Immediate, Graceful };
+  std::shared_ptr<void> onCancel(std::function<void()> fn, CancelStyle style = CancelStyle::Immediate);
+  static constexpr std::chrono::milliseconds kGrace{800};
 
  private:
+  void cancelEngineAfterGrace();
+
   std::shared_ptr<Runtime> runtime_;
   std::mutex hooksMutex_;
+  std::condition_variable gracefulDone_;
   std::map<uint64_t, std::function<void()>> cancelHooks_;
   uint64_t nextHook_ = 0;
+  int gracefulHooks_ = 0;
   bool cancelled_ = false;
+  std::thread graceTimer_;
   // The executor thread's op tag while a node executes: every op the node pushes carries its id.
   std::optional<ScopedOpTag> tag_;
   std::mutex cursorMutex_;

@@ -320,8 +320,10 @@ class TrainNode final : public GpuNode {
                 "does (no synchronised BatchNorm); device 0's running statistics are the ones kept. Streams "
                 "the metric series <node>.loss, <node>.train_acc and <node>.lr (every log_every batches and "
                 "per epoch), <node>.test_acc, <node>.epoch_seconds and <node>.images_per_second per epoch, "
-                "and <node>.memory_mb/<device> per device. Reports the optimizer and the schedule. Trains a "
-                "copy: the input model stays as it was.",
+                "and <node>.memory_mb/<device> per device. Reports the optimizer and the schedule, and the "
+                "loader's milliseconds per batch beside the step's. With a checkpoint_dir it saves "
+                "checkpoints after epochs and at a cancel, and with resume continues from the newest. Trains "
+                "a copy: the input model stays as it was.",
             .inputs = {inPort("model", PortType::Model, "The model to start from."),
                        inPort("data", PortType::Dataset,
                               "The data: its training split is trained on, its test split (if loaded) gives "
@@ -390,11 +392,32 @@ class TrainNode final : public GpuNode {
                               "Split each batch in proportion to each device's measured speed instead of "
                               "evenly (re-measured as training goes): for a GPU beside the CPU, the seed's "
                               "exercise 2."),
+                    stringParam(
+                        "checkpoint_dir", "",
+                        "Where to save checkpoints (created when missing; relative paths are relative "
+                        "to the working directory); empty: none. A checkpoint holds the parameters, "
+                        "buffers, optimizer state, schedule position, data order and the metric series "
+                        "so far, in a safetensors file written atomically. A directory that cannot be "
+                        "written stops the node before training."),
+                    intParam("checkpoint_every", 1, 0, 100000,
+                             "A checkpoint after every this many epochs and after the last; 0: only when "
+                             "the run is cancelled. Cancel lets the steps in flight finish and saves "
+                             "where training stopped, mid-epoch."),
+                    intParam("keep_checkpoints", 3, 1, 100000,
+                             "How many of the newest checkpoints to keep; older ones are removed."),
+                    enumParam("resume", {"off", "auto"}, "off",
+                              "auto: continue from the newest checkpoint in checkpoint_dir that reads back "
+                              "whole (damaged ones are skipped with a warning), and end with exactly the "
+                              "parameters of a run never interrupted. The checkpoint must come from this "
+                              "model and these settings (a difference is an error naming it); without one, "
+                              "training starts afresh. `gpunodes run --resume` sets auto on every Train."),
                 },
         }) {}
 
   QStringList validateParams(const QJsonObject& params) const override {
     QStringList problems;
+    if (params["resume"].toString() == "auto" && params["checkpoint_dir"].toString().trimmed().isEmpty())
+      problems.append("resume: auto needs a checkpoint_dir to resume from");
     const nn::OptimizerOptions o = optimizerOf(params);
     // The runtime's checks, named after these params: one rule for the node and for the Trainer.
     for (const std::string& p : nn::optimizer_problems(o)) problems.append(qs(p));
@@ -430,12 +453,19 @@ class TrainNode final : public GpuNode {
     o.resize = ds.resize;
     o.log_every = p["log_every"].toInteger();
     o.balance = p["balance"].toBool();
+    o.checkpoint.dir = p["checkpoint_dir"].toString().trimmed().toStdString();
+    o.checkpoint.every = p["checkpoint_every"].toInteger();
+    o.checkpoint.keep = p["keep_checkpoints"].toInteger();
+    o.checkpoint.resume = p["resume"].toString() == "auto";
 
     // A copy on the first device: the input value is shared with whatever else reads it.
     std::shared_ptr<nn::Model> model = input->model().replicate(devices.front());
     nn::Trainer trainer(*model, devices, o);
-    // Declared after the trainer, so it is unregistered before the trainer goes.
-    const std::shared_ptr<void> hook = session.onCancel([&trainer] { trainer.cancel(); });
+    // Declared after the trainer, so it is unregistered before the trainer goes. With checkpoints the
+    // trainer saves at a cancel, which needs its steps in flight to finish.
+    const std::shared_ptr<void> hook = session.onCancel(
+        [&trainer] { trainer.cancel(); }, o.checkpoint.dir.empty() ? NodesSession::CancelStyle::Immediate
+                                                                   : NodesSession::CancelStyle::Graceful);
 
     QJsonArray names, split;
     const std::vector<int64_t> shares = trainer.split(ds.batchSize);
@@ -451,10 +481,19 @@ class TrainNode final : public GpuNode {
 
     const QString prefix = ctx.nodeId() + ".";
     const double epochs = static_cast<double>(std::max<int64_t>(o.epochs, 1));
-    nn::TrainResult result = trainer.fit(ds.train, ds.test, [&](const nn::MetricSample& s) {
-      ctx.metric(prefix + qs(s.series), s.epoch, s.value);
-      ctx.progress(s.epoch / epochs);
-    });
+    nn::TrainResult result = trainer.fit(
+        ds.train, ds.test,
+        [&](const nn::MetricSample& s) {
+          ctx.metric(prefix + qs(s.series), s.epoch, s.value);
+          ctx.progress(s.epoch / epochs);
+        },
+        [&](const std::string& warning) { ctx.warning(qs(warning)); });
+    if (!result.resumed_from.empty()) ctx.reportField("resumed_from", qs(result.resumed_from));
+    if (!o.checkpoint.dir.empty()) {
+      QJsonArray written;
+      for (const std::string& path : result.checkpoints) written.append(qs(path));
+      ctx.reportField("checkpoints", written);
+    }
 
     QJsonArray perEpoch;
     double seconds = 0;
@@ -463,7 +502,10 @@ class TrainNode final : public GpuNode {
                       {"loss", e.train_loss},
                       {"train_acc", e.train_acc},
                       {"seconds", e.seconds},
-                      {"images_per_second", e.images_per_second}};
+                      {"images_per_second", e.images_per_second},
+                      {"loader_ms_per_batch", e.loader_ms_per_batch},
+                      {"step_ms", e.step_ms},
+                      {"loader_wait_ms", e.loader_wait_ms}};
       if (std::isfinite(e.test_acc)) row["test_acc"] = e.test_acc;
       perEpoch.append(row);
       seconds += e.seconds;
@@ -476,6 +518,15 @@ class TrainNode final : public GpuNode {
       if (std::isfinite(last.test_acc)) ctx.reportField("test_acc", last.test_acc);
       ctx.reportField("seconds_per_epoch", seconds / static_cast<double>(result.epochs.size()));
       ctx.reportField("images_per_second", last.images_per_second);
+      // Whether the loader keeps the devices fed: it prepares the next batches while a step runs.
+      ctx.reportField("loader_ms_per_batch", last.loader_ms_per_batch);
+      ctx.reportField("step_ms", last.step_ms);
+      ctx.reportField("loader_wait_ms", last.loader_wait_ms);
+      if (last.step_ms > 0 && last.loader_ms_per_batch > last.step_ms)
+        ctx.warning(QString("the data loader is the bottleneck: it takes %1 ms to prepare a batch, the step "
+                            "%2 ms (augmentation and resizing run on one background thread)")
+                        .arg(last.loader_ms_per_batch, 0, 'f', 1)
+                        .arg(last.step_ms, 0, 'f', 1));
     }
     ctx.progress(1.0);
     ctx.setOutput("model",

@@ -375,8 +375,8 @@ int commandRun(const QStringList& args) {
   QCommandLineParser parser;
   const QCommandLineOption set("set", "", "NODE.PARAM=VALUE"), report("report", "", "OUT.json"),
       metrics("metrics", "", "OUT.csv"), trace("trace", "", "OUT.json"), schedule("schedule", "", "MODE"),
-      cpuDevices("cpu-devices", "", "N"), quiet("quiet");
-  parser.addOptions({set, report, metrics, trace, schedule, cpuDevices, quiet});
+      cpuDevices("cpu-devices", "", "N"), quiet("quiet"), resume("resume");
+  parser.addOptions({set, report, metrics, trace, schedule, cpuDevices, quiet, resume});
   const Parsed p = parse(parser, "run", args, 1);
   if (!p.ok) return p.exitCode;
   const QString file = p.positional[0];
@@ -417,6 +417,16 @@ int commandRun(const QStringList& args) {
   for (const QString& s : parser.values(set)) {
     const QString problem = applySet(doc, registry, file, s);
     if (!problem.isEmpty()) return usageError(problem);
+  }
+  if (parser.isSet(resume)) {
+    // After --set, so that a checkpoint_dir given there is the one resumed from.
+    int trains = 0;
+    for (const GraphNode& n : doc.nodes())
+      if (n.type == QLatin1String("Train")) {
+        doc.setParam(n.id, "resume", QStringLiteral("auto"));
+        ++trains;
+      }
+    if (trains == 0) err(QStringLiteral("warning: --resume: %1 has no Train node to resume\n").arg(file));
   }
   QJsonObject settingsJson = doc.settings();
   if (parser.isSet(schedule)) settingsJson.insert("schedule", parser.value(schedule));
@@ -673,6 +683,8 @@ QString usage() {
       "       gpunodes run FILE [options]      run headless\n"
       "           --set NODE.PARAM=VALUE       override a param (repeatable); shapes as 100x100 or "
       "[100,100]\n"
+      "           --resume                     every Train node continues from the newest checkpoint in\n"
+      "                                        its checkpoint_dir (sets resume=auto)\n"
       "           --report OUT.json            the run report\n"
       "           --metrics OUT.csv            metric samples: series,t,value\n"
       "           --trace OUT.json             Chrome trace (open in Perfetto or chrome://tracing)\n"

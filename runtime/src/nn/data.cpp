@@ -403,8 +403,11 @@ void DataLoader::stop() {
   finished_ = true;
 }
 
-void DataLoader::start_epoch(int64_t epoch) {
+void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
   stop();
+  if (first_batch < 0 || first_batch > batches_per_epoch())
+    throw Error("data loader: batch " + std::to_string(first_batch) + " is outside an epoch of " +
+                std::to_string(batches_per_epoch()) + " batches");
   std::vector<int64_t> order;
   if (options_.shuffle) {
     order = shuffled_indices(data_->count, options_.seed, epoch);
@@ -418,8 +421,9 @@ void DataLoader::start_epoch(int64_t epoch) {
     finished_ = false;
     error_ = nullptr;
   }
-  thread_ =
-      std::thread([this, order = std::move(order), epoch]() mutable { produce(std::move(order), epoch); });
+  thread_ = std::thread([this, order = std::move(order), epoch, first_batch]() mutable {
+    produce(std::move(order), epoch, first_batch);
+  });
 }
 
 double DataLoader::ms_per_batch() const {
@@ -427,10 +431,10 @@ double DataLoader::ms_per_batch() const {
   return n ? static_cast<double>(prepare_ns_.load()) / 1e6 / static_cast<double>(n) : 0.0;
 }
 
-void DataLoader::produce(std::vector<int64_t> order, int64_t epoch) {
+void DataLoader::produce(std::vector<int64_t> order, int64_t epoch, int64_t first_batch) {
   try {
     const int64_t batches = batches_per_epoch();
-    for (int64_t b = 0; b < batches; ++b) {
+    for (int64_t b = first_batch; b < batches; ++b) {
       {
         std::unique_lock lock(mutex_);
         cv_.wait(lock, [&] { return stopping_ || static_cast<int>(queue_.size()) < options_.prefetch; });

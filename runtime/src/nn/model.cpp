@@ -43,7 +43,8 @@ uint64_t splitmix64(uint64_t x) {
 // Hands out initialised tensors in construction order, each weight from its own Philox stream.
 class Builder {
  public:
-  Builder(Runtime& rt, Device device, const ModelOptions& o) : rt_(rt), device_(device), o_(o) {}
+  Builder(Runtime& rt, Device device, const ModelOptions& o, const int64_t& train_forwards)
+      : rt_(rt), device_(device), o_(o), train_forwards_(train_forwards) {}
 
   Tensor weight(const Shape& shape, int64_t fan_in, int64_t fan_out) {
     const uint64_t seed = splitmix64(o_.seed ^ splitmix64(static_cast<uint64_t>(counter_++)));
@@ -60,11 +61,14 @@ class Builder {
     throw Error("unknown initialiser");
   }
   Tensor constant(const Shape& shape, float v) { return full(rt_, shape, device_, v); }
+  // The model's count of Train-mode forwards (Model::batches_tracked()), which numbers dropout's masks.
+  const int64_t& train_forwards() const { return train_forwards_; }
 
  private:
   Runtime& rt_;
   Device device_;
   const ModelOptions& o_;
+  const int64_t& train_forwards_;
   int counter_ = 0;
 };
 
@@ -396,14 +400,17 @@ class ResidualM final : public Module {
   ActivationM relu1_{Activation::Relu}, relu2_{Activation::Relu};
 };
 
-// Dropout: a fresh mask per training forward, from a Philox stream of the layer's seed and the forward's
-// number, so that a run with the same seed drops the same values.
+// Dropout: a fresh mask per training forward, from a Philox stream of the layer's seed and the model's count
+// of training forwards, so that a run with the same seed drops the same values, and a run resumed from a
+// checkpoint (which restores the count) drops what the uninterrupted run would have.
 class DropoutM final : public Module {
  public:
-  DropoutM(float p, uint64_t seed) : p_(p), seed_(seed) {}
+  DropoutM(float p, uint64_t seed, const int64_t& train_forwards)
+      : p_(p), seed_(seed), train_forwards_(train_forwards) {}
   Tensor forward(const Tensor& x, Mode mode) override {
     if (mode == Mode::Eval || p_ == 0) return x;
-    DropoutResult r = dropout(x, p_, splitmix64(seed_ ^ splitmix64(forwards_++)));
+    const auto forward = static_cast<uint64_t>(train_forwards_);
+    DropoutResult r = dropout(x, p_, splitmix64(seed_ ^ splitmix64(forward)));
     mask_ = r.mask;
     return r.y;
   }
@@ -419,7 +426,7 @@ class DropoutM final : public Module {
  private:
   float p_;
   uint64_t seed_;
-  uint64_t forwards_ = 0;
+  const int64_t& train_forwards_;
   Tensor mask_;
 };
 
@@ -583,7 +590,7 @@ class GraphM final : public Module {
       case LayerKind::Linear:
         return std::make_unique<LinearM>(b, in[0], l.features, l.bias);
       case LayerKind::Dropout:
-        return std::make_unique<DropoutM>(static_cast<float>(l.p), seed);
+        return std::make_unique<DropoutM>(static_cast<float>(l.p), seed, b.train_forwards());
     }
     throw Error("unknown layer type");
   }
@@ -756,7 +763,7 @@ std::unique_ptr<Model> Model::create(Runtime& rt, const ModelOptions& o, Device 
     throw Error("lenet needs images of at least 12x12, got " + std::to_string(o.image_size));
   if (o.init == Init::Normal && !(o.init_std > 0)) throw Error("model options: init_std must be positive");
   std::unique_ptr<Model> m(new Model(rt, o, device));
-  Builder b(rt, device, o);
+  Builder b(rt, device, o, m->batches_tracked_);
   m->root_ = build(b, o);
   m->root_->collect("", m->state_);
   return m;

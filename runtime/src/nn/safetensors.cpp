@@ -400,6 +400,11 @@ const std::string* SafetensorsHeader::find_metadata(const std::string& key) cons
   return nullptr;
 }
 
+std::vector<char> float_bytes(const std::vector<float>& values) {
+  const char* b = reinterpret_cast<const char*>(values.data());
+  return std::vector<char>(b, b + values.size() * sizeof(float));
+}
+
 bool looks_like_safetensors(const char* bytes, size_t size) {
   return size > 8 && bytes[8] == '{';
 }
@@ -589,40 +594,48 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   return parse_safetensors(file, path);
 }
 
-void save_safetensors(const Model& model, const std::string& path) {
-  const auto state = model.state();
-  // Layout: the I64 counters first, then the F32 tensors in state order, each aligned to its element size
-  // (the reference writer also puts the wider dtypes first).
-  std::vector<std::string> counters;
-  for (const Parameter* p : state)
-    if (std::string c = batches_tracked_name(p->name); !c.empty()) counters.push_back(std::move(c));
-  uint64_t offset = 8 * counters.size();
-
-  std::string header = "{\"__metadata__\":{\"format\":\"pt\",";
-  json_string(header, kSignatureKey);
-  header += ':';
-  json_string(header, model.signature());
-  header += '}';
-  auto entry = [&header](const std::string& name, const char* dtype, const Shape& shape, uint64_t begin,
-                         uint64_t end) {
-    header += ',';
-    json_string(header, name);
-    header += ":{\"dtype\":\"";
-    header += dtype;
-    header += "\",\"shape\":[";
-    for (size_t k = 0; k < shape.size(); ++k) header += (k ? "," : "") + std::to_string(shape[k]);
-    header += "],\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(end) + "]}";
+std::vector<char> encode_safetensors(const std::vector<std::pair<std::string, std::string>>& metadata,
+                                     const std::vector<SafetensorsBlob>& tensors) {
+  // Data laid out widest element first, so that every tensor is aligned to its element size (as the
+  // reference writer does); the header keeps the order given.
+  std::vector<size_t> layout(tensors.size());
+  for (size_t k = 0; k < layout.size(); ++k) layout[k] = k;
+  auto element = [&](size_t k) {
+    const Dtype* d = find_dtype(tensors[k].dtype);
+    if (!d) throw Error("safetensors: unknown dtype " + tensors[k].dtype + " for '" + tensors[k].name + "'");
+    return d->size;
   };
-  // Header entries in state order, each counter after its layer's running_var, as PyTorch's state_dict.
-  size_t counter = 0;
-  for (const Parameter* p : state) {
-    const uint64_t bytes = static_cast<uint64_t>(p->value.numel()) * sizeof(float);
-    entry(p->name, "F32", p->value.shape(), offset, offset + bytes);
-    offset += bytes;
-    if (std::string c = batches_tracked_name(p->name); !c.empty()) {
-      entry(c, "I64", {}, 8 * counter, 8 * counter + 8);
-      ++counter;
-    }
+  std::stable_sort(layout.begin(), layout.end(), [&](size_t a, size_t b) { return element(a) > element(b); });
+  std::vector<uint64_t> begin(tensors.size());
+  uint64_t offset = 0;
+  for (size_t k : layout) {
+    const SafetensorsBlob& t = tensors[k];
+    uint64_t count = 1;
+    for (int64_t d : t.shape) count *= static_cast<uint64_t>(d);
+    if (count * element(k) != t.bytes.size())
+      throw Error("safetensors: '" + t.name + "' holds " + std::to_string(t.bytes.size()) +
+                  " bytes, not the " + std::to_string(count * element(k)) + " of " + t.dtype + " " +
+                  shape_str(t.shape));
+    begin[k] = offset;
+    offset += t.bytes.size();
+  }
+
+  std::string header = "{\"__metadata__\":{";
+  for (size_t k = 0; k < metadata.size(); ++k) {
+    if (k) header += ',';
+    json_string(header, metadata[k].first);
+    header += ':';
+    json_string(header, metadata[k].second);
+  }
+  header += '}';
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const SafetensorsBlob& t = tensors[k];
+    header += ',';
+    json_string(header, t.name);
+    header += ":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
+    for (size_t d = 0; d < t.shape.size(); ++d) header += (d ? "," : "") + std::to_string(t.shape[d]);
+    header += "],\"data_offsets\":[" + std::to_string(begin[k]) + "," +
+              std::to_string(begin[k] + t.bytes.size()) + "]}";
   }
   header += '}';
   header.append((8 - header.size() % 8) % 8, ' ');
@@ -632,16 +645,25 @@ void save_safetensors(const Model& model, const std::string& path) {
   const uint64_t n = header.size();
   buf.insert(buf.end(), reinterpret_cast<const char*>(&n), reinterpret_cast<const char*>(&n) + 8);
   buf.insert(buf.end(), header.begin(), header.end());
+  for (size_t k : layout) buf.insert(buf.end(), tensors[k].bytes.begin(), tensors[k].bytes.end());
+  return buf;
+}
+
+void save_safetensors(const Model& model, const std::string& path) {
+  // Header entries in state order, each BatchNorm's counter after its running_var, as PyTorch's state_dict.
   const int64_t tracked = model.batches_tracked();
-  for (size_t k = 0; k < counters.size(); ++k)
-    buf.insert(buf.end(), reinterpret_cast<const char*>(&tracked),
-               reinterpret_cast<const char*>(&tracked) + 8);
-  for (const Parameter* p : state) {
-    const std::vector<float> v = to_host(p->value);
-    buf.insert(buf.end(), reinterpret_cast<const char*>(v.data()),
-               reinterpret_cast<const char*>(v.data() + v.size()));
+  std::vector<SafetensorsBlob> tensors;
+  for (const Parameter* p : model.state()) {
+    tensors.push_back({p->name, "F32", p->value.shape(), float_bytes(to_host(p->value))});
+    if (std::string c = batches_tracked_name(p->name); !c.empty())
+      tensors.push_back({std::move(c),
+                         "I64",
+                         {},
+                         std::vector<char>(reinterpret_cast<const char*>(&tracked),
+                                           reinterpret_cast<const char*>(&tracked) + 8)});
   }
-  write_params_file(path, buf);
+  write_params_file(path,
+                    encode_safetensors({{"format", "pt"}, {kSignatureKey, model.signature()}}, tensors));
 }
 
 void load_safetensors(Model& model, const std::vector<char>& file, const std::string& path) {

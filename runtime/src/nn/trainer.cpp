@@ -1,15 +1,23 @@
 // The data-parallel trainer and the host gradient reduction.
 #include "gpunodes/nn/trainer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <numeric>
 #include <set>
 
 #include "cuda_support.h"
 #include "gpunodes/errors.h"
+#include "gpunodes/nn/checkpoint.h"
 
 namespace gn::nn {
 namespace {
@@ -417,16 +425,204 @@ void Trainer::finish_to_model() {
   }
 }
 
-TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const MetricCallback& on_metric) {
-  if (!train || train->count == 0) throw Error("training: empty training set");
-  cancel_requested_ = false;
-  TrainResult result;
-  const auto t_fit = Clock::now();
-  int64_t global_step = 0;
-  auto emit = [&](const std::string& series, double epoch, double value) {
-    if (on_metric) on_metric({series, epoch, global_step, seconds_since(t_fit), value});
+// --- checkpoints
+// --------------------------------------------------------------------------------------------
+
+namespace {
+
+std::string exact(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// Refuses, before any training, a checkpoint directory that cannot be made or written: finding out at the
+// end of the first epoch would cost the epoch.
+void prepare_checkpoint_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error("checkpoint_dir " + dir + ": cannot create it (" + ec.message() + ")");
+  if (!fs::is_directory(dir, ec)) throw Error("checkpoint_dir " + dir + ": it is not a directory");
+  const std::string probe = (fs::path(dir) / ".gpunodes-write-test").string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("checkpoint_dir " + dir + ": cannot write there (" + std::strerror(errno) + ")");
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+}  // namespace
+
+struct Trainer::Resumed {
+  int64_t epoch = 0, batch = 0, global_step = 0;
+  double seconds = 0, epoch_seconds = 0;
+};
+
+std::vector<std::pair<std::string, std::string>> Trainer::training_settings(const Dataset& train) const {
+  const OptimizerOptions& o = options_.optimizer;
+  const ScheduleOptions& s = options_.schedule;
+  std::vector<std::pair<std::string, std::string>> out{
+      {"optimizer", optimizer_name(o.kind)},
+      {"lr", exact(o.lr)},
+      {"weight_decay", exact(o.weight_decay)},
+      {"momentum", exact(o.momentum)},
+      {"dampening", exact(o.dampening)},
+      {"nesterov", o.nesterov ? "true" : "false"},
+      {"beta1", exact(o.beta1)},
+      {"beta2", exact(o.beta2)},
+      {"eps", exact(o.eps)},
+      {"schedule", schedule_name(s.kind)},
+      {"warmup_epochs", std::to_string(s.warmup_epochs)},
+      {"step_size", std::to_string(s.step_size)},
+      {"gamma", exact(s.gamma)},
+      {"min_lr", exact(s.min_lr)},
+      {"clip_grad_norm", exact(options_.clip_grad_norm)},
+      {"label_smoothing", exact(options_.label_smoothing)},
+      {"batch_size", std::to_string(options_.batch_size)},
+      {"shuffle_seed", std::to_string(options_.shuffle_seed)},
+      {"resize", std::to_string(options_.resize)},
+      {"dataset", train.name},
+      {"train_samples", std::to_string(train.count)},
+      {"augment_crop_padding", std::to_string(train.transform.crop_padding)},
+      {"augment_flip", train.transform.flip ? "true" : "false"},
   };
-  auto stop_requested = [&] { return cancel_requested_.load() || rt_.engine().cancelled(); };
+  // Cosine and one-cycle rates depend on the run's length; the others do not, so a finished run with them
+  // can be resumed with more epochs to train on.
+  if (s.kind == ScheduleKind::Cosine || s.kind == ScheduleKind::OneCycle)
+    out.emplace_back("epochs", std::to_string(options_.epochs));
+  return out;
+}
+
+void Trainer::save_checkpoint(const Dataset& train, int64_t epoch, int64_t batch, double seconds,
+                              double epoch_seconds, size_t history_size, TrainResult& result) {
+  const CheckpointOptions& ck = options_.checkpoint;
+  Model& m = *replicas_[0];
+  TrainingCheckpoint c;
+  c.signature = m.signature();
+  c.settings = training_settings(train);
+  c.epoch = epoch;
+  c.batch = batch;
+  c.global_step = epoch * batches_per_epoch_ + batch;
+  c.optimizer_steps = optimizer_steps_;
+  c.batches_tracked = m.batches_tracked();
+  c.seconds = seconds;
+  c.epoch_seconds = epoch_seconds;
+  c.totals = batch > 0 ? totals() : StepTotals{};
+  c.shares = shares_;
+  c.epochs = result.epochs;
+  c.metrics.assign(history_.begin(), history_.begin() + static_cast<std::ptrdiff_t>(history_size));
+  for (const Parameter* p : m.state()) c.state.push_back({p->name, p->value.shape(), to_host(p->value)});
+  const auto params = m.parameters();
+  for (size_t i = 0; i < params.size() && !optim_state_[0].empty(); ++i) {
+    const OptimizerState& st = optim_state_[0][i];
+    if (st.a.defined()) c.optimizer.push_back({params[i]->name + "/0", st.a.shape(), to_host(st.a)});
+    if (st.b.defined()) c.optimizer.push_back({params[i]->name + "/1", st.b.shape(), to_host(st.b)});
+  }
+  const std::string path = (std::filesystem::path(ck.dir) / checkpoint_file_name(epoch, batch)).string();
+  write_checkpoint(path, c);
+  result.checkpoints.push_back(path);
+  // Oldest beyond `keep` go, the one just written never.
+  const std::vector<CheckpointFile> all = list_checkpoints(ck.dir);
+  for (size_t k = static_cast<size_t>(std::max<int64_t>(ck.keep, 1)); k < all.size(); ++k) {
+    std::error_code ec;
+    if (all[k].path != path) std::filesystem::remove(all[k].path, ec);
+  }
+}
+
+Trainer::Resumed Trainer::resume_from_checkpoint(const Dataset& train, const MetricCallback& on_metric,
+                                                 const WarningCallback& on_warning, TrainResult& result) {
+  const std::string& dir = options_.checkpoint.dir;
+  for (const CheckpointFile& f : list_checkpoints(dir)) {
+    TrainingCheckpoint c;
+    std::vector<std::pair<Parameter*, const TrainingCheckpoint::Values*>> state;
+    std::map<std::string, const TrainingCheckpoint::Values*> optimizer;
+    try {
+      c = read_checkpoint(f.path);
+      if (c.epoch != f.epoch || c.batch != f.batch)
+        throw Error("checkpoint " + f.path + " is corrupt: it holds epoch " + std::to_string(c.epoch) +
+                    ", batch " + std::to_string(c.batch) + ", not what its name says");
+      if (c.signature == model_.signature()) {
+        // The same model must have the same state, name by name and shape by shape: anything else is damage.
+        std::map<std::string, const TrainingCheckpoint::Values*> by_name;
+        for (const auto& v : c.state) by_name.emplace(v.name, &v);
+        for (Parameter* p : model_.state()) {
+          const auto it = by_name.find(p->name);
+          if (it == by_name.end() || it->second->shape != p->value.shape() ||
+              static_cast<int64_t>(it->second->values.size()) != p->value.numel())
+            throw Error("checkpoint " + f.path + " is corrupt: its '" + p->name + "' is missing or not " +
+                        shape_str(p->value.shape()));
+          state.emplace_back(p, it->second);
+        }
+        if (state.size() != c.state.size())
+          throw Error("checkpoint " + f.path + " is corrupt: it holds state the model does not have");
+        std::map<std::string, Shape> shapes;
+        for (Parameter* p : model_.parameters()) shapes.emplace(p->name, p->value.shape());
+        for (const auto& v : c.optimizer) {
+          const size_t slash = v.name.rfind('/');
+          const auto it = shapes.find(v.name.substr(0, slash == std::string::npos ? 0 : slash));
+          if (it == shapes.end() || it->second != v.shape ||
+              static_cast<int64_t>(v.values.size()) != checked_numel(v.shape))
+            throw Error("checkpoint " + f.path + " is corrupt: optimizer state '" + v.name +
+                        "' belongs to no parameter of that shape");
+          optimizer.emplace(v.name, &v);
+        }
+      }
+    } catch (const CancelledError&) {
+      throw;
+    } catch (const Error& e) {
+      if (on_warning) on_warning(std::string(e.what()) + "; skipped it");
+      continue;
+    }
+    if (std::string why = checkpoint_mismatch(c, model_.signature(), training_settings(train)); !why.empty())
+      throw Error("resume: checkpoint " + f.path + " is of another run: " + why +
+                  ". Set resume to off, or use another checkpoint_dir, to start afresh");
+    if (c.epoch > options_.epochs || (c.epoch == options_.epochs && c.batch > 0) ||
+        c.batch > batches_per_epoch_)
+      throw Error("resume: checkpoint " + f.path + " is at epoch " + std::to_string(c.epoch) + ", batch " +
+                  std::to_string(c.batch) + ", past this run's " + std::to_string(options_.epochs) +
+                  " epochs of " + std::to_string(batches_per_epoch_) + " batches");
+
+    // Into the model, from which fit()'s broadcast() copies it to every replica; the optimizer state goes
+    // to every replica directly, as each keeps its own.
+    for (auto& [p, v] : state) write_values(p->value, v->values);
+    model_.set_batches_tracked(c.batches_tracked);
+    for (size_t r = 0; r < replicas_.size(); ++r) {
+      const auto params = replicas_[r]->parameters();
+      optim_state_[r].assign(params.size(), OptimizerState());
+      for (size_t i = 0; i < params.size(); ++i)
+        for (int slot = 0; slot < 2; ++slot) {
+          const auto it = optimizer.find(params[i]->name + "/" + std::to_string(slot));
+          if (it == optimizer.end()) continue;
+          Tensor t(rt_, it->second->shape, devices_[r]);
+          write_values(t, it->second->values);
+          (slot == 0 ? optim_state_[r][i].a : optim_state_[r][i].b) = t;
+        }
+    }
+    optimizer_steps_ = c.optimizer_steps;
+    if (c.shares.size() == devices_.size()) set_shares(c.shares);
+    reset_totals();
+    if (c.batch > 0) {
+      write_values(totals_[0], {static_cast<float>(c.totals.loss_sum), static_cast<float>(c.totals.correct)});
+      samples_[0] = c.totals.samples;
+    }
+    result.epochs = c.epochs;
+    result.resumed_from = f.path;
+    for (const MetricSample& m : c.metrics)
+      if (on_metric) on_metric(m);
+    history_ = std::move(c.metrics);
+    return {c.epoch, c.batch, c.global_step, c.seconds, c.epoch_seconds};
+  }
+  return {};
+}
+
+TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const MetricCallback& on_metric,
+                         const WarningCallback& on_warning) {
+  if (!train || train->count == 0) throw Error("training: empty training set");
+  const CheckpointOptions& ck = options_.checkpoint;
+  const bool checkpoints = !ck.dir.empty();
+  if (checkpoints) prepare_checkpoint_dir(ck.dir);
+  TrainResult result;
+  history_.clear();
   LoaderOptions lo;
   lo.batch_size = options_.batch_size;
   lo.shuffle = true;
@@ -434,18 +630,58 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
   lo.resize = options_.resize;
   lo.pinned = std::any_of(devices_.begin(), devices_.end(), [](Device d) { return d.is_cuda(); });
   DataLoader loader(train, lo);
-  const int64_t batches = loader.batches_per_epoch();
+  const int64_t batches = batches_per_epoch_ = loader.batches_per_epoch();
+
+  Resumed from;
+  int64_t global_step = 0;
+  auto t_fit = Clock::now();
+  auto now = [&] { return from.seconds + seconds_since(t_fit); };
+  auto emit = [&](const std::string& series, double epoch, double value) {
+    MetricSample s{series, epoch, global_step, now(), value};
+    if (checkpoints) history_.push_back(s);
+    if (on_metric) on_metric(s);
+  };
+  // The trainer's own cancel with checkpoints: the steps in flight finish and the state is saved, so that a
+  // resumed run loses nothing. The engine's cancel drops queued ops, after which there is nothing whole to
+  // save.
+  bool saved_at_cancel = false;
+  auto stop = [&](int64_t epoch, int64_t batch, double epoch_seconds, size_t history_size) {
+    if (checkpoints && cancel_requested_ && !rt_.engine().cancelled()) {
+      synchronize();
+      save_checkpoint(*train, epoch, batch, now(), epoch_seconds, history_size, result);
+      saved_at_cancel = true;
+    }
+    throw CancelledError();
+  };
+  auto stop_requested = [&] { return cancel_requested_.load() || rt_.engine().cancelled(); };
   try {
+    if (ck.resume && checkpoints) {
+      from = resume_from_checkpoint(*train, on_metric, on_warning, result);
+      global_step = from.global_step;
+      t_fit = Clock::now();
+    }
     broadcast();
-    for (int64_t epoch = 0; epoch < options_.epochs; ++epoch) {
-      reset_totals();
-      loader.start_epoch(epoch);
+    for (int64_t epoch = from.epoch; epoch < options_.epochs; ++epoch) {
+      const bool resumed = epoch == from.epoch && from.batch > 0;
+      if (!resumed) reset_totals();
+      const int64_t first = resumed ? from.batch : 0;
+      const double seconds_before = resumed ? from.epoch_seconds : 0.0;
+      loader.start_epoch(epoch, first);
       const auto t_epoch = Clock::now();
+      auto epoch_seconds = [&] { return seconds_before + seconds_since(t_epoch); };
+      const int64_t samples_before = std::accumulate(samples_.begin(), samples_.end(), int64_t(0));
+      const int64_t prepared_before = loader.batches_prepared();
+      const double prepare_ms_before = loader.ms_per_batch() * static_cast<double>(prepared_before);
       size_t span_cursor = rt_.profiler().span_count();
       std::vector<int64_t> balance_base = samples_;
-      int64_t b = 0;
-      while (HostBatchPtr batch = loader.next()) {
-        if (stop_requested()) throw CancelledError();
+      int64_t b = first;
+      double wait_ms = 0;
+      while (true) {
+        if (stop_requested()) stop(epoch, b, epoch_seconds(), history_.size());
+        const auto t_wait = Clock::now();
+        HostBatchPtr batch = loader.next();
+        wait_ms += 1e3 * seconds_since(t_wait);
+        if (!batch) break;
         set_lr(scheduled_lr(options_.schedule, options_.optimizer.lr, global_step, batches, options_.epochs));
         step(batch);
         ++b, ++global_step;
@@ -454,7 +690,8 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
           StepTotals t = totals();
           emit("loss", x, t.loss());
           emit("train_acc", x, t.accuracy());
-          emit("images_per_second", x, static_cast<double>(t.samples) / seconds_since(t_epoch));
+          emit("images_per_second", x,
+               static_cast<double>(t.samples - samples_before) / seconds_since(t_epoch));
           emit("lr", x, lr_);
           if (options_.balance && devices_.size() > 1) {
             std::vector<int64_t> done(samples_.size());
@@ -468,12 +705,24 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
       synchronize();
       EpochResult er;
       er.epoch = epoch + 1;
-      er.seconds = seconds_since(t_epoch);
+      er.seconds = epoch_seconds();
       StepTotals t = totals();
       er.train_loss = t.loss();
       er.train_acc = t.accuracy();
-      er.images_per_second = static_cast<double>(t.samples) / er.seconds;
+      // This process's share of the epoch: a resumed epoch's earlier batches ran at another time.
+      const double trained_here = static_cast<double>(t.samples - samples_before);
+      er.images_per_second = trained_here / seconds_since(t_epoch);
+      const int64_t prepared = loader.batches_prepared() - prepared_before;
+      if (prepared > 0)
+        er.loader_ms_per_batch =
+            (loader.ms_per_batch() * static_cast<double>(loader.batches_prepared()) - prepare_ms_before) /
+            static_cast<double>(prepared);
+      if (b > first) er.step_ms = 1e3 * seconds_since(t_epoch) / static_cast<double>(b - first);
+      er.loader_wait_ms = wait_ms;
       const double x = static_cast<double>(epoch + 1);
+      // A cancel during the evaluation saves the epoch as trained but not evaluated: the resumed run says
+      // the epoch's numbers once, after evaluating.
+      const size_t history_trained = history_.size();
       emit("loss", x, er.train_loss);
       emit("train_acc", x, er.train_acc);
       emit("images_per_second", x, er.images_per_second);
@@ -487,8 +736,12 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
       if (devices_.size() > 1)
         for (size_t r = 0; r < devices_.size(); ++r) emit("share/" + devices_[r].str(), x, shares_[r]);
       if (test && test->count > 0) {
-        if (stop_requested()) throw CancelledError();
-        er.test_acc = evaluate(test);
+        try {
+          if (stop_requested()) throw CancelledError();
+          er.test_acc = evaluate(test);
+        } catch (const CancelledError&) {
+          stop(epoch, batches, er.seconds, history_trained);
+        }
         emit("test_acc", x, er.test_acc);
       }
       for (Device d : devices_) {
@@ -497,6 +750,8 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
         emit("peak_memory_mb/" + d.str(), x, static_cast<double>(m.allocated_bytes.peak) / (1 << 20));
       }
       result.epochs.push_back(er);
+      if (checkpoints && ck.every > 0 && ((epoch + 1) % ck.every == 0 || epoch + 1 == options_.epochs))
+        save_checkpoint(*train, epoch + 1, 0, now(), 0.0, history_.size(), result);
     }
     finish_to_model();
     synchronize();
@@ -504,10 +759,24 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
   } catch (...) {
     loader.stop();
     drain();
-    // The engine's cancel surfaces as errors of the dropped ops; report it as the cancel it is.
-    if (stop_requested()) throw CancelledError();
+    history_.clear();
+    if (checkpoints && cancel_requested_ && !saved_at_cancel && on_warning)
+      on_warning(
+          "no checkpoint was saved at the cancel: the steps in flight were dropped before they finished" +
+          std::string(result.checkpoints.empty() && result.resumed_from.empty()
+                          ? ""
+                          : "; the newest checkpoint is " + (result.checkpoints.empty()
+                                                                 ? result.resumed_from
+                                                                 : result.checkpoints.back())));
+    // The engine's cancel surfaces as errors of the dropped ops; report it as the cancel it is. The trainer's
+    // own cancel is spent: a later fit() trains.
+    if (stop_requested()) {
+      cancel_requested_ = false;
+      throw CancelledError();
+    }
     throw;
   }
+  history_.clear();
   return result;
 }
 

@@ -125,8 +125,10 @@ class DataLoader {
   const Dataset& dataset() const { return *data_; }
   const LoaderOptions& options() const { return options_; }
 
-  // Starts producing epoch `epoch` on the background thread (stopping any epoch in progress).
-  void start_epoch(int64_t epoch);
+  // Starts producing epoch `epoch` on the background thread (stopping any epoch in progress), from batch
+  // `first_batch` on (0 <= first_batch <= batches_per_epoch(); Error otherwise): a resumed epoch skips the
+  // batches it trained before, and they are never read.
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
   // The next batch, waiting for it if needed; null after the last one. Rethrows a loader error.
   HostBatchPtr next();
   // Stops the background thread; next() then returns null.
@@ -138,7 +140,7 @@ class DataLoader {
   int64_t batches_prepared() const { return prepared_batches_.load(); }
 
  private:
-  void produce(std::vector<int64_t> order, int64_t epoch);
+  void produce(std::vector<int64_t> order, int64_t epoch, int64_t first_batch);
   HostBatchPtr make_batch(const std::vector<int64_t>& order, int64_t begin, int64_t end, int64_t epoch);
 
   DatasetPtr data_;

@@ -41,6 +41,20 @@ struct SafetensorsHeader {
 // Nothing else is checked here, so that a damaged safetensors file is reported as one.
 bool looks_like_safetensors(const char* bytes, size_t size);
 
+// One tensor to write: its bytes, little-endian, row-major.
+struct SafetensorsBlob {
+  std::string name;
+  std::string dtype;  // "F32", "F64", "I64", ...
+  Shape shape;
+  std::vector<char> bytes;
+};
+// A whole file: the metadata and the tensors, listed in the header in the order given. Throws Error when a
+// blob's size does not match its dtype and shape.
+std::vector<char> encode_safetensors(const std::vector<std::pair<std::string, std::string>>& metadata,
+                                     const std::vector<SafetensorsBlob>& tensors);
+// The values as the bytes of an F32 blob.
+std::vector<char> float_bytes(const std::vector<float>& values);
+
 // Writes atomically (serialize.h's write_params_file). Waits for the values (a blocking read).
 void save_safetensors(const Model& model, const std::string& path);
 // Parses and checks the header and the layout it describes (dtypes, shapes, offsets inside the data, no

@@ -26,6 +26,18 @@ namespace gn::nn {
 
 class GradientReducer;
 
+// Checkpoints (checkpoint.h has the file format): what fit() saves, where, and whether it resumes.
+struct CheckpointOptions {
+  std::string dir;    // empty: no checkpoints. Created when missing; fit() refuses a dir it cannot write.
+  int64_t every = 1;  // a checkpoint after every this many epochs and after the last; 0: only on cancel
+  int64_t keep = 3;   // the newest this many are kept, older ones removed
+  // Continue from the newest checkpoint in dir that reads back whole (unreadable ones are skipped with a
+  // warning). It must have been written by a run with this model signature and these settings
+  // (training_settings()); otherwise fit() throws an Error naming the first difference. With no checkpoint,
+  // training starts afresh.
+  bool resume = false;
+};
+
 struct TrainOptions {
   int64_t epochs = 10;
   int64_t batch_size = 256;  // the whole minibatch, split across the devices
@@ -50,6 +62,7 @@ struct TrainOptions {
   // flight holds a whole step's activations and gradients (ResNet-18 at 96x96: about 150 MB per image); one
   // hides the host's enqueueing, 0 waits for every step and halves the peak.
   int64_t steps_in_flight = 1;
+  CheckpointOptions checkpoint;
 };
 
 // One point of a live series. Series: "loss", "train_acc", "images_per_second" (every log_every batches, over
@@ -72,11 +85,21 @@ struct EpochResult {
   double test_acc = NAN;  // NaN without a test set
   double seconds = 0;     // training time of the epoch, evaluation excluded (the seed's timer)
   double images_per_second = 0;
+  // Whether the loader keeps up: its background thread's milliseconds to prepare a batch (read, resize,
+  // augment, normalise), the epoch's milliseconds per step, and how long the training loop waited for
+  // batches in the epoch. loader < step means the device never waits for data.
+  double loader_ms_per_batch = 0, step_ms = 0, loader_wait_ms = 0;
 };
 
 struct TrainResult {
-  std::vector<EpochResult> epochs;
+  std::vector<EpochResult> epochs;  // every epoch of the run, those before a resume included
+  std::string resumed_from;         // the checkpoint the run continued from; empty when it started afresh
+  std::vector<std::string> checkpoints;  // the files written by this fit(), oldest first
 };
+
+// Called with a warning (a checkpoint skipped as unreadable, one not written at a cancel); should return
+// quickly.
+using WarningCallback = std::function<void(const std::string&)>;
 
 // Loss and accuracy totals since the last reset.
 struct StepTotals {
@@ -103,7 +126,19 @@ class Trainer {
   // it half-written). Its ops carry the calling thread's ScopedOpTag: a node that runs fit() on a thread of
   // its own sets its tag on that thread. The rate of each batch is the schedule's (optim.h), counted from the
   // start of this fit().
-  TrainResult fit(const DatasetPtr& train, const DatasetPtr& test, const MetricCallback& on_metric = {});
+  //
+  // With options.checkpoint.dir set it saves checkpoints (checkpoint.h) after epochs and when cancel() stops
+  // it: cancel() then lets the steps in flight finish, saves, and throws CancelledError (the engine's cancel
+  // drops those steps, so it stops without saving). With options.checkpoint.resume it first continues from
+  // the newest checkpoint: the metric series before it are sent to on_metric again, so a plot shows the
+  // whole run. A checkpoint is saved from replica 0 (the replicas are equal but for BatchNorm's running
+  // statistics, where device 0's are the ones kept) and restored into every replica.
+  TrainResult fit(const DatasetPtr& train, const DatasetPtr& test, const MetricCallback& on_metric = {},
+                  const WarningCallback& on_warning = {});
+  // What a checkpoint of this trainer must have been written with to resume from it, as (name, value)
+  // pairs: the optimizer, the schedule, the batch size, the data order, the training split's size, ...
+  // Names are the Train node's params where there is one.
+  std::vector<std::pair<std::string, std::string>> training_settings(const Dataset& train) const;
 
   // One optimizer step on a host batch at the current lr(): split, forward and backward on each device,
   // all-reduce, clip, update. Enqueued; waits only when more than steps_in_flight steps are outstanding.
@@ -127,7 +162,7 @@ class Trainer {
   // Accuracy on a dataset, with each batch split across the replicas (device 0's BatchNorm statistics).
   double evaluate(const DatasetPtr& data);
 
-  // Stops fit() at the next batch; thread-safe.
+  // Stops fit() at the next batch (the one in progress, or the next one to start); thread-safe.
   void cancel() { cancel_requested_ = true; }
 
   const std::vector<Device>& devices() const { return devices_; }
@@ -146,6 +181,11 @@ class Trainer {
   void release_step_state() noexcept;
   void drain() noexcept;
   void rebalance(size_t span_cursor, const std::vector<int64_t>& samples);
+  struct Resumed;
+  Resumed resume_from_checkpoint(const Dataset& train, const MetricCallback& on_metric,
+                                 const WarningCallback& on_warning, TrainResult& result);
+  void save_checkpoint(const Dataset& train, int64_t epoch, int64_t batch, double seconds,
+                       double epoch_seconds, size_t history_size, TrainResult& result);
 
   Runtime& rt_;
   Model& model_;
@@ -164,6 +204,9 @@ class Trainer {
   std::string reducer_name_;
   std::vector<std::vector<VarPtr>> in_flight_;  // per outstanding step: one marker per device
   std::atomic<bool> cancel_requested_{false};
+  // fit()'s: the batches of an epoch, and with checkpoints every metric sample so far (saved with them).
+  int64_t batches_per_epoch_ = 0;
+  std::vector<MetricSample> history_;
 };
 
 // Accuracy of `model` on `data`, on the model's device, in Eval mode: the Evaluate node.
