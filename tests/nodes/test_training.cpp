@@ -335,6 +335,63 @@ class TrainingTest : public QObject {
     QCOMPARE(report["memory"].toObject()["cpu"].toObject()["current_bytes"].toDouble(), baseBytes);
   }
 
+  void cancel_with_checkpoints_saves_where_it_stopped_and_resume_goes_on() {
+    // With a checkpoint_dir the Train node's cancel is graceful: the steps in flight finish and the state is
+    // saved mid-epoch, still within the second a cancel may take.
+    QTemporaryDir tmp;
+    const QString dir = tmp.filePath("ckpt");
+    auto graph = [&](GraphDocument& doc, int epochs, const QString& resume) {
+      doc.addNode(makeNode("cpu", "Device", {{"kind", "cpu"}}));
+      doc.addNode(makeNode("data", "Dataset", {{"name", "synthetic"}, {"batch_size", 64}}));
+      doc.addNode(makeNode("net", "Model", {{"arch", "lenet"}, {"init", "xavier"}}));
+      doc.addNode(makeNode("train", "Train",
+                           {{"epochs", epochs},
+                            {"lr", 0.9},
+                            {"log_every", 1},
+                            {"checkpoint_dir", dir},
+                            {"resume", resume}}));
+      wire(doc, "cpu.device", "net.device");
+      wire(doc, "net.model", "train.model");
+      wire(doc, "data.data", "train.data");
+      wire(doc, "cpu.device", "train.devices");
+    };
+    GraphDocument doc;
+    graph(doc, 100000, "off");
+    Executor ex(registry());
+    QVERIFY(ex.start(doc, settingsOf(doc)));
+    bool midEpoch = false;
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (!midEpoch && ex.isRunning() && std::chrono::steady_clock::now() < deadline)
+      for (const RunEvent& e : ex.events().waitAndDrain(50))
+        midEpoch = midEpoch || (e.kind == RunEvent::Kind::Metric && e.series == "train.loss" && e.t > 0.2 &&
+                                e.t < 0.8);
+    QVERIFY2(midEpoch, "no loss came from the middle of the first epoch");
+    const auto t0 = std::chrono::steady_clock::now();
+    ex.cancel();
+    ex.wait();
+    const auto took = std::chrono::steady_clock::now() - t0;
+    qInfo("cancel with a checkpoint took %.0f ms", std::chrono::duration<double, std::milli>(took).count());
+    QVERIFY2(took < 1s, "cancel took longer than a second");
+    const QJsonObject report = ex.report();
+    QCOMPARE(report["nodes"].toObject()["train"].toObject()["status"].toString(), QString("cancelled"));
+    const QStringList saved = QDir(dir).entryList({"checkpoint-*.safetensors"});
+    QCOMPARE(saved.size(), 1);
+    QVERIFY2(QRegularExpression(R"(checkpoint-e0000-b\d{6}\.safetensors)").match(saved[0]).hasMatch(),
+             qPrintable(saved[0]));
+
+    // Resumed with one epoch: it finishes the epoch that was cut short, and nothing more.
+    GraphDocument again;
+    graph(again, 1, "auto");
+    RunResult r = runGraph(again);
+    QVERIFY2(r.failures().isEmpty(), qPrintable(r.failures().join("\n")));
+    const QJsonObject train = r.report["nodes"].toObject()["train"].toObject();
+    QCOMPARE(train["resumed_from"].toString(), dir + "/" + saved[0]);
+    QCOMPARE(train["epochs"].toArray().size(), 1);
+    QVERIFY(QFile::exists(dir + "/checkpoint-e0001.safetensors"));
+    QVERIFY(train["loader_ms_per_batch"].toDouble() > 0);
+    QVERIFY(train["step_ms"].toDouble() > 0);
+  }
+
   void cancel_reaches_the_trainer_through_the_session() {
     // The session's cancel alone (no executor): the Train node's execute returns with "cancelled".
     Harness h(RunSettings{});
