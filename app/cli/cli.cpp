@@ -1,4 +1,5 @@
 #include "cli/cli.h"
+#include "cli/cli_support.h"
 
 #include <unistd.h>
 
@@ -29,8 +30,6 @@
 namespace gn::cli {
 
 using namespace gn::core;
-
-namespace {
 
 void write(FILE* to, const QString& text) {
   const QByteArray bytes = text.toUtf8();
@@ -65,12 +64,6 @@ void installInterruptHandler() {
   action.sa_flags = SA_RESETHAND;
   sigaction(SIGINT, &action, nullptr);
 }
-
-struct Parsed {
-  bool ok = false;
-  int exitCode = kOk;
-  QStringList positional;
-};
 
 // QCommandLineParser, but usage errors exit 2 and --help prints our text.
 Parsed parse(QCommandLineParser& parser, const QString& command, const QStringList& args, int positionals) {
@@ -674,8 +667,6 @@ int commandNodes(const QStringList& args) {
   out(text.mid(1));
   return kOk;
 }
-
-}  // namespace
 
 QString usage() {
   return QStringLiteral(
