@@ -4,6 +4,7 @@
 #include <QFileInfo>
 #include <QJsonArray>
 
+#include "gpunodes/dist/world.h"
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/serialize.h"
 #include "model_values.h"
@@ -174,13 +175,22 @@ class SaveParamsNode final : public GpuNode {
     auto model = modelInput(ctx, "model");
     const QString path = ctx.params()["path"].toString();
     const QString format = ctx.params()["format"].toString();
+    // In a distributed run every rank holds the same trained model; rank 0 alone writes it, so that ranks
+    // on one machine never write one file at once.
+    const bool writes = !dist::launch_info().under_mpirun || dist::World::get().is_root();
     try {
-      nn::save_params(model->model(), path.toStdString(), nn::parse_params_format(format.toStdString()));
+      if (writes)
+        nn::save_params(model->model(), path.toStdString(), nn::parse_params_format(format.toStdString()));
     } catch (const CancelledError&) {
       throw;
     } catch (const std::exception& e) {
       // A value that failed upstream surfaces here, in the blocking read.
       throw Error(std::string("could not save: ") + e.what());
+    }
+    if (!writes) {
+      ctx.reportField("written_by", "rank 0");
+      ctx.setOutput("model", model);
+      return;
     }
     ctx.reportField("path", QFileInfo(path).absoluteFilePath());
     ctx.reportField("format", format);

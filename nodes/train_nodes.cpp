@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 
+#include "gpunodes/dist/world.h"
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/trainer.h"
 #include "image_folder.h"
@@ -457,6 +458,8 @@ class TrainNode final : public GpuNode {
     o.checkpoint.every = p["checkpoint_every"].toInteger();
     o.checkpoint.keep = p["keep_checkpoints"].toInteger();
     o.checkpoint.resume = p["resume"].toString() == "auto";
+    // Launched by mpirun: one process of a job, training with every rank's devices.
+    if (dist::launch_info().under_mpirun) o.world = &dist::World::get();
 
     // A copy on the first device: the input value is shared with whatever else reads it.
     std::shared_ptr<nn::Model> model = input->model().replicate(devices.front());
@@ -468,7 +471,9 @@ class TrainNode final : public GpuNode {
                                                                    : NodesSession::CancelStyle::Graceful);
 
     QJsonArray names, split;
-    const std::vector<int64_t> shares = trainer.split(ds.batchSize);
+    // A rank's share of the global batch (its shard; the last batch of an epoch may be shorter).
+    const int64_t worldSize = trainer.world() ? trainer.world()->size() : 1;
+    const std::vector<int64_t> shares = trainer.split((ds.batchSize + worldSize - 1) / worldSize);
     for (size_t i = 0; i < devices.size(); ++i) {
       names.append(qs(devices[i].str()));
       split.append(static_cast<double>(shares[i]));
@@ -476,6 +481,7 @@ class TrainNode final : public GpuNode {
     ctx.reportField("devices", names);
     ctx.reportField("batch_split", split);
     ctx.reportField("reducer", qs(trainer.reducer_name()));
+    if (trainer.world()) ctx.reportField("world_size", trainer.world()->size());
     ctx.reportField("optimizer", qs(nn::describe(trainer.optimizer())));
     ctx.reportField("schedule", qs(nn::describe(o.schedule)));
 
@@ -489,6 +495,13 @@ class TrainNode final : public GpuNode {
         },
         [&](const std::string& warning) { ctx.warning(qs(warning)); });
     if (!result.resumed_from.empty()) ctx.reportField("resumed_from", qs(result.resumed_from));
+    if (!result.ranks.empty()) {
+      QJsonArray ranks;
+      for (const nn::RankStats& r : result.ranks)
+        ranks.append(QJsonObject{
+            {"rank", r.rank}, {"images_per_second", r.images_per_second}, {"allreduce_ms", r.allreduce_ms}});
+      ctx.reportField("ranks", ranks);
+    }
     if (!o.checkpoint.dir.empty()) {
       QJsonArray written;
       for (const std::string& path : result.checkpoints) written.append(qs(path));

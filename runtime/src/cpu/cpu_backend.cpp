@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "gpunodes/backend.h"
+#include "gpunodes/dist/world.h"
 #include "gpunodes/errors.h"
 #include "gpunodes/profiler.h"
 #include "gpunodes/random.h"
@@ -62,8 +63,13 @@ HostFacts read_host_facts() {
 // The cores the CPU devices share: the machine's, or fewer when OMP_NUM_THREADS asks for fewer, as it would
 // of any OpenMP program (the per-thread omp_set_num_threads below would otherwise override it). The
 // ThreadSanitizer suites set it to 1: libgomp is not instrumented, so TSan cannot see its barriers.
+//
+// Under mpirun the ranks on one machine share it: each takes its share of the cores, so that N ranks do not
+// run N times the machine's threads (mpirun's --bind-to none leaves them all visible to every rank).
 int machine_cores() {
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (const dist::LaunchInfo l = dist::launch_info(); l.under_mpirun)
+    cores = std::max(1, cores / l.local_size);
   if (const char* env = std::getenv("OMP_NUM_THREADS")) {
     const int asked = std::atoi(env);
     if (asked > 0) cores = std::min(cores, asked);

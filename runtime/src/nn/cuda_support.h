@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gpunodes/device.h"
+#include "gpunodes/dist/world.h"
 #include "gpunodes/runtime.h"
 #include "gpunodes/tensor.h"
 
@@ -15,15 +16,20 @@ namespace gn::nn {
 void* pinned_alloc(size_t bytes);
 void pinned_free(void* ptr);
 
-// Sums each gradient over the replicas and leaves the sum in every replica: grads[r][i] is gradient i of
-// replica r. Enqueues its work on the engine and returns at once.
+// Sums each gradient over the replicas (and, in a distributed run, over every rank's replicas) and leaves the
+// sum in every replica: grads[r][i] is gradient i of local replica r. Enqueues its work on the engine and
+// returns at once.
 class GradientReducer {
  public:
   virtual ~GradientReducer() = default;
   virtual void allreduce(const std::vector<std::vector<Tensor>>& grads) = 0;
 };
 
-// NCCL across CUDA devices (one communicator per device, grouped calls); null when NCCL was not built.
-std::unique_ptr<GradientReducer> make_nccl_reducer(Runtime& rt, const std::vector<Device>& devices);
+// NCCL across CUDA devices (one communicator per device, grouped calls); null when NCCL was not built. With
+// a world (distributed), one communicator spans every rank's devices, bootstrapped through MPI: rank 0 makes
+// the unique id (ncclGetUniqueId) and broadcasts it, each device joins with ncclCommInitRank. Every op
+// writes `order`, which keeps the collectives in enqueue order.
+std::unique_ptr<GradientReducer> make_nccl_reducer(Runtime& rt, const std::vector<Device>& devices,
+                                                   dist::World* world, VarPtr order);
 
 }  // namespace gn::nn

@@ -350,6 +350,9 @@ struct DataLoader::Pool {
 DataLoader::DataLoader(DatasetPtr data, LoaderOptions options) : data_(std::move(data)), options_(options) {
   if (!data_) throw Error("data loader: no dataset");
   if (options_.batch_size < 1) throw Error("data loader: batch size must be at least 1");
+  if (options_.shards < 1 || options_.shard < 0 || options_.shard >= options_.shards)
+    throw Error("data loader: shard " + std::to_string(options_.shard) + " of " +
+                std::to_string(options_.shards));
   if (options_.resize < 0) throw Error("data loader: resize must be 0 (none) or a size");
   if (options_.prefetch < 1) options_.prefetch = 1;
   const Transform& t = data_->transform;
@@ -443,7 +446,10 @@ void DataLoader::produce(std::vector<int64_t> order, int64_t epoch, int64_t firs
       const int64_t begin = b * options_.batch_size;
       const int64_t end = std::min<int64_t>(begin + options_.batch_size, static_cast<int64_t>(order.size()));
       const auto t0 = std::chrono::steady_clock::now();
-      HostBatchPtr batch = make_batch(order, begin, end, epoch);
+      // This shard's samples of the global batch: every shards-th from its own offset.
+      std::vector<int64_t> mine;
+      for (int64_t k = begin + options_.shard; k < end; k += options_.shards) mine.push_back(order[k]);
+      HostBatchPtr batch = make_batch(mine, end - begin, epoch);
       prepare_ns_ +=
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
       ++prepared_batches_;
@@ -494,11 +500,12 @@ void read_sample(const uint8_t* src, float* dst, int64_t c, int64_t h, int64_t w
 
 }  // namespace
 
-HostBatchPtr DataLoader::make_batch(const std::vector<int64_t>& order, int64_t begin, int64_t end,
-                                    int64_t epoch) {
+HostBatchPtr DataLoader::make_batch(const std::vector<int64_t>& samples, int64_t global_size, int64_t epoch) {
   auto batch = std::make_shared<HostBatch>();
-  const int64_t n = end - begin, c = data_->channels, h = data_->height, w = data_->width;
+  const int64_t n = static_cast<int64_t>(samples.size()), c = data_->channels, h = data_->height,
+                w = data_->width;
   batch->size = n, batch->channels = c, batch->height = out_h_, batch->width = out_w_;
+  batch->global_size = global_size;
   void* raw = pool_->get();
   std::shared_ptr<Pool> pool = pool_;
   batch->storage = std::shared_ptr<void>(raw, [pool](void* p) { pool->put(p); });
@@ -514,7 +521,7 @@ HostBatchPtr DataLoader::make_batch(const std::vector<int64_t>& order, int64_t b
   const Transform& transform = data_->transform;
   const bool augment = options_.shuffle && transform.augments();
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t s = order[begin + i];
+    const int64_t s = samples[static_cast<size_t>(i)];
     labels[i] = static_cast<float>(data_->labels[s]);
     float* dst = images + i * c * out_h_ * out_w_;
     read_sample(data_->images.data() + s * c * h * w, dst, c, h, w, out_h_, out_w_, ty, tx, plane);

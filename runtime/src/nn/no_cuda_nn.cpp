@@ -11,7 +11,8 @@ void* pinned_alloc(size_t) {
   return nullptr;
 }
 void pinned_free(void*) {}
-std::unique_ptr<GradientReducer> make_nccl_reducer(Runtime&, const std::vector<Device>&) {
+std::unique_ptr<GradientReducer> make_nccl_reducer(Runtime&, const std::vector<Device>&, dist::World*,
+                                                   VarPtr) {
   return nullptr;
 }
 

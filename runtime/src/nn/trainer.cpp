@@ -14,6 +14,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <sstream>
 
 #include "cuda_support.h"
 #include "gpunodes/errors.h"
@@ -30,10 +31,13 @@ double seconds_since(Clock::time_point t0) {
 
 // Sums each gradient over the replicas on the host, in replica order, so every replica gets the very same
 // sum. CPU devices share host memory, so their gradients are summed in place by one op; GPU gradients (a GPU
-// training beside the CPU) are first copied to the host and get the sum copied back.
+// training beside the CPU) are first copied to the host and get the sum copied back. In a distributed run
+// the same op then sums the bucket over the ranks with one MPI all-reduce of the bucket packed flat (as DDP
+// flattens its buckets): one collective per bucket, not per tensor.
 class HostReducer final : public GradientReducer {
  public:
-  explicit HostReducer(Runtime& rt) : rt_(rt) {}
+  HostReducer(Runtime& rt, dist::World* world, VarPtr order)
+      : rt_(rt), world_(world), order_(std::move(order)) {}
 
   void allreduce(const std::vector<std::vector<Tensor>>& grads) override {
     const size_t replicas = grads.size(), count = grads.front().size();
@@ -60,28 +64,51 @@ class HostReducer final : public GradientReducer {
         sums.push_back(Tensor(rt_, grads[0][i].shape(), Device::cpu()));
         writes.push_back(sums.back().var());
       }
+    if (world_) writes.push_back(order_);
     int64_t bytes = 0;
     for (const auto& g : grads[0]) bytes += g.bytes() * static_cast<int64_t>(replicas + 1);
     std::vector<bool> on_cpu(replicas);
     for (size_t r = 0; r < replicas; ++r) on_cpu[r] = grads[r][0].device().is_cpu();
+    dist::World* world = world_;
     rt_.engine().push(
-        [host, sums, on_cpu](OpContext& ctx) {
+        [host, sums, on_cpu, world](OpContext& ctx) {
           ctx.check_cancelled();
+          // ((g0 + g1) + g2) ... accumulated into replica 0's buffer: the same sum everywhere.
           for (size_t i = 0; i < host[0].size(); ++i) {
-            // ((g0 + g1) + g2) ... accumulated into replica 0's buffer, then copied out: the same sum
-            // everywhere.
             const size_t n = static_cast<size_t>(host[0][i].numel());
             float* acc = host[0][i].data();
             for (size_t r = 1; r < host.size(); ++r) {
               const float* src = host[r][i].data();
               for (size_t j = 0; j < n; ++j) acc[j] += src[j];
             }
+          }
+          if (world) {
+            size_t total = 0;
+            for (const Tensor& t : host[0]) total += static_cast<size_t>(t.numel());
+            std::vector<float> flat(total);
+            size_t at = 0;
+            for (const Tensor& t : host[0]) {
+              std::memcpy(flat.data() + at, t.data(), static_cast<size_t>(t.numel()) * sizeof(float));
+              at += static_cast<size_t>(t.numel());
+            }
+            world->allreduce_sum(flat.data(), flat.size(), "the gradient all-reduce",
+                                 [&ctx] { return ctx.cancelled(); });
+            at = 0;
+            for (const Tensor& t : host[0]) {
+              std::memcpy(t.data(), flat.data() + at, static_cast<size_t>(t.numel()) * sizeof(float));
+              at += static_cast<size_t>(t.numel());
+            }
+          }
+          for (size_t i = 0; i < host[0].size(); ++i) {
+            const size_t n = static_cast<size_t>(host[0][i].numel());
+            const float* acc = host[0][i].data();
             for (size_t r = 1; r < host.size(); ++r)
               if (on_cpu[r]) std::memcpy(host[r][i].data(), acc, n * sizeof(float));
             if (!sums.empty()) std::memcpy(sums[i].data(), acc, n * sizeof(float));
           }
         },
-        reads, writes, Device::cpu(), StreamKind::Copy, {"all-reduce (host)", "", bytes, 0});
+        reads, writes, Device::cpu(), StreamKind::Copy,
+        {world ? "all-reduce (host + mpi)" : "all-reduce (host)", "", bytes, 0});
     if (any_gpu)
       for (size_t r = 0; r < replicas; ++r)
         for (size_t i = 0; i < count; ++i)
@@ -90,6 +117,8 @@ class HostReducer final : public GradientReducer {
 
  private:
   Runtime& rt_;
+  dist::World* world_;
+  VarPtr order_;
 };
 
 // TrainOptions::sgd is the older spelling of plain SGD: it wins when set, and must not meet a set optimizer.
@@ -136,6 +165,8 @@ Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options
   }
   lr_ = options_.optimizer.lr;
   if (options_.steps_in_flight < 0) options_.steps_in_flight = 0;
+  if (options_.world && options_.world->distributed()) world_ = options_.world;
+  collective_order_ = new_var();
 
   for (size_t r = 0; r < devices_.size(); ++r) {
     if (r == 0 && devices_[0] == model_.device()) {
@@ -152,15 +183,17 @@ Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options
   samples_.assign(devices_.size(), 0);
   shares_.assign(devices_.size(), 1.0 / static_cast<double>(devices_.size()));
 
-  // Buckets of about 8 MiB in backward order: the last layers' gradients are ready first and are reduced
-  // while earlier layers still run backward.
+  // Buckets in backward order, as PyTorch DDP's reducer makes them: the last layers' gradients are ready
+  // first and are reduced while earlier layers still run backward. The first bucket is small (1 MiB) so the
+  // first all-reduce starts early; the others are about 25 MiB, few enough collectives to keep their fixed
+  // cost low.
   auto params = model_.parameters();
   std::vector<size_t> bucket;
   int64_t bucket_bytes = 0;
   for (size_t i = params.size(); i-- > 0;) {
     bucket.push_back(i);
     bucket_bytes += params[i]->value.bytes();
-    if (bucket_bytes >= (8 << 20)) {
+    if (bucket_bytes >= (buckets_.empty() ? (int64_t(1) << 20) : (int64_t(25) << 20))) {
       buckets_.push_back(std::move(bucket));
       bucket.clear();
       bucket_bytes = 0;
@@ -168,23 +201,26 @@ Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options
   }
   if (!bucket.empty()) buckets_.push_back(std::move(bucket));
 
-  if (devices_.size() > 1) {
+  if (devices_.size() > 1 || world_) {
     const bool all_cuda = std::all_of(devices_.begin(), devices_.end(), [](Device d) { return d.is_cuda(); });
     std::string nccl_failure;
     if (all_cuda) {
       try {
-        reducer_ = make_nccl_reducer(rt_, devices_);
+        reducer_ = make_nccl_reducer(rt_, devices_, world_, collective_order_);
       } catch (const BackendError& e) {
         // NCCL refusing (an odd topology, a driver problem) costs speed, not correctness: reduce on the host.
+        // Across ranks every rank must take the same path; a refusal on one is a failure of the job there.
+        if (world_) throw;
         nccl_failure = e.what();
       }
     }
     if (reducer_) {
       reducer_name_ = "nccl";
     } else {
-      reducer_ = std::make_unique<HostReducer>(rt_);
+      reducer_ = std::make_unique<HostReducer>(rt_, world_, collective_order_);
       reducer_name_ = nccl_failure.empty() ? "host" : "host (NCCL failed: " + nccl_failure + ")";
     }
+    if (world_) reducer_name_ += " + mpi (" + std::to_string(world_->size()) + " ranks)";
   } else {
     reducer_name_ = "none";
   }
@@ -256,15 +292,73 @@ void Trainer::set_shares(std::vector<double> shares) {
 
 void Trainer::broadcast() {
   if (replicas_[0] != &model_) replicas_[0]->copy_state_from(model_);
+  if (world_) broadcast_from_root();
   for (size_t r = 1; r < replicas_.size(); ++r) replicas_[r]->copy_state_from(*replicas_[0]);
 }
 
+void Trainer::broadcast_from_root() {
+  // Every rank starts from rank 0's parameters and buffers (and its count of training forwards), whatever
+  // seed or file each one built its model from.
+  Model& m = *replicas_[0];
+  const auto state = m.state();
+  std::vector<char> bytes;
+  if (world_->is_root()) {
+    const int64_t tracked = m.batches_tracked();
+    bytes.insert(bytes.end(), reinterpret_cast<const char*>(&tracked),
+                 reinterpret_cast<const char*>(&tracked) + 8);
+    for (const Parameter* p : state) {
+      const std::vector<float> v = to_host(p->value);
+      bytes.insert(bytes.end(), reinterpret_cast<const char*>(v.data()),
+                   reinterpret_cast<const char*>(v.data() + v.size()));
+    }
+  }
+  world_->broadcast(bytes, 0, "broadcasting rank 0's parameters",
+                    [this] { return cancel_requested_.load(); });
+  size_t expected = 8;
+  for (const Parameter* p : state) expected += static_cast<size_t>(p->value.numel()) * sizeof(float);
+  if (bytes.size() != expected)
+    throw dist::CommError("rank 0's parameters arrived as " + std::to_string(bytes.size()) + " bytes, not " +
+                          std::to_string(expected));
+  if (world_->is_root()) return;
+  int64_t tracked = 0;
+  std::memcpy(&tracked, bytes.data(), 8);
+  m.set_batches_tracked(tracked);
+  size_t at = 8;
+  for (Parameter* p : state) {
+    std::vector<float> v(static_cast<size_t>(p->value.numel()));
+    std::memcpy(v.data(), bytes.data() + at, v.size() * sizeof(float));
+    at += v.size() * sizeof(float);
+    write_values(p->value, std::move(v));
+  }
+}
+
+void Trainer::check_same_run_on_every_rank(const Dataset& train) {
+  // What every rank must agree on before the first collective: the model, the training settings and the
+  // number of local devices (the collectives' shapes and the global batch depend on them).
+  std::string mine = "model: " + model_.signature() + "\nlocal devices: " + std::to_string(devices_.size());
+  for (const auto& [name, value] : training_settings(train)) mine += "\n" + name + ": " + value;
+  const std::vector<std::string> all =
+      world_->allgather(mine, "comparing the ranks' training", [this] { return cancel_requested_.load(); });
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    std::istringstream a(all[0]), b(all[r]);
+    std::string la, lb;
+    while (std::getline(a, la) && std::getline(b, lb) && la == lb) {
+    }
+    throw Error("rank " + std::to_string(r) + " does not train what rank 0 trains: rank 0 has '" + la +
+                "', rank " + std::to_string(r) + " '" + lb + "'");
+  }
+}
+
 void Trainer::step(const HostBatchPtr& batch) {
-  if (!batch || batch->size < 1) throw Error("training step: empty batch");
+  // A rank's shard of a short last batch may be empty: it still takes part in the all-reduce and the step.
+  if (!batch || (batch->size < 1 && !world_) || batch->global_size < batch->size)
+    throw Error("training step: empty batch");
+  const int64_t whole = std::max(batch->global_size, batch->size);
   const std::vector<int64_t> sizes = split(batch->size);
-  // Every replica's loss gradient is scaled by 1/(whole batch), so the summed gradients are the whole
-  // batch's.
-  const float scale = 1.0f / static_cast<float>(batch->size);
+  // Every replica's loss gradient is scaled by 1/(whole batch, over every rank), so the summed gradients are
+  // the whole batch's.
+  const float scale = 1.0f / static_cast<float>(whole);
   const size_t replicas = replicas_.size();
   std::vector<std::vector<Tensor>> grads(replicas);
   int64_t offset = 0;
@@ -290,7 +384,7 @@ void Trainer::step(const HostBatchPtr& batch) {
       }
       offset += sizes[r];
     }
-    if (replicas > 1)
+    if (replicas > 1 || world_)
       for (const auto& bucket : buckets_) {
         std::vector<std::vector<Tensor>> part(replicas);
         for (size_t r = 0; r < replicas; ++r)
@@ -347,6 +441,13 @@ StepTotals Trainer::totals() {
     t.correct += v[1];
     t.samples += samples_[r];
   }
+  if (world_) {
+    // Every rank calls this at the same batches, so the sums over the ranks are everyone's numbers.
+    double sums[3] = {t.loss_sum, t.correct, static_cast<double>(t.samples)};
+    world_->allreduce_sum(sums, 3, "summing the loss over the ranks",
+                          [this] { return cancel_requested_.load(); });
+    t = {sums[0], sums[1], static_cast<int64_t>(sums[2])};
+  }
   return t;
 }
 
@@ -371,6 +472,7 @@ double Trainer::evaluate(const DatasetPtr& data) {
   lo.shuffle = false;
   lo.resize = options_.resize;
   lo.pinned = std::any_of(devices_.begin(), devices_.end(), [](Device d) { return d.is_cuda(); });
+  if (world_) lo.shard = world_->rank(), lo.shards = world_->size();
   DataLoader loader(data, lo);
   loader.start_epoch(0);
   std::vector<Tensor> correct;
@@ -395,6 +497,9 @@ double Trainer::evaluate(const DatasetPtr& data) {
   }
   double total = 0;
   for (const Tensor& c : correct) total += to_host(c)[1];
+  if (world_)
+    world_->allreduce_sum(&total, 1, "summing the accuracy over the ranks",
+                          [this] { return cancel_requested_.load(); });
   return total / static_cast<double>(data->count);
 }
 
@@ -495,6 +600,8 @@ std::vector<std::pair<std::string, std::string>> Trainer::training_settings(cons
 
 void Trainer::save_checkpoint(const Dataset& train, int64_t epoch, int64_t batch, double seconds,
                               double epoch_seconds, size_t history_size, TrainResult& result) {
+  // Every rank holds the same state; rank 0 alone writes it.
+  if (world_ && !world_->is_root()) return;
   const CheckpointOptions& ck = options_.checkpoint;
   Model& m = *replicas_[0];
   TrainingCheckpoint c;
@@ -629,8 +736,10 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
   lo.seed = options_.shuffle_seed;
   lo.resize = options_.resize;
   lo.pinned = std::any_of(devices_.begin(), devices_.end(), [](Device d) { return d.is_cuda(); });
+  if (world_) lo.shard = world_->rank(), lo.shards = world_->size();
   DataLoader loader(train, lo);
   const int64_t batches = batches_per_epoch_ = loader.batches_per_epoch();
+  const size_t fit_spans = rt_.profiler().span_count();
 
   Resumed from;
   int64_t global_step = 0;
@@ -646,7 +755,8 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
   // save.
   bool saved_at_cancel = false;
   auto stop = [&](int64_t epoch, int64_t batch, double epoch_seconds, size_t history_size) {
-    if (checkpoints && cancel_requested_ && !rt_.engine().cancelled()) {
+    // Ranks hear a cancel at different batches, so a distributed run cannot agree on where to save.
+    if (checkpoints && cancel_requested_ && !rt_.engine().cancelled() && !world_) {
       synchronize();
       save_checkpoint(*train, epoch, batch, now(), epoch_seconds, history_size, result);
       saved_at_cancel = true;
@@ -655,10 +765,19 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
   };
   auto stop_requested = [&] { return cancel_requested_.load() || rt_.engine().cancelled(); };
   try {
+    if (world_) check_same_run_on_every_rank(*train);
     if (ck.resume && checkpoints) {
       from = resume_from_checkpoint(*train, on_metric, on_warning, result);
       global_step = from.global_step;
       t_fit = Clock::now();
+      if (world_) {
+        const std::string name = std::filesystem::path(result.resumed_from).filename().string();
+        const auto all = world_->allgather(name, "comparing the checkpoints the ranks resume from");
+        for (size_t r = 1; r < all.size(); ++r)
+          if (all[r] != all[0])
+            throw Error("resume: rank " + std::to_string(r) + " found checkpoint '" + all[r] +
+                        "' but rank 0 '" + all[0] + "': every rank must see the same checkpoint_dir");
+      }
     }
     broadcast();
     for (int64_t epoch = from.epoch; epoch < options_.epochs; ++epoch) {
@@ -690,8 +809,9 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
           StepTotals t = totals();
           emit("loss", x, t.loss());
           emit("train_acc", x, t.accuracy());
+          const int64_t local = std::accumulate(samples_.begin(), samples_.end(), int64_t(0));
           emit("images_per_second", x,
-               static_cast<double>(t.samples - samples_before) / seconds_since(t_epoch));
+               static_cast<double>((world_ ? local : t.samples) - samples_before) / seconds_since(t_epoch));
           emit("lr", x, lr_);
           if (options_.balance && devices_.size() > 1) {
             std::vector<int64_t> done(samples_.size());
@@ -709,8 +829,10 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
       StepTotals t = totals();
       er.train_loss = t.loss();
       er.train_acc = t.accuracy();
-      // This process's share of the epoch: a resumed epoch's earlier batches ran at another time.
-      const double trained_here = static_cast<double>(t.samples - samples_before);
+      // This process's share of the epoch: a resumed epoch's earlier batches ran at another time. (t counts
+      // every rank's samples; samples_ this rank's.)
+      const int64_t local_samples = std::accumulate(samples_.begin(), samples_.end(), int64_t(0));
+      const double trained_here = static_cast<double>((world_ ? local_samples : t.samples) - samples_before);
       er.images_per_second = trained_here / seconds_since(t_epoch);
       const int64_t prepared = loader.batches_prepared() - prepared_before;
       if (prepared > 0)
@@ -756,6 +878,22 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
     finish_to_model();
     synchronize();
     release_step_state();
+    if (world_) {
+      // Each rank's speed and its time in the all-reduce, for rank 0's report.
+      double allreduce_us = 0;
+      for (const Span& sp : rt_.profiler().spans(fit_spans))
+        if (sp.name.compare(0, 10, "all-reduce") == 0) allreduce_us += sp.end_us - sp.start_us;
+      const double ips = result.epochs.empty() ? 0.0 : result.epochs.back().images_per_second;
+      char mine[64];
+      std::snprintf(mine, sizeof mine, "%.17g %.17g", ips, allreduce_us / 1e3);
+      const auto all = world_->allgather(mine, "gathering the ranks' speeds");
+      for (size_t r = 0; r < all.size(); ++r) {
+        RankStats st;
+        st.rank = static_cast<int>(r);
+        std::istringstream(all[r]) >> st.images_per_second >> st.allreduce_ms;
+        result.ranks.push_back(st);
+      }
+    }
   } catch (...) {
     loader.stop();
     drain();

@@ -98,11 +98,18 @@ struct LoaderOptions {
   bool drop_last = false;
   int prefetch = 3;     // batches prepared ahead
   bool pinned = false;  // page-locked buffers, for copies to a GPU; ignored without CUDA
+  // One process's share of a job of `shards` (the ranks of a distributed run): batch b of the epoch is
+  // positions [b * batch_size, (b + 1) * batch_size) of the epoch's order over the whole dataset, of which
+  // this shard takes every shards-th from position `shard` on, as PyTorch's DistributedSampler does within
+  // a batch. Every sample is in exactly one shard once per epoch; nothing is padded or dropped, so the last
+  // batch may give some shards one sample fewer (or none).
+  int shard = 0, shards = 1;
 };
 
 // One batch in host memory: images [size, C, H, W] scaled to [0, 1], labels [size] as floats.
 struct HostBatch {
   int64_t size = 0, channels = 0, height = 0, width = 0;
+  int64_t global_size = 0;  // the whole batch over every shard (LoaderOptions::shards); size alone: equal
   const float* images = nullptr;
   const float* labels = nullptr;
   bool pinned = false;
@@ -141,7 +148,7 @@ class DataLoader {
 
  private:
   void produce(std::vector<int64_t> order, int64_t epoch, int64_t first_batch);
-  HostBatchPtr make_batch(const std::vector<int64_t>& order, int64_t begin, int64_t end, int64_t epoch);
+  HostBatchPtr make_batch(const std::vector<int64_t>& samples, int64_t global_size, int64_t epoch);
 
   DatasetPtr data_;
   LoaderOptions options_;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "gpunodes/dist/world.h"
 #include "gpunodes/nn/data.h"
 #include "gpunodes/nn/layers.h"
 #include "gpunodes/nn/model.h"
@@ -63,6 +64,11 @@ struct TrainOptions {
   // hides the host's enqueueing, 0 waits for every step and halves the peak.
   int64_t steps_in_flight = 1;
   CheckpointOptions checkpoint;
+  // A distributed run (a world of more than one rank): the devices are (ranks x local devices), every rank
+  // lists the same number of local devices, and batch_size is the global batch. Each rank reads its shard
+  // of every batch (LoaderOptions::shards), the gradients are summed over every device of every rank, and
+  // rank 0's initial parameters are broadcast. Null, or a world of one: this process alone.
+  dist::World* world = nullptr;
 };
 
 // One point of a live series. Series: "loss", "train_acc", "images_per_second" (every log_every batches, over
@@ -91,8 +97,16 @@ struct EpochResult {
   double loader_ms_per_batch = 0, step_ms = 0, loader_wait_ms = 0;
 };
 
+// One rank's speed in a distributed run.
+struct RankStats {
+  int rank = 0;
+  double images_per_second = 0;  // this rank's samples over the training time of the last epoch
+  double allreduce_ms = 0;       // time its gradient all-reduce ops took over the whole fit()
+};
+
 struct TrainResult {
   std::vector<EpochResult> epochs;  // every epoch of the run, those before a resume included
+  std::vector<RankStats> ranks;     // a distributed run's, by rank; empty otherwise
   std::string resumed_from;         // the checkpoint the run continued from; empty when it started afresh
   std::vector<std::string> checkpoints;  // the files written by this fit(), oldest first
 };
@@ -173,8 +187,10 @@ class Trainer {
   const std::vector<double>& shares() const { return shares_; }
   // Sets the per-device fractions (normalised); fit() does this itself with options.balance.
   void set_shares(std::vector<double> shares);
-  // "nccl", "host" or "none" (one device).
+  // "nccl", "host" or "none" (one device), with " + mpi (N ranks)" in a distributed run.
   std::string reducer_name() const { return reducer_name_; }
+  // The world when distributed (more than one rank), else null.
+  dist::World* world() const { return world_; }
 
  private:
   void finish_to_model();
@@ -203,6 +219,12 @@ class Trainer {
   std::unique_ptr<GradientReducer> reducer_;
   std::string reducer_name_;
   std::vector<std::vector<VarPtr>> in_flight_;  // per outstanding step: one marker per device
+  dist::World* world_ = nullptr;
+  // Written by every collective op, so that they run in the order they were enqueued, which is the same on
+  // every rank: MPI and NCCL need every rank to call the same collectives in the same order.
+  VarPtr collective_order_;
+  void check_same_run_on_every_rank(const Dataset& train);
+  void broadcast_from_root();
   std::atomic<bool> cancel_requested_{false};
   // fit()'s: the batches of an epoch, and with checkpoints every metric sample so far (saved with them).
   int64_t batches_per_epoch_ = 0;

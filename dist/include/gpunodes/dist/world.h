@@ -1,0 +1,91 @@
+// The processes of one job: a leaf library (gn_dist, no Qt, no GPU) that the host (the CLI) and the runtime
+// (the Trainer's all-reduce) both use. Launched by mpirun (Open MPI sets OMPI_COMM_WORLD_SIZE), a process is
+// one rank of the world and MPI is initialised on the first call of World::get(); launched any other way it
+// is a world of one and no MPI function is ever called, so gpunodes behaves exactly as without MPI.
+//
+// Every collective here waits in a progress loop with a deadline instead of blocking inside MPI: a rank that
+// never arrives (it died, or runs another graph) ends the wait with a CommError naming what was waited for,
+// never a silent hang. Collectives must be called in the same order on every rank; the Trainer orders its
+// own through one engine variable.
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace gn::dist {
+
+// A collective failed or timed out; the job cannot go on.
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+// A wait ended because its StopCheck said so (the caller's cancel).
+class Stopped : public std::runtime_error {
+ public:
+  Stopped() : std::runtime_error("cancelled") {}
+};
+
+// What the launcher says, from the environment alone (no MPI call): Open MPI's OMPI_COMM_WORLD_* variables.
+struct LaunchInfo {
+  bool under_mpirun = false;
+  int rank = 0, size = 1, local_rank = 0, local_size = 1;
+};
+LaunchInfo launch_info();
+// Whether this build can join an MPI job (GPUNODES_MPI).
+bool built_with_mpi();
+// One GPU per rank: under mpirun with several ranks on this machine and CUDA_VISIBLE_DEVICES unset, makes
+// the GPU of this rank's local rank the only one the process sees (it becomes its cuda:0), as PyTorch DDP's
+// launchers do. Must run before the first CUDA call; the CLI calls it first thing. Returns what it set, or
+// an empty string when it left the environment alone.
+std::string select_local_gpu();
+
+class World {
+ public:
+  // The process's world. Under mpirun this initialises MPI (with MPI_THREAD_MULTIPLE: engine worker threads
+  // call collectives) and throws Error when the build has no MPI or MPI cannot start.
+  static World& get();
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  bool is_root() const { return rank_ == 0; }
+  // More than one process: MPI is in use.
+  bool distributed() const { return size_ > 1; }
+  // "[rank 1] " in a world of several, "" alone: the prefix of every line a rank prints.
+  std::string prefix() const;
+
+  // How long a collective may wait for the other ranks: 30 s, or GPUNODES_COMM_TIMEOUT seconds.
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  // Called while waiting: when it returns true the wait ends with Stopped.
+  using StopCheck = std::function<bool()>;
+
+  void barrier(const std::string& what, const StopCheck& stop = {});
+  // `bytes` on every rank becomes root's (any size).
+  void broadcast(std::vector<char>& bytes, int root, const std::string& what, const StopCheck& stop = {});
+  // Every rank's string, by rank.
+  std::vector<std::string> allgather(const std::string& mine, const std::string& what,
+                                     const StopCheck& stop = {});
+  // Sums `count` floats over the ranks, in place; the result is the same on every rank.
+  void allreduce_sum(float* data, size_t count, const std::string& what, const StopCheck& stop = {});
+  void allreduce_sum(double* data, size_t count, const std::string& what, const StopCheck& stop = {});
+
+  // Ends every rank of the job now (MPI_Abort), with `code`: for a rank that cannot go on while the others
+  // wait in a collective. Alone, std::exit(code).
+  [[noreturn]] void abort(int code);
+
+ private:
+  World();
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  bool mpi_ = false;
+  std::chrono::milliseconds timeout_{30000};
+};
+
+}  // namespace gn::dist
