@@ -498,8 +498,11 @@ class TrainNode final : public GpuNode {
     if (!result.ranks.empty()) {
       QJsonArray ranks;
       for (const nn::RankStats& r : result.ranks)
-        ranks.append(QJsonObject{
-            {"rank", r.rank}, {"images_per_second", r.images_per_second}, {"allreduce_ms", r.allreduce_ms}});
+        ranks.append(QJsonObject{{"rank", r.rank},
+                                 {"images_per_second", r.images_per_second},
+                                 {"allreduce_ms", r.allreduce_ms},
+                                 {"allreduce_bytes_per_step", r.allreduce_bytes_per_step},
+                                 {"parameter_bytes", r.parameter_bytes}});
       ctx.reportField("ranks", ranks);
     }
     if (!o.checkpoint.dir.empty()) {

@@ -92,7 +92,7 @@ class HostReducer final : public GradientReducer {
               at += static_cast<size_t>(t.numel());
             }
             world->allreduce_sum(flat.data(), flat.size(), "the gradient all-reduce",
-                                 [&ctx] { return ctx.cancelled(); });
+                                 dist::World::Channel::Engine, [&ctx] { return ctx.cancelled(); });
             at = 0;
             for (const Tensor& t : host[0]) {
               std::memcpy(t.data(), flat.data() + at, static_cast<size_t>(t.numel()) * sizeof(float));
@@ -390,7 +390,10 @@ void Trainer::step(const HostBatchPtr& batch) {
         for (size_t r = 0; r < replicas; ++r)
           for (size_t i : bucket) part[r].push_back(grads[r][i]);
         reducer_->allreduce(part);
+        if (world_)
+          for (const Tensor& g : part[0]) world_reduced_bytes_ += g.bytes();
       }
+    if (world_) ++world_steps_;
     std::vector<VarPtr> markers;
     const int64_t t = optimizer_steps_ + 1;
     for (size_t r = 0; r < replicas; ++r) {
@@ -444,7 +447,7 @@ StepTotals Trainer::totals() {
   if (world_) {
     // Every rank calls this at the same batches, so the sums over the ranks are everyone's numbers.
     double sums[3] = {t.loss_sum, t.correct, static_cast<double>(t.samples)};
-    world_->allreduce_sum(sums, 3, "summing the loss over the ranks",
+    world_->allreduce_sum(sums, 3, "summing the loss over the ranks", dist::World::Channel::Host,
                           [this] { return cancel_requested_.load(); });
     t = {sums[0], sums[1], static_cast<int64_t>(sums[2])};
   }
@@ -498,7 +501,7 @@ double Trainer::evaluate(const DatasetPtr& data) {
   double total = 0;
   for (const Tensor& c : correct) total += to_host(c)[1];
   if (world_)
-    world_->allreduce_sum(&total, 1, "summing the accuracy over the ranks",
+    world_->allreduce_sum(&total, 1, "summing the accuracy over the ranks", dist::World::Channel::Host,
                           [this] { return cancel_requested_.load(); });
   return total / static_cast<double>(data->count);
 }
@@ -884,13 +887,19 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
       for (const Span& sp : rt_.profiler().spans(fit_spans))
         if (sp.name.compare(0, 10, "all-reduce") == 0) allreduce_us += sp.end_us - sp.start_us;
       const double ips = result.epochs.empty() ? 0.0 : result.epochs.back().images_per_second;
-      char mine[64];
-      std::snprintf(mine, sizeof mine, "%.17g %.17g", ips, allreduce_us / 1e3);
+      double parameter_bytes = 0;
+      for (const Parameter* p : model_.parameters()) parameter_bytes += static_cast<double>(p->value.bytes());
+      const double per_step =
+          world_steps_ ? static_cast<double>(world_reduced_bytes_) / static_cast<double>(world_steps_) : 0.0;
+      char mine[128];
+      std::snprintf(mine, sizeof mine, "%.17g %.17g %.17g %.17g", ips, allreduce_us / 1e3, per_step,
+                    parameter_bytes);
       const auto all = world_->allgather(mine, "gathering the ranks' speeds");
       for (size_t r = 0; r < all.size(); ++r) {
         RankStats st;
         st.rank = static_cast<int>(r);
-        std::istringstream(all[r]) >> st.images_per_second >> st.allreduce_ms;
+        std::istringstream(all[r]) >> st.images_per_second >> st.allreduce_ms >>
+            st.allreduce_bytes_per_step >> st.parameter_bytes;
         result.ranks.push_back(st);
       }
     }

@@ -73,9 +73,15 @@ class World {
   // Every rank's string, by rank.
   std::vector<std::string> allgather(const std::string& mine, const std::string& what,
                                      const StopCheck& stop = {});
-  // Sums `count` floats over the ranks, in place; the result is the same on every rank.
-  void allreduce_sum(float* data, size_t count, const std::string& what, const StopCheck& stop = {});
-  void allreduce_sum(double* data, size_t count, const std::string& what, const StopCheck& stop = {});
+  // Which communicator a collective goes on. Collectives on one communicator must come in the same order on
+  // every rank, and the host thread's (loss sums, broadcasts) run concurrently with the training engine's
+  // (gradient buckets, ordered by the engine): each has its own. barrier, broadcast and allgather are Host.
+  enum class Channel { Host, Engine };
+  // Sums `count` values over the ranks, in place; the result is the same on every rank.
+  void allreduce_sum(float* data, size_t count, const std::string& what, Channel channel = Channel::Host,
+                     const StopCheck& stop = {});
+  void allreduce_sum(double* data, size_t count, const std::string& what, Channel channel = Channel::Host,
+                     const StopCheck& stop = {});
 
   // Ends every rank of the job now (MPI_Abort), with `code`: for a rank that cannot go on while the others
   // wait in a collective. Alone, std::exit(code).

@@ -102,6 +102,9 @@ struct RankStats {
   int rank = 0;
   double images_per_second = 0;  // this rank's samples over the training time of the last epoch
   double allreduce_ms = 0;       // time its gradient all-reduce ops took over the whole fit()
+  // Gradient bytes this rank handed to the all-reduce per step, against its parameters' bytes: 1 when
+  // every gradient crosses once (one flat all-reduce per bucket).
+  double allreduce_bytes_per_step = 0, parameter_bytes = 0;
 };
 
 struct TrainResult {
@@ -220,6 +223,7 @@ class Trainer {
   std::string reducer_name_;
   std::vector<std::vector<VarPtr>> in_flight_;  // per outstanding step: one marker per device
   dist::World* world_ = nullptr;
+  int64_t world_reduced_bytes_ = 0, world_steps_ = 0;
   // Written by every collective op, so that they run in the order they were enqueued, which is the same on
   // every rank: MPI and NCCL need every rank to call the same collectives in the same order.
   VarPtr collective_order_;
