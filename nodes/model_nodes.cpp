@@ -177,7 +177,8 @@ class SaveParamsNode final : public GpuNode {
     const QString format = ctx.params()["format"].toString();
     // In a distributed run every rank holds the same trained model; rank 0 alone writes it, so that ranks
     // on one machine never write one file at once.
-    const bool writes = !dist::launch_info().under_mpirun || dist::World::get().is_root();
+    const bool writes = !dist::launch_info().under_mpirun || !dist::World::get().joint_runs() ||
+                        dist::World::get().is_root();
     try {
       if (writes)
         nn::save_params(model->model(), path.toStdString(), nn::parse_params_format(format.toStdString()));

@@ -458,8 +458,8 @@ class TrainNode final : public GpuNode {
     o.checkpoint.every = p["checkpoint_every"].toInteger();
     o.checkpoint.keep = p["keep_checkpoints"].toInteger();
     o.checkpoint.resume = p["resume"].toString() == "auto";
-    // Launched by mpirun: one process of a job, training with every rank's devices.
-    if (dist::launch_info().under_mpirun) o.world = &dist::World::get();
+    // Launched by mpirun for one run of the whole job: training with every rank's devices.
+    if (dist::launch_info().under_mpirun && dist::World::get().joint_runs()) o.world = &dist::World::get();
 
     // A copy on the first device: the input value is shared with whatever else reads it.
     std::shared_ptr<nn::Model> model = input->model().replicate(devices.front());

@@ -1,5 +1,4 @@
 #include "cli/cli.h"
-#include "cli/cli_support.h"
 
 #include <unistd.h>
 
@@ -7,18 +6,24 @@
 #include <QCoreApplication>
 #include <QDir>
 #include <QElapsedTimer>
+#include <QFile>
 #include <QFileInfo>
 #include <QJsonArray>
 #include <QJsonDocument>
 #include <QJsonObject>
+#include <QMap>
 #include <QRegularExpression>
 #include <QSaveFile>
 #include <QSet>
+#include <QSysInfo>
 #include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <vector>
 
+#include "cli/cli_support.h"
+#include "cli/sweep.h"
 #include "gpunodes/core/executor.h"
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/node_type.h"
@@ -26,6 +31,7 @@
 #include "gpunodes/core/registry.h"
 #include "gpunodes/core/serializer.h"
 #include "gpunodes/core/validation.h"
+#include "gpunodes/dist/world.h"
 
 namespace gn::cli {
 
@@ -39,8 +45,41 @@ void write(FILE* to, const QString& text) {
 void out(const QString& text) {
   write(stdout, text);
 }
+// "[rank k] " on the ranks other than 0 of a distributed run: every line they print says where it came from.
+QString g_errPrefix;
+
 void err(const QString& text) {
-  write(stderr, text);
+  if (g_errPrefix.isEmpty()) return write(stderr, text);
+  QString prefixed;
+  for (const QString& line : text.split(u'\n'))
+    if (!line.isEmpty()) prefixed += g_errPrefix + line + u'\n';
+  write(stderr, prefixed);
+}
+
+dist::World* joinWorld(bool* failed) {
+  *failed = false;
+  if (!dist::launch_info().under_mpirun) return nullptr;
+  dist::select_local_gpu();
+  try {
+    dist::World& world = dist::World::get();
+    g_errPrefix = world.is_root() ? QString() : QString::fromStdString(world.prefix());
+    // mpirun ends the other ranks with SIGTERM when one is lost and when it gets Ctrl-C itself.
+    installTerminateHandler();
+    return &world;
+  } catch (const std::exception& e) {
+    err(QStringLiteral("error: cannot join the MPI job: %1\n").arg(e.what()));
+    *failed = true;
+    return nullptr;
+  }
+}
+
+QString perRankPath(const QString& path, const dist::World* world) {
+  QString p = path;
+  return p.replace(QLatin1String("%r"), QString::number(world ? world->rank() : 0));
+}
+
+bool writesOnThisRank(const QString& path, const dist::World* world) {
+  return !world || world->is_root() || path.contains(QLatin1String("%r"));
 }
 
 int usageError(const QString& message) {
@@ -54,6 +93,18 @@ static_assert(std::atomic<int>::is_always_lock_free);
 
 extern "C" void onInterrupt(int) {
   g_interrupted.store(1);
+}
+
+extern "C" void onTerminate(int) {
+  g_interrupted.store(2);
+}
+
+void installTerminateHandler() {
+  struct sigaction action {};
+  action.sa_handler = onTerminate;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESETHAND;
+  sigaction(SIGTERM, &action, nullptr);
 }
 
 void installInterruptHandler() {
@@ -177,7 +228,15 @@ class Progress {
  public:
   Progress(bool tty, bool quiet, int total) : tty_(tty), quiet_(quiet), total_(total) { clock_.start(); }
 
+  // The node running and how far it got, as "train was 43% done"; empty before the first node starts.
+  QString where() const {
+    if (current_.isEmpty()) return {};
+    return QStringLiteral("%1 was %2% done").arg(current_).arg(qRound(nodeProgress_ * 100));
+  }
+
   void handle(const RunEvent& e) {
+    if (e.kind == RunEvent::Kind::NodeStarted) current_ = e.node, nodeProgress_ = 0;
+    if (e.kind == RunEvent::Kind::Progress && e.node == current_) nodeProgress_ = e.value;
     if (quiet_) return;
     switch (e.kind) {
       case RunEvent::Kind::NodeStarted:
@@ -364,16 +423,83 @@ QJsonObject failedReport(const QString& file, const QString& error) {
                      {"memory", QJsonObject()}};
 }
 
+// Empty when every rank's graph (the canonical bytes of the one serializer) equals rank 0's; otherwise the
+// first rank that differs and where: a node's param, a node missing, a connection or a setting.
+QString firstGraphDifference(const std::vector<std::string>& graphs) {
+  const auto parse = [](const std::string& bytes) {
+    return QJsonDocument::fromJson(QByteArray::fromStdString(bytes)).object();
+  };
+  const QJsonObject base = parse(graphs.front());
+  auto nodesById = [](const QJsonObject& g) {
+    QMap<QString, QJsonObject> out;
+    for (const QJsonValue& n : g["nodes"].toArray()) out.insert(n["id"].toString(), n.toObject());
+    return out;
+  };
+  const QMap<QString, QJsonObject> baseNodes = nodesById(base);
+  for (size_t r = 1; r < graphs.size(); ++r) {
+    if (graphs[r] == graphs.front()) continue;
+    const QString who = QStringLiteral("rank %1 runs another graph than rank 0: ").arg(r);
+    const QJsonObject other = parse(graphs[r]);
+    const QMap<QString, QJsonObject> otherNodes = nodesById(other);
+    for (auto it = baseNodes.begin(); it != baseNodes.end(); ++it) {
+      if (!otherNodes.contains(it.key())) return who + QStringLiteral("it has no node %1").arg(it.key());
+      const QJsonObject a = it.value(), b = otherNodes[it.key()];
+      if (a["type"] != b["type"])
+        return who + QStringLiteral("node %1 is a %2 there, a %3 on rank 0")
+                         .arg(it.key(), b["type"].toString(), a["type"].toString());
+      const QJsonObject pa = a["params"].toObject(), pb = b["params"].toObject();
+      QStringList keys = pa.keys() + pb.keys();
+      keys.removeDuplicates();
+      for (const QString& k : keys)
+        if (pa.value(k) != pb.value(k)) {
+          auto text = [](const QJsonValue& v) {
+            return v.isUndefined()
+                       ? QStringLiteral("unset")
+                       : QString::fromUtf8(QJsonDocument(QJsonArray{v}).toJson(QJsonDocument::Compact))
+                             .mid(1)
+                             .chopped(1);
+          };
+          return who + QStringLiteral("%1.%2 is %3 there, %4 on rank 0")
+                           .arg(it.key(), k, text(pb.value(k)), text(pa.value(k)));
+        }
+    }
+    for (auto it = otherNodes.begin(); it != otherNodes.end(); ++it)
+      if (!baseNodes.contains(it.key()))
+        return who + QStringLiteral("it has a node %1 that rank 0 has not").arg(it.key());
+    if (base["connections"] != other["connections"]) return who + QStringLiteral("its connections differ");
+    if (base["settings"] != other["settings"]) return who + QStringLiteral("its settings differ");
+    return who + QStringLiteral("its graph file differs (name, description, comments or layout)");
+  }
+  return {};
+}
+
 int commandRun(const QStringList& args) {
   QCommandLineParser parser;
   const QCommandLineOption set("set", "", "NODE.PARAM=VALUE"), report("report", "", "OUT.json"),
       metrics("metrics", "", "OUT.csv"), trace("trace", "", "OUT.json"), schedule("schedule", "", "MODE"),
-      cpuDevices("cpu-devices", "", "N"), quiet("quiet"), resume("resume");
-  parser.addOptions({set, report, metrics, trace, schedule, cpuDevices, quiet, resume});
+      cpuDevices("cpu-devices", "", "N"), quiet("quiet"), resume("resume"), events("events", "", "FILE");
+  parser.addOptions({set, report, metrics, trace, schedule, cpuDevices, quiet, resume, events});
   const Parsed p = parse(parser, "run", args, 1);
   if (!p.ok) return p.exitCode;
   const QString file = p.positional[0];
-  const bool beQuiet = parser.isSet(quiet);
+  bool joinFailed = false;
+  dist::World* world = joinWorld(&joinFailed);
+  if (joinFailed) return kFailed;
+  const bool distributed = world && world->distributed();
+  // Rank 0 speaks for the job; the others print only their errors. Events on stdout leave it to them.
+  const bool eventsToStdout = parser.isSet(events) && parser.value(events) == "-";
+  const bool beQuiet = parser.isSet(quiet) || (world && !world->is_root()) || eventsToStdout;
+  // The live event stream as JSON lines, flushed as they come, for a program that follows the run (the
+  // editor following rank 0 of an mpirun job).
+  QFile eventFile;
+  if (parser.isSet(events) && writesOnThisRank(parser.value(events), world)) {
+    const bool opened = eventsToStdout ? eventFile.open(stdout, QIODevice::WriteOnly)
+                                       : (eventFile.setFileName(perRankPath(parser.value(events), world)),
+                                          eventFile.open(QIODevice::WriteOnly | QIODevice::Truncate));
+    if (!opened)
+      return usageError(
+          QStringLiteral("--events: cannot write %1: %2").arg(parser.value(events), eventFile.errorString()));
+  }
 
   std::optional<int> cpus;
   if (parser.isSet(cpuDevices)) {
@@ -389,14 +515,21 @@ int commandRun(const QStringList& args) {
   NodeTypeRegistry registry;
   loadPlugins(registry);
 
-  auto writeOutputs = [&](const QJsonObject& r, const QList<TraceSpan>& spans,
+  auto writeOutputs = [&](QJsonObject r, const QList<TraceSpan>& spans,
                           const QList<MemorySampleEvent>& memory) {
     bool ok = true;
-    if (parser.isSet(report))
-      ok &= saveBytes(parser.value(report), QJsonDocument(r).toJson(QJsonDocument::Indented), "report");
-    if (parser.isSet(metrics))
-      ok &= saveBytes(parser.value(metrics), metricsCsv(r.value("metrics").toObject()), "metrics");
-    if (parser.isSet(trace)) ok &= saveBytes(parser.value(trace), chromeTrace(spans, memory), "trace");
+    if (world) r.insert("rank", world->rank()), r.insert("world_size", world->size());
+    auto wanted = [&](const QCommandLineOption& o) {
+      return parser.isSet(o) && writesOnThisRank(parser.value(o), world);
+    };
+    if (wanted(report))
+      ok &= saveBytes(perRankPath(parser.value(report), world),
+                      QJsonDocument(r).toJson(QJsonDocument::Indented), "report");
+    if (wanted(metrics))
+      ok &= saveBytes(perRankPath(parser.value(metrics), world), metricsCsv(r.value("metrics").toObject()),
+                      "metrics");
+    if (wanted(trace))
+      ok &= saveBytes(perRankPath(parser.value(trace), world), chromeTrace(spans, memory), "trace");
     return ok;
   };
 
@@ -427,6 +560,24 @@ int commandRun(const QStringList& args) {
   doc.setSettings(settingsJson);
   const RunSettings settings = RunSettings::fromGraph(settingsJson);
 
+  if (distributed) {
+    // Every rank must run the same graph: compared before anything runs, so that no rank waits in a
+    // collective the others never reach.
+    QString difference;
+    try {
+      const std::vector<std::string> all =
+          world->allgather(serializer::save(doc).toStdString(), "comparing the graphs");
+      difference = firstGraphDifference(all);
+    } catch (const std::exception& e) {
+      difference = QString::fromUtf8(e.what());
+    }
+    if (!difference.isEmpty()) {
+      if (world->is_root()) err(QStringLiteral("error: %1\n").arg(difference));
+      writeOutputs(failedReport(file, difference), {}, {});
+      return kFailed;
+    }
+  }
+
   Executor executor(registry);
   ValidationReport validation;
   auto withFile = [&](QJsonObject r) {
@@ -454,13 +605,22 @@ int commandRun(const QStringList& args) {
       if (e.kind == RunEvent::Kind::RunFinished) finished = true;
       if (keepTrace && e.kind == RunEvent::Kind::Span) spans.append(e.span);
       if (keepTrace && e.kind == RunEvent::Kind::Memory) memory.append(e.memory);
+      if (eventFile.isOpen())
+        eventFile.write(QJsonDocument(eventToJson(e)).toJson(QJsonDocument::Compact) + '\n');
       progress.handle(e);
     }
+    if (eventFile.isOpen()) eventFile.flush();
     if (g_interrupted.load() && !cancelling) {
       cancelling = true;
       executor.cancel();
       progress.clear();
-      err(QStringLiteral("gpunodes: cancelling (Ctrl-C again quits at once)\n"));
+      if (g_interrupted.load() == 2)
+        // err() prefixes the other ranks' lines; rank 0 names itself here, as every rank says this.
+        err(QStringLiteral("%1stopping: mpirun is ending the job (a rank was lost, or it was cancelled)%2\n")
+                .arg(world && world->is_root() ? QStringLiteral("[rank 0] ") : QString())
+                .arg(progress.where().isEmpty() ? QString() : " while " + progress.where()));
+      else
+        err(QStringLiteral("gpunodes: cancelling (Ctrl-C again quits at once)\n"));
     }
     progress.tick();
   }
@@ -471,8 +631,14 @@ int commandRun(const QStringList& args) {
   const QJsonObject result = withFile(executor.report());
   if (!beQuiet) printSummary(doc, result);
   const bool written = writeOutputs(result, spans, memory);
-  if (executor.wasCancelled()) return kCancelled;
-  return result.value("ok").toBool() && written ? kOk : kFailed;
+  if (executor.wasCancelled()) return g_interrupted.load() == 2 ? kFailed : kCancelled;
+  const bool ok = result.value("ok").toBool();
+  if (!ok && world && !world->is_root())
+    err(QStringLiteral("error: %1\n").arg(result.value("error").toString()));
+  // A rank that failed while the others may wait for it in a collective ends the whole job at once; mpirun
+  // then names the rank that called MPI_Abort.
+  if (!ok && distributed) world->abort(kFailed);
+  return ok && written ? kOk : kFailed;
 }
 
 // ---- validate, devices, nodes ----------------------------------------------------------------------
@@ -532,6 +698,9 @@ int commandDevices(const QStringList& args) {
   parser.addOptions({json, cpuDevices});
   const Parsed p = parse(parser, "devices", args, 0);
   if (!p.ok) return p.exitCode;
+  bool joinFailed = false;
+  dist::World* world = joinWorld(&joinFailed);
+  if (joinFailed) return kFailed;
   RunSettings settings;
   if (parser.isSet(cpuDevices)) {
     QString problem;
@@ -571,11 +740,46 @@ int commandDevices(const QStringList& args) {
     err(QStringLiteral("gpunodes: no loaded node set reports devices\n"));
     return kFailed;
   }
-  if (parser.isSet(json))
-    out(QString::fromUtf8(QJsonDocument(QJsonObject{{"devices", devices}, {"node_sets", sets}})
-                              .toJson(QJsonDocument::Indented)));
-  else
-    out(text);
+  QString shown =
+      parser.isSet(json)
+          ? QString::fromUtf8(QJsonDocument(QJsonObject{{"devices", devices}, {"node_sets", sets}})
+                                  .toJson(QJsonDocument::Indented))
+          : text;
+  if (world && world->distributed()) {
+    // Each rank sees its own machine and GPU: rank 0 prints every rank's view, in rank order.
+    const QString host = QSysInfo::machineHostName();
+    const QString mine =
+        parser.isSet(json) ? QString::fromUtf8(QJsonDocument(QJsonObject{{"rank", world->rank()},
+                                                                         {"host", host},
+                                                                         {"local_rank", world->local_rank()},
+                                                                         {"devices", devices},
+                                                                         {"node_sets", sets}})
+                                                   .toJson(QJsonDocument::Compact))
+                           : QStringLiteral("== rank %1 (%2, local rank %3) ==\n%4")
+                                 .arg(world->rank())
+                                 .arg(host)
+                                 .arg(world->local_rank())
+                                 .arg(text);
+    std::vector<std::string> all;
+    try {
+      all = world->allgather(mine.toStdString(), "gathering the ranks' devices");
+    } catch (const std::exception& e) {
+      err(QStringLiteral("error: %1\n").arg(e.what()));
+      return kFailed;
+    }
+    if (!world->is_root()) return kOk;
+    QJsonArray ranks;
+    shown.clear();
+    for (const std::string& r : all) {
+      if (parser.isSet(json))
+        ranks.append(QJsonDocument::fromJson(QByteArray::fromStdString(r)).object());
+      else
+        shown += QString::fromStdString(r) + (r.empty() || r.back() == '\n' ? "" : "\n");
+    }
+    if (parser.isSet(json))
+      shown = QString::fromUtf8(QJsonDocument(QJsonObject{{"ranks", ranks}}).toJson(QJsonDocument::Indented));
+  }
+  out(shown);
   return kOk;
 }
 
@@ -677,11 +881,17 @@ QString usage() {
       "           --resume                     every Train node continues from the newest checkpoint in\n"
       "                                        its checkpoint_dir (sets resume=auto)\n"
       "           --report OUT.json            the run report\n"
+      "           --events FILE|-              the live run events as JSON lines (- for stdout)\n"
       "           --metrics OUT.csv            metric samples: series,t,value\n"
       "           --trace OUT.json             Chrome trace (open in Perfetto or chrome://tracing)\n"
       "           --schedule parallel|sequential\n"
       "           --cpu-devices N              split the CPU into N devices\n"
       "           --quiet                      no progress and no summary\n"
+      "       gpunodes sweep FILE --grid NODE.PARAM=V1,V2,... [--grid ...] [options]\n"
+      "                                        run every point of the grid (over the ranks under mpirun)\n"
+      "           --out DIR                    point-NNNN.json, summary.json, summary.csv, plot-*.png\n"
+      "                                        (default: sweep-<FILE's base name>)\n"
+      "           --set, --schedule, --cpu-devices, --quiet as for run\n"
       "       gpunodes validate FILE           check only; per-node errors\n"
       "       gpunodes devices [--json]        what try_all_gpus sees\n"
       "       gpunodes nodes [--json]          the node catalogue from loaded plugins\n"
@@ -690,8 +900,8 @@ QString usage() {
 }
 
 bool isCommand(const QString& arg) {
-  return arg == "run" || arg == "validate" || arg == "devices" || arg == "nodes" || arg == "help" ||
-         arg == "-h" || arg == "--help";
+  return arg == "run" || arg == "sweep" || arg == "validate" || arg == "devices" || arg == "nodes" ||
+         arg == "help" || arg == "-h" || arg == "--help";
 }
 
 QJsonValue parseParamValue(const ParamSpec& spec, const QString& raw, QString* error) {
@@ -761,6 +971,8 @@ QJsonValue parseParamValue(const ParamSpec& spec, const QString& raw, QString* e
 }
 
 int runCommand(int argc, char** argv) {
+  // sweep makes its own application object: a QApplication for its plots in a GUI build.
+  if (argc >= 2 && QString::fromLocal8Bit(argv[1]) == "sweep") return commandSweep(argc, argv);
   QCoreApplication app(argc, argv);  // applicationDirPath() finds <bin>/plugins
   QCoreApplication::setApplicationName(QStringLiteral("gpunodes"));
   const QStringList all = QCoreApplication::arguments();

@@ -8,6 +8,7 @@
 #include <QString>
 #include <QStringList>
 #include <atomic>
+#include <optional>
 
 #include "cli/cli.h"
 
@@ -17,6 +18,10 @@ class NodeTypeRegistry;
 struct Issue;
 }  // namespace gn::core
 
+namespace gn::dist {
+class World;
+}
+
 namespace gn::cli {
 
 void out(const QString& text);  // stdout, flushed
@@ -24,10 +29,21 @@ void err(const QString& text);  // stderr, flushed
 // Prints the message and the usage text; returns kUsage.
 int usageError(const QString& message);
 
-// Set by the SIGINT handler; the main loops poll it and cancel.
+// Set by the SIGINT handler (1) and, in a distributed run, the SIGTERM handler (2: mpirun is ending the job);
+// the main loops poll it and cancel.
 extern std::atomic<int> g_interrupted;
 // One-shot: a second Ctrl-C ends the process at once.
 void installInterruptHandler();
+void installTerminateHandler();
+
+// Under mpirun: joins the job (MPI initialised, this rank's GPU chosen, err() lines prefixed "[rank k] " on
+// ranks other than 0, SIGTERM heard); null when launched alone. When joining fails it says why and sets
+// *failed.
+dist::World* joinWorld(bool* failed);
+// A report, metrics or trace path for this rank: "%r" becomes the rank (0 alone).
+QString perRankPath(const QString& path, const dist::World* world);
+// Whether this rank writes `path`: rank 0 always; the others only per-rank paths (with "%r").
+bool writesOnThisRank(const QString& path, const dist::World* world);
 
 struct Parsed {
   bool ok = false;
@@ -45,6 +61,8 @@ QString csvField(const QString& s);
 QByteArray metricsCsv(const QJsonObject& metrics);
 // "file: node.field: message" per issue on stderr (warnings only when asked).
 void printIssues(const QString& file, const QList<core::Issue>& issues, bool warnings);
+// --cpu-devices N: 1 to 1024; otherwise nullopt and the usage message in *error.
+std::optional<int> parseCpuDevices(const QString& text, QString* error);
 // Applies one --set NODE.PARAM=VALUE; returns an error message, empty on success.
 QString applySet(core::GraphDocument& doc, const core::NodeTypeRegistry& registry, const QString& file,
                  const QString& text);

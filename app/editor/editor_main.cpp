@@ -1,6 +1,7 @@
 #include "editor_main.h"
 
 #include <QApplication>
+#include <QDockWidget>
 #include <QFile>
 #include <QPainter>
 #include <QPainterPath>
@@ -14,6 +15,8 @@
 #include "gpunodes/core/registry.h"
 #include "graph_editor.h"
 #include "main_window.h"
+#include "plots.h"
+#include "results_views.h"
 #include "run_controller.h"
 
 namespace {
@@ -62,6 +65,36 @@ void applyTheme(QApplication& app) {
   if (qss.open(QIODevice::ReadOnly)) app.setStyleSheet(QString::fromUtf8(qss.readAll()));
 }
 
+// For screenshots of one plot tab: the Plots dock raised with that tab current and given most of the lower
+// part of the window, so that a confusion matrix or the mistakes grid is large enough to read.
+void showPlotTab(gn::editor::MainWindow& w) {
+  const QString tab = qEnvironmentVariable("GPUNODES_EDITOR_PLOT");
+  if (tab.isEmpty()) return;
+  gn::editor::PlotsPanel* plots = w.plots();
+  for (int i = 0; i < plots->count(); ++i)
+    if (plots->tabText(i).compare(tab, Qt::CaseInsensitive) == 0) plots->setCurrentIndex(i);
+  auto* dock = w.findChild<QDockWidget*>("plotsDock");
+  auto* timeline = w.findChild<QDockWidget*>("timelineDock");
+  if (dock) {
+    dock->raise();
+    w.resizeDocks({dock}, {w.height() / 2}, Qt::Vertical);
+    if (timeline) w.resizeDocks({timeline, dock}, {w.width() / 5, w.width() * 4 / 5}, Qt::Horizontal);
+    // The canvas is smaller now: once the docks have their new sizes, centre it again on the selection (at
+    // the zoom GPUNODES_EDITOR_VIEW asked for), or frame the whole graph.
+    if (qEnvironmentVariable("GPUNODES_EDITOR_VIEW").split(',').size() != 3)
+      QTimer::singleShot(100, &w, [&w] {
+        const QStringList selected = w.scene()->selectedNodeIds();
+        if (selected.isEmpty())
+          w.view()->frame(false);
+        else
+          w.view()->centerOnNode(selected.first());
+      });
+  }
+  bool ok = false;
+  const int row = qEnvironmentVariable("GPUNODES_EDITOR_MISTAKE").toInt(&ok);
+  if (ok) plots->mistakesView()->showMistake(row);
+}
+
 }  // namespace
 
 int runEditor(int argc, char** argv, const QString& file) {
@@ -97,6 +130,7 @@ int runEditor(int argc, char** argv, const QString& file) {
 
   if (!shot.isEmpty()) {
     auto grab = [&window, &app, shot] {
+      showPlotTab(window);
       QTimer::singleShot(600, &app, [&window, &app, shot] {
         window.grab().save(shot);
         window.setPromptHandler([](auto...) { return QMessageBox::Discard; });

@@ -788,6 +788,7 @@ bool MainWindow::runGraph() {
   timeline_->clear();
   timeline_->setNodeOrder(order);
   devicesInUse_.clear();
+  finishedOrder_.clear();
   devicesLabel_->clear();
   stateLabel_->setText("Running…");
   progress_->setValue(0);
@@ -824,6 +825,7 @@ void MainWindow::onBatch(const QList<core::RunEvent>& events) {
       case K::NodeFinished:
         scene_->setRunStatus(e.node, RunStatus::Done, e.value);
         plots_->setNodeTime(e.node, e.value);
+        finishedOrder_ << e.node;
         break;
       case K::NodeFailed:
         // Skipped and cancelled nodes come as failures too; they are grey, not red.
@@ -885,6 +887,8 @@ void MainWindow::onRunFinished(bool ok, bool cancelled, const QString& message) 
     const QJsonObject n = it.value().toObject();
     const QString status = n.value("status").toString();
     if (status == "ok") {
+      // A node whose NodeFinished event this window did not see still counts as finished, after the others.
+      if (!finishedOrder_.contains(it.key())) finishedOrder_ << it.key();
       scene_->setRunStatus(it.key(), RunStatus::Done, n.value("wall_ms").toDouble());
       plots_->setNodeTime(it.key(), n.value("wall_ms").toDouble());
     } else if (status == "pending" || status == "running") {
@@ -892,6 +896,8 @@ void MainWindow::onRunFinished(bool ok, bool cancelled, const QString& message) 
     }
   }
   plots_->refresh();
+  plots_->setEvaluations(nodes, finishedOrder_);
+  showSelectedEvaluation();
   wallLabel_->setText("wall " + style::formatMs(wall));
   QStringList devs;
   for (const QJsonValue& d : report.value("devices").toArray())
@@ -916,6 +922,12 @@ void MainWindow::onRunFinished(bool ok, bool cancelled, const QString& message) 
 
 void MainWindow::onSelectionChanged() {
   inspector_->showNodes(scene_->selectedNodeIds());
+  showSelectedEvaluation();
+}
+
+void MainWindow::showSelectedEvaluation() {
+  for (const QString& id : scene_->selectedNodeIds())
+    if (plots_->showEvaluation(id)) return;
 }
 
 // ---------------------------------------------------------------------------------------------- exports

@@ -115,6 +115,7 @@ class MainWindow : public QMainWindow {
   void onBatch(const QList<core::RunEvent>& events);
   void onRunFinished(bool ok, bool cancelled, const QString& message);
   void onSelectionChanged();
+  void showSelectedEvaluation();
   void updateRunActions();
   QMessageBox::StandardButton ask(QMessageBox::Icon icon, const QString& title, const QString& text,
                                   QMessageBox::StandardButtons buttons);
@@ -151,6 +152,7 @@ class MainWindow : public QMainWindow {
   core::ValidationReport validation_;  // of the last validateNow()
   QSet<QString> issueKeys_;            // its issues, so an edit logs only the problems it brought
   QStringList devicesInUse_;
+  QStringList finishedOrder_;  // the run's nodes in the order they finished: the last evaluation is shown
   PromptFn prompt_;
 };
 

@@ -2,24 +2,36 @@
 
 #include <qcustomplot.h>
 
+#include <cmath>
+
 #include "recent.h"
+#include "results_views.h"
 #include "style.h"
 
 namespace gn::editor {
 
 namespace {
 
-constexpr int kHistory = 6;  // runs shown side by side
+constexpr int kHistory = 6;       // runs shown side by side
+constexpr int kEpochLabels = 12;  // more epochs than this: only every n-th mark is numbered
 
-void darkTheme(QCustomPlot* p) {
-  const QColor fg(0xc8, 0xcc, 0xd2), grid(0x3a, 0x3f, 0x46);
+const QColor kForeground(0xc8, 0xcc, 0xd2);
+
+void styleAxis(QCPAxis* a) {
+  a->setBasePen(QPen(kForeground));
+  a->setTickPen(QPen(kForeground));
+  a->setSubTickPen(QPen(kForeground));
+  a->setTickLabelColor(kForeground);
+  a->setLabelColor(kForeground);
+}
+
+}  // namespace
+
+void applyPlotTheme(QCustomPlot* p) {
+  const QColor fg = kForeground, grid(0x3a, 0x3f, 0x46);
   p->setBackground(QColor(0x1e, 0x20, 0x24));
   for (QCPAxis* a : {p->xAxis, p->yAxis, p->xAxis2, p->yAxis2}) {
-    a->setBasePen(QPen(fg));
-    a->setTickPen(QPen(fg));
-    a->setSubTickPen(QPen(fg));
-    a->setTickLabelColor(fg);
-    a->setLabelColor(fg);
+    styleAxis(a);
     a->grid()->setPen(QPen(grid, 0, Qt::DotLine));
   }
   p->legend->setBrush(QColor(0x2a, 0x2d, 0x32, 220));
@@ -32,8 +44,6 @@ void darkTheme(QCustomPlot* p) {
   p->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
 }
 
-}  // namespace
-
 PlotsPanel::PlotsPanel(QWidget* parent) : QTabWidget(parent) {
   setObjectName("plots");
   timing_ = makePlot("timingPlot");
@@ -42,6 +52,10 @@ PlotsPanel::PlotsPanel(QWidget* parent) : QTabWidget(parent) {
   addTab(timing_, "Timing");
   addTab(memory_, "Memory");
   addTab(metrics_, "Training");
+  confusion_ = new ConfusionView(this);
+  mistakes_ = new MistakesView(this);
+  addTab(confusion_, "Confusion");
+  addTab(mistakes_, "Mistakes");
 
   timing_->yAxis->setLabel("wall time per node (ms)");
   timing_->xAxis->setTickLabelRotation(30);
@@ -63,13 +77,19 @@ PlotsPanel::PlotsPanel(QWidget* parent) : QTabWidget(parent) {
   metrics_->yAxis->setLabel("value");
   metrics_->yAxis2->setLabel("accuracy");
   metrics_->yAxis2->setRange(0, 1);
+  // A rate of 0.1 beside a loss of 2 would be a flat line on the loss's axis: it gets its own.
+  lrAxis_ = metrics_->axisRect()->addAxis(QCPAxis::atRight);
+  styleAxis(lrAxis_);
+  lrAxis_->setLabel("learning rate");
+  lrAxis_->grid()->setVisible(false);
+  lrAxis_->setVisible(false);
 }
 
 QCustomPlot* PlotsPanel::makePlot(const QString& name) {
   auto* p = new QCustomPlot(this);
   p->setObjectName(name);
   p->setMinimumHeight(160);
-  darkTheme(p);
+  applyPlotTheme(p);
   return p;
 }
 
@@ -80,7 +100,16 @@ void PlotsPanel::beginRun(const QString& label, const QStringList& nodeOrder) {
   memory_->clearGraphs();
   devices_.clear();
   metrics_->clearGraphs();
+  metrics_->clearItems();
   series_.clear();
+  epochLines_.clear();
+  lrAxis_->setVisible(false);
+  metrics_->yAxis2->setVisible(false);
+  evaluationNodes_ = {};
+  evaluationOrder_.clear();
+  shownEvaluation_.clear();
+  confusion_->clear("Running: the confusion matrix shows when an Evaluate node has finished.");
+  mistakes_->clear("Running: the mistakes show when an Evaluate node has finished.");
   timingDirty_ = memoryDirty_ = metricsDirty_ = true;
 }
 
@@ -197,15 +226,84 @@ void PlotsPanel::addMetric(const QString& series, double t, double value) {
   QCPGraph*& g = series_[series];
   if (!g) {
     // Accuracies live in [0, 1]: on the right axis, so a loss in the tens does not flatten them.
-    const bool acc = series.contains("acc", Qt::CaseInsensitive);
-    g = metrics_->addGraph(metrics_->xAxis, acc ? metrics_->yAxis2 : metrics_->yAxis);
+    const bool lr = series.endsWith(".lr");
+    const bool acc = !lr && series.contains("acc", Qt::CaseInsensitive);
+    g = metrics_->addGraph(metrics_->xAxis, lr ? lrAxis_ : acc ? metrics_->yAxis2 : metrics_->yAxis);
     g->setName(series);
-    g->setPen(QPen(style::seriesColor(int(series_.size()) - 1), 2));
-    g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssCircle, 4));
+    if (lr) {
+      g->setPen(QPen(QColor(0xe0, 0xb0, 0x50), 1.5, Qt::DashLine));
+      g->setLineStyle(QCPGraph::lsStepLeft);
+    } else {
+      g->setPen(QPen(style::seriesColor(int(series_.size()) - 1), 2));
+      g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssCircle, 4));
+    }
     if (acc) metrics_->yAxis2->setVisible(true);
+    if (lr) lrAxis_->setVisible(true);
   }
   g->addData(t, value);
+  if (series.endsWith(".epoch_seconds")) markEpoch(t);
   metricsDirty_ = true;
+}
+
+void PlotsPanel::markEpoch(double t) {
+  if (!std::isfinite(t) || epochLines_.contains(t)) return;
+  auto* line = new QCPItemStraightLine(metrics_);
+  line->setLayer("grid");  // behind the curves
+  line->setPen(QPen(QColor(0xc8, 0xcc, 0xd2, 60), 1, Qt::DashLine));
+  line->point1->setCoords(t, 0);
+  line->point2->setCoords(t, 1);
+  auto* label = new QCPItemText(metrics_);
+  label->setLayer("grid");
+  label->setClipToAxisRect(true);
+  label->position->setTypeX(QCPItemPosition::ptPlotCoords);
+  label->position->setTypeY(QCPItemPosition::ptAxisRectRatio);
+  label->position->setCoords(t, 0);
+  label->setPositionAlignment(Qt::AlignTop | Qt::AlignRight);
+  label->setPadding(QMargins(2, 2, 3, 0));
+  label->setColor(QColor(0xc8, 0xcc, 0xd2, 150));
+  QFont f = metrics_->font();
+  f.setPointSizeF(7.5);
+  label->setFont(f);
+  label->setText(QString("epoch %1").arg(t));
+  epochLines_.insert(t, {line, label});
+}
+
+void PlotsPanel::labelEpochs() {
+  const int every = (int(epochLines_.size()) + kEpochLabels - 1) / kEpochLabels;
+  int i = 0;
+  for (auto it = epochLines_.begin(); it != epochLines_.end(); ++it, ++i)
+    it.value().last()->setVisible(every <= 1 || (i + 1) % every == 0);
+}
+
+void PlotsPanel::setEvaluations(const QJsonObject& nodes, const QStringList& finishedOrder) {
+  evaluationNodes_ = nodes;
+  evaluationOrder_.clear();
+  for (const QString& n : finishedOrder)
+    if (!evaluationOrder_.contains(n) && EvaluationResults::fromReport(n, nodes.value(n).toObject()))
+      evaluationOrder_ << n;
+  shownEvaluation_.clear();
+  if (evaluationOrder_.isEmpty()) {
+    confusion_->clear("No Evaluate node finished in the last run: its confusion matrix would show here.");
+    mistakes_->clear("No Evaluate node finished in the last run: the images it got wrong would show here.");
+    return;
+  }
+  showEvaluation(evaluationOrder_.last());
+}
+
+bool PlotsPanel::showEvaluation(const QString& node) {
+  if (!evaluationOrder_.contains(node)) return false;
+  if (node == shownEvaluation_) return true;
+  const std::optional<EvaluationResults> r =
+      EvaluationResults::fromReport(node, evaluationNodes_.value(node).toObject());
+  if (!r) return false;
+  EvaluationResults shown = *r;
+  if (evaluationOrder_.size() > 1)
+    shown.note = QString("one of %1 evaluations: select another Evaluate node to see its results")
+                     .arg(evaluationOrder_.size());
+  confusion_->setResults(shown);
+  mistakes_->setResults(shown);
+  shownEvaluation_ = node;
+  return true;
 }
 
 int PlotsPanel::metricPoints() const {
@@ -229,6 +327,11 @@ void PlotsPanel::refresh() {
     metrics_->xAxis->rescale();
     metrics_->yAxis->rescale();
     metrics_->yAxis->scaleRange(1.1);
+    if (lrAxis_->visible()) {
+      lrAxis_->rescale();
+      lrAxis_->setRange(0, lrAxis_->range().upper > 0 ? lrAxis_->range().upper * 1.1 : 1);
+    }
+    labelEpochs();
     metrics_->replot(QCustomPlot::rpQueuedReplot);
   }
   timingDirty_ = memoryDirty_ = metricsDirty_ = false;
@@ -236,7 +339,12 @@ void PlotsPanel::refresh() {
 
 bool PlotsPanel::exportPng(const QString& path, QString* error) const {
   auto* plot = qobject_cast<QCustomPlot*>(currentWidget());
-  if (!plot) plot = timing_;
+  if (!plot) {
+    // The Confusion and Mistakes tabs are more than a plot: their header and the grid go in the picture too.
+    if (currentWidget()->grab().save(path, "PNG")) return true;
+    if (error) *error = QString("could not write %1").arg(path);
+    return false;
+  }
   plot->replot();
   if (plot->savePng(path, qMax(plot->width(), 800), qMax(plot->height(), 500))) return true;
   if (error) *error = QString("could not write %1").arg(path);

@@ -11,6 +11,8 @@
 #include <QStandardPaths>
 #include <QTemporaryDir>
 #include <QtTest>
+
+#include "gpunodes/core/run_events.h"
 #include <csignal>
 
 #include "time_scale.h"
@@ -90,6 +92,48 @@ class CliTest : public QObject {
   QString graph_;
 
  private slots:
+  void eventsStreamAsJsonLinesThatReadBack() {
+    QTemporaryDir dir;
+    const QString file = write(dir, "g.json", kGraph);
+    // On stdout: nothing else there (the summary stays away), one event per line.
+    const Result r = gpunodes({"run", file, "--events", "-"});
+    EXPECT_EXIT(r, 0);
+    QList<gn::core::RunEvent> events;
+    for (const QString& line : r.out.split(u'\n', Qt::SkipEmptyParts)) {
+      QJsonParseError pe;
+      const QJsonDocument d = QJsonDocument::fromJson(line.toUtf8(), &pe);
+      QVERIFY2(pe.error == QJsonParseError::NoError && d.isObject(), qPrintable(line));
+      gn::core::RunEvent e;
+      QString why;
+      QVERIFY2(gn::core::eventFromJson(d.object(), &e, &why), qPrintable(why));
+      // What is read back writes the same line again.
+      QCOMPARE(gn::core::eventToJson(e), d.object());
+      events.append(e);
+    }
+    QVERIFY(events.size() >= 10);
+    QCOMPARE(events.first().kind, gn::core::RunEvent::Kind::RunStarted);
+    QCOMPARE(events.last().kind, gn::core::RunEvent::Kind::RunFinished);
+    QVERIFY(events.last().ok);
+    int queued = 0, finished = 0;
+    for (const auto& e : events) {
+      queued += e.kind == gn::core::RunEvent::Kind::NodeQueued;
+      finished += e.kind == gn::core::RunEvent::Kind::NodeFinished;
+    }
+    QCOMPARE(queued, 4);
+    QCOMPARE(finished, 4);
+    // To a file: the same stream, and the summary on stdout as usual.
+    const Result f = gpunodes({"run", file, "--events", dir.filePath("events.jsonl")});
+    EXPECT_EXIT(f, 0);
+    QVERIFY(f.out.contains("ok in"));
+    QFile lines(dir.filePath("events.jsonl"));
+    QVERIFY(lines.open(QIODevice::ReadOnly));
+    QCOMPARE(lines.readAll().count('\n'), r.out.count(u'\n'));
+    gn::core::RunEvent bad;
+    QString why;
+    QVERIFY(!gn::core::eventFromJson(QJsonObject{{"kind", "Teleport"}}, &bad, &why));
+    QVERIFY(why.contains("Teleport"));
+  }
+
   void initTestCase() {
     QVERIFY(dir_.isValid());
     graph_ = write(dir_, "graph.json", kGraph);

@@ -34,4 +34,116 @@ QList<RunEvent> EventChannel::waitAndDrain(int timeoutMs) {
   return std::exchange(queue_, {});
 }
 
+namespace {
+
+constexpr std::pair<RunEvent::Kind, const char*> kKinds[] = {
+    {RunEvent::Kind::RunStarted, "RunStarted"},
+    {RunEvent::Kind::RunFinished, "RunFinished"},
+    {RunEvent::Kind::NodeQueued, "NodeQueued"},
+    {RunEvent::Kind::NodeStarted, "NodeStarted"},
+    {RunEvent::Kind::NodeFinished, "NodeFinished"},
+    {RunEvent::Kind::NodeFailed, "NodeFailed"},
+    {RunEvent::Kind::NodeWarning, "NodeWarning"},
+    {RunEvent::Kind::Progress, "Progress"},
+    {RunEvent::Kind::Metric, "Metric"},
+    {RunEvent::Kind::Span, "Span"},
+    {RunEvent::Kind::Memory, "Memory"},
+};
+
+}  // namespace
+
+QJsonObject eventToJson(const RunEvent& e) {
+  QJsonObject o;
+  for (const auto& [kind, name] : kKinds)
+    if (kind == e.kind) o.insert("kind", name);
+  using K = RunEvent::Kind;
+  if (!e.node.isEmpty()) o.insert("node", e.node);
+  switch (e.kind) {
+    case K::RunStarted:
+    case K::NodeFailed:
+    case K::NodeWarning:
+      o.insert("message", e.message);
+      break;
+    case K::RunFinished:
+      o.insert("ok", e.ok);
+      o.insert("value", e.value);
+      o.insert("message", e.message);
+      break;
+    case K::NodeFinished:
+    case K::Progress:
+      o.insert("value", e.value);
+      break;
+    case K::Metric:
+      o.insert("series", e.series);
+      o.insert("t", e.t);
+      o.insert("value", e.value);
+      break;
+    case K::Span:
+      o.insert("span", QJsonObject{{"node", e.span.node},
+                                   {"op", e.span.op},
+                                   {"device", e.span.device},
+                                   {"stream", e.span.stream},
+                                   {"startUs", e.span.startUs},
+                                   {"endUs", e.span.endUs},
+                                   {"bytes", static_cast<double>(e.span.bytes)},
+                                   {"flops", e.span.flops},
+                                   {"hostBlocking", e.span.hostBlocking}});
+      break;
+    case K::Memory:
+      o.insert("memory", QJsonObject{{"device", e.memory.device},
+                                     {"tUs", e.memory.tUs},
+                                     {"allocated", static_cast<double>(e.memory.allocated)},
+                                     {"reserved", static_cast<double>(e.memory.reserved)}});
+      break;
+    case K::NodeQueued:
+    case K::NodeStarted:
+      break;
+  }
+  return o;
+}
+
+bool eventFromJson(const QJsonObject& o, RunEvent* out, QString* error) {
+  const QString kind = o.value("kind").toString();
+  bool known = false;
+  RunEvent e{};
+  for (const auto& [k, name] : kKinds)
+    if (kind == QLatin1String(name)) e.kind = k, known = true;
+  if (!known) {
+    *error = QStringLiteral("unknown event kind \"%1\"").arg(kind);
+    return false;
+  }
+  for (const char* key : {"node", "message", "series"})
+    if (o.contains(key) && !o.value(key).isString()) {
+      *error = QStringLiteral("%1: \"%2\" is not a string").arg(kind, key);
+      return false;
+    }
+  for (const char* key : {"t", "value"})
+    if (o.contains(key) && !o.value(key).isDouble()) {
+      *error = QStringLiteral("%1: \"%2\" is not a number").arg(kind, key);
+      return false;
+    }
+  e.node = o.value("node").toString();
+  e.message = o.value("message").toString();
+  e.series = o.value("series").toString();
+  e.t = o.value("t").toDouble();
+  e.value = o.value("value").toDouble();
+  e.ok = o.value("ok").toBool(true);
+  const QJsonObject s = o.value("span").toObject();
+  e.span = {s.value("node").toString(),
+            s.value("op").toString(),
+            s.value("device").toString(),
+            s.value("stream").toString(),
+            s.value("startUs").toDouble(),
+            s.value("endUs").toDouble(),
+            static_cast<qint64>(s.value("bytes").toDouble()),
+            s.value("flops").toDouble(),
+            s.value("hostBlocking").toBool()};
+  const QJsonObject m = o.value("memory").toObject();
+  e.memory = {m.value("device").toString(), m.value("tUs").toDouble(),
+              static_cast<qint64>(m.value("allocated").toDouble()),
+              static_cast<qint64>(m.value("reserved").toDouble())};
+  *out = e;
+  return true;
+}
+
 }  // namespace gn::core

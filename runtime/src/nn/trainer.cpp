@@ -165,7 +165,7 @@ Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options
   }
   lr_ = options_.optimizer.lr;
   if (options_.steps_in_flight < 0) options_.steps_in_flight = 0;
-  if (options_.world && options_.world->distributed()) world_ = options_.world;
+  if (options_.world && options_.world->mpi()) world_ = options_.world;
   collective_order_ = new_var();
 
   for (size_t r = 0; r < devices_.size(); ++r) {
@@ -220,7 +220,9 @@ Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options
       reducer_ = std::make_unique<HostReducer>(rt_, world_, collective_order_);
       reducer_name_ = nccl_failure.empty() ? "host" : "host (NCCL failed: " + nccl_failure + ")";
     }
-    if (world_) reducer_name_ += " + mpi (" + std::to_string(world_->size()) + " ranks)";
+    if (world_)
+      reducer_name_ +=
+          " + mpi (" + std::to_string(world_->size()) + (world_->size() == 1 ? " rank)" : " ranks)");
   } else {
     reducer_name_ = "none";
   }

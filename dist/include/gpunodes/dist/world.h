@@ -57,8 +57,18 @@ class World {
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
   bool is_root() const { return rank_ == 0; }
-  // More than one process: MPI is in use.
+  // More than one process.
   bool distributed() const { return size_ > 1; }
+  // Launched by mpirun, MPI in use: also a job of one rank (mpirun -np 1), which runs the collectives with
+  // nobody else, so that one process checks the whole path.
+  bool mpi() const { return mpi_; }
+  // Whether a graph run on this rank is one run of the whole job (`gpunodes run`: every rank runs the same
+  // graph, and Train trains across the ranks), or a run of its own (`gpunodes sweep`: each rank runs other
+  // points, and nothing in them exchanges with other ranks). Set once, before any run.
+  void set_local_runs(bool local) { local_runs_ = local; }
+  bool local_runs() const { return local_runs_; }
+  // Whether runs on this rank take part in a job across the ranks: launched by mpirun and not local_runs.
+  bool joint_runs() const { return mpi_ && !local_runs_; }
   // "[rank 1] " in a world of several, "" alone: the prefix of every line a rank prints.
   std::string prefix() const;
 
@@ -90,7 +100,7 @@ class World {
  private:
   World();
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
-  bool mpi_ = false;
+  bool mpi_ = false, local_runs_ = false;
   std::chrono::milliseconds timeout_{30000};
 };
 

@@ -67,7 +67,8 @@ struct TrainOptions {
   // A distributed run (a world of more than one rank): the devices are (ranks x local devices), every rank
   // lists the same number of local devices, and batch_size is the global batch. Each rank reads its shard
   // of every batch (LoaderOptions::shards), the gradients are summed over every device of every rank, and
-  // rank 0's initial parameters are broadcast. Null, or a world of one: this process alone.
+  // rank 0's initial parameters are broadcast. Null, or a world without MPI: this process alone. (A job of
+  // one rank under mpirun takes the distributed path with nobody else.)
   dist::World* world = nullptr;
 };
 
@@ -192,7 +193,7 @@ class Trainer {
   void set_shares(std::vector<double> shares);
   // "nccl", "host" or "none" (one device), with " + mpi (N ranks)" in a distributed run.
   std::string reducer_name() const { return reducer_name_; }
-  // The world when distributed (more than one rank), else null.
+  // The world when launched by mpirun (World::mpi()), else null.
   dist::World* world() const { return world_; }
 
  private:

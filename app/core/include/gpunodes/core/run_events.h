@@ -1,6 +1,7 @@
 // Events a run streams to the editor and the CLI, through a thread-safe channel that the UI drains in
 // batches (a timer at 10-30 Hz), so the UI thread never blocks and never sees one call per op.
 #pragma once
+#include <QJsonObject>
 #include <QList>
 #include <QString>
 #include <QtGlobal>
@@ -46,6 +47,12 @@ struct RunEvent {
   TraceSpan span;
   MemorySampleEvent memory;
 };
+
+// One event as JSON, the line format of `gpunodes run --events` (docs/events.md): {"kind": "Metric",
+// "node": ..., ...} with only the fields that kind uses. eventFromJson reads it back; it returns false for a
+// line that is not an event (an unknown kind, a field of the wrong type), saying why in *error.
+QJsonObject eventToJson(const RunEvent& e);
+bool eventFromJson(const QJsonObject& json, RunEvent* out, QString* error);
 
 class EventChannel {
  public:

@@ -1,0 +1,303 @@
+// The real `gpunodes` binary in a 2-rank Open MPI job on loopback: 2 ranks x 1 CPU device train the same
+// parameters as 1 rank x 2 CPU devices on the real Fashion-MNIST; only rank 0 reports; a rank with another
+// graph is refused before anything runs; a rank killed with SIGKILL ends the job within 30 s, naming it;
+// Ctrl-C to mpirun stops every rank within 2 s; `devices` prints every rank's table.
+#include <signal.h>
+
+#include <QDir>
+#include <QElapsedTimer>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
+#include <QProcess>
+#include <QTemporaryDir>
+#include <QThread>
+#include <QtTest>
+#include <cmath>
+
+#include "gpunodes/nn/serialize.h"
+#include "gpunodes/ops.h"
+#include "gpunodes/runtime.h"
+#include "time_scale.h"
+
+namespace {
+
+// As the README says to run it as root in a container on a 2-core machine: loopback TCP only.
+QStringList mpirun(int ranks) {
+  return {"--allow-run-as-root",
+          "--oversubscribe",
+          "--bind-to",
+          "none",
+          "--mca",
+          "btl",
+          "self,tcp",
+          "--mca",
+          "btl_tcp_if_include",
+          "lo",
+          "-np",
+          QString::number(ranks)};
+}
+
+QProcessEnvironment environment() {
+  QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+  env.insert("QT_QPA_PLATFORM", "offscreen");
+  env.insert("GPUNODES_PLUGIN_PATH", QFileInfo(GN_NODES_PLUGIN).absolutePath());
+  return env;
+}
+
+struct Job {
+  int exitCode = -1;
+  bool crashed = false, timedOut = false;
+  QString out, err;
+  qint64 ms = 0;
+  QString describe() const {
+    return QStringLiteral("exit %1%2 after %3 ms\n--- stdout\n%4\n--- stderr\n%5")
+        .arg(exitCode)
+        .arg(crashed    ? " (crashed)"
+             : timedOut ? " (timed out)"
+                        : "")
+        .arg(ms)
+        .arg(out.left(3000), err.left(3000));
+  }
+};
+
+Job run(const QStringList& args, int timeoutMs = 300000) {
+  QProcess p;
+  p.setProcessEnvironment(environment());
+  QElapsedTimer t;
+  t.start();
+  p.start("mpirun", args);
+  Job j;
+  if (!p.waitForFinished(timeoutMs)) {
+    p.kill();
+    p.waitForFinished();
+    j.timedOut = true;
+  }
+  j.ms = t.elapsed();
+  j.crashed = p.exitStatus() == QProcess::CrashExit;
+  j.exitCode = p.exitCode();
+  j.out = QString::fromUtf8(p.readAllStandardOutput());
+  j.err = QString::fromUtf8(p.readAllStandardError());
+  return j;
+}
+
+// Dataset (real Fashion-MNIST), MLP, Train on AllDevices, SaveParams.
+QByteArray graph(int epochs, int limit, const QString& params) {
+  auto node = [](const QString& id, const QString& type, const QJsonObject& p) {
+    return QJsonObject{{"id", id}, {"type", type}, {"params", p}};
+  };
+  auto wire = [](const QString& from, const QString& to) { return QJsonObject{{"from", from}, {"to", to}}; };
+  const QJsonObject doc{
+      {"format", "gpunodes-graph"},
+      {"version", 1},
+      {"name", "data parallel across ranks"},
+      {"nodes",
+       QJsonArray{node("dev", "Device", {{"kind", "cpu"}}), node("all", "AllDevices", {}),
+                  node("data", "Dataset", {{"name", "fashion-mnist"}, {"limit", limit}, {"batch_size", 256}}),
+                  node("net", "Model", {{"arch", "mlp"}}),
+                  node("train", "Train", {{"epochs", epochs}, {"lr", 0.1}, {"log_every", 2}}),
+                  node("save", "SaveParams", {{"path", params}})}},
+      {"connections", QJsonArray{wire("dev.device", "net.device"), wire("net.model", "train.model"),
+                                 wire("data.data", "train.data"), wire("all.devices", "train.devices"),
+                                 wire("train.model", "save.model")}}};
+  return QJsonDocument(doc).toJson();
+}
+
+QString writeGraph(const QTemporaryDir& tmp, const QString& name, const QByteArray& bytes) {
+  const QString path = tmp.filePath(name);
+  QFile f(path);
+  if (!f.open(QIODevice::WriteOnly)) return {};
+  f.write(bytes);
+  return path;
+}
+
+std::vector<std::vector<float>> params(const QString& path) {
+  gn::Runtime rt;
+  auto model = gn::nn::load_model(rt, path.toStdString(), gn::Device::cpu());
+  std::vector<std::vector<float>> out;
+  for (const gn::nn::Parameter* p : model->state()) out.push_back(gn::to_host(p->value));
+  return out;
+}
+
+// The pids of this job's gpunodes ranks, by rank: found by their environment and the graph in their command.
+QMap<int, qint64> ranksOf(const QString& marker) {
+  QMap<int, qint64> out;
+  for (const QString& pid : QDir("/proc").entryList(QDir::Dirs)) {
+    bool isPid = false;
+    pid.toLongLong(&isPid);
+    if (!isPid) continue;
+    QFile cmd("/proc/" + pid + "/cmdline"), env("/proc/" + pid + "/environ");
+    if (!cmd.open(QIODevice::ReadOnly) || !env.open(QIODevice::ReadOnly)) continue;
+    const QByteArray c = cmd.readAll();
+    if (!c.contains(marker.toUtf8()) || c.startsWith("mpirun")) continue;
+    for (const QByteArray& kv : env.readAll().split('\0'))
+      if (kv.startsWith("OMPI_COMM_WORLD_RANK=")) out.insert(kv.mid(21).toInt(), pid.toLongLong());
+  }
+  return out;
+}
+
+}  // namespace
+
+class MpiCliTest : public QObject {
+  Q_OBJECT
+
+ private slots:
+  void twoRanksTrainWhatOneRankWithTwoDevicesTrains() {
+    QTemporaryDir tmp;
+    const QString file = writeGraph(tmp, "dp.json", graph(1, 2000, tmp.filePath("x.params")));
+    QProcess one;
+    one.setProcessEnvironment(environment());
+    one.start(GN_GPUNODES, {"run", file, "--quiet", "--cpu-devices", "2", "--set",
+                            "save.path=" + tmp.filePath("one.params")});
+    QVERIFY(one.waitForFinished(300000));
+    QVERIFY2(one.exitCode() == 0, one.readAllStandardError().constData());
+
+    const Job two = run(mpirun(2) + QStringList{GN_GPUNODES, "run", file, "--set",
+                                                "save.path=" + tmp.filePath("two.params"), "--report",
+                                                tmp.filePath("report.json"), "--metrics",
+                                                tmp.filePath("metrics-%r.csv")});
+    QVERIFY2(two.exitCode == 0 && !two.timedOut, qPrintable(two.describe()));
+    // Rank 0 speaks for the job: one summary, nothing from rank 1.
+    QCOMPARE(two.out.count("ok in "), 1);
+    QVERIFY2(!two.out.contains("[rank 1]") && !two.err.contains("[rank 1]"), qPrintable(two.describe()));
+
+    const auto a = params(tmp.filePath("one.params")), b = params(tmp.filePath("two.params"));
+    QCOMPARE(a.size(), b.size());
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      QCOMPARE(a[i].size(), b[i].size());
+      for (size_t j = 0; j < a[i].size(); ++j) {
+        worst = std::max(worst, std::fabs(double(a[i][j]) - b[i][j]));
+        scale = std::max(scale, std::fabs(double(a[i][j])));
+      }
+    }
+    qInfo("largest difference %.3g of largest value %.3g", worst, scale);
+    QVERIFY2(worst <= 1e-5 * scale, qPrintable(QString::number(worst / scale)));
+
+    // The report is rank 0's alone (no %r), the metrics per rank (%r).
+    const QJsonObject report = QJsonDocument::fromJson([&] {
+                                 QFile f(tmp.filePath("report.json"));
+                                 return f.open(QIODevice::ReadOnly) ? f.readAll() : QByteArray();
+                               }())
+                                   .object();
+    QCOMPARE(report["rank"].toInt(), 0);
+    QCOMPARE(report["world_size"].toInt(), 2);
+    const QJsonObject train = report["nodes"].toObject()["train"].toObject();
+    QCOMPARE(train["world_size"].toInt(), 2);
+    QVERIFY2(train["reducer"].toString().contains("mpi (2 ranks)"), qPrintable(train["reducer"].toString()));
+    QCOMPARE(train["ranks"].toArray().size(), 2);
+    for (const QJsonValue& r : train["ranks"].toArray()) {
+      QVERIFY(r["images_per_second"].toDouble() > 0);
+      QVERIFY(r["allreduce_ms"].toDouble() > 0);
+    }
+    QVERIFY(QFile::exists(tmp.filePath("metrics-0.csv")));
+    QVERIFY(QFile::exists(tmp.filePath("metrics-1.csv")));
+  }
+
+  void oneRankUnderMpirunTrainsExactlyAsAlone() {
+    // mpirun -np 1 goes through the whole distributed path (broadcast, sharding, the MPI all-reduce) with
+    // nobody else: the same bits as a run without mpirun.
+    QTemporaryDir tmp;
+    const QString file = writeGraph(tmp, "one.json", graph(1, 1000, tmp.filePath("x.params")));
+    QProcess alone;
+    alone.setProcessEnvironment(environment());
+    alone.start(GN_GPUNODES, {"run", file, "--quiet", "--set", "save.path=" + tmp.filePath("alone.params")});
+    QVERIFY(alone.waitForFinished(300000));
+    QCOMPARE(alone.exitCode(), 0);
+    const Job j = run(mpirun(1) + QStringList{GN_GPUNODES, "run", file, "--quiet", "--set",
+                                              "save.path=" + tmp.filePath("mpi.params"), "--report",
+                                              tmp.filePath("r.json")});
+    QVERIFY2(j.exitCode == 0, qPrintable(j.describe()));
+    QVERIFY(params(tmp.filePath("alone.params")) == params(tmp.filePath("mpi.params")));
+    QFile f(tmp.filePath("r.json"));
+    QVERIFY(f.open(QIODevice::ReadOnly));
+    const QJsonObject train = QJsonDocument::fromJson(f.readAll())["nodes"].toObject()["train"].toObject();
+    QVERIFY2(train["reducer"].toString().contains("mpi (1 rank)"), qPrintable(train["reducer"].toString()));
+  }
+
+  void aRankWithAnotherGraphIsRefusedBeforeAnythingRuns() {
+    QTemporaryDir tmp;
+    const QString file = writeGraph(tmp, "dp.json", graph(1, 500, tmp.filePath("x.params")));
+    // Open MPI's MPMD form: each rank its own command line.
+    const Job j = run(mpirun(1) + QStringList{GN_GPUNODES, "run", file, "--set", "train.lr=0.1", ":", "-np",
+                                              "1", GN_GPUNODES, "run", file, "--set", "train.lr=0.2"},
+                      120000);
+    QVERIFY2(j.exitCode != 0 && !j.timedOut, qPrintable(j.describe()));
+    QVERIFY2(j.err.count("rank 1 runs another graph than rank 0: train.lr is 0.2 there, 0.1 on rank 0") == 1,
+             qPrintable(j.describe()));
+    QVERIFY(!QFile::exists(tmp.filePath("x.params")));
+  }
+
+  void aKilledRankEndsTheJobWithinThirtySeconds() {
+    QTemporaryDir tmp;
+    const QString file = writeGraph(tmp, "killed-rank.json", graph(100000, 2000, tmp.filePath("x.params")));
+    QProcess job;
+    job.setProcessEnvironment(environment());
+    job.setProcessChannelMode(QProcess::MergedChannels);  // the progress lines are on stderr
+    job.start("mpirun", mpirun(2) + QStringList{GN_GPUNODES, "run", file});
+    QVERIFY(job.waitForStarted());
+    // Both ranks training: rank 0 says the Train node started, and a few steps ran.
+    QElapsedTimer t;
+    t.start();
+    QByteArray out;
+    while (!out.contains("[train] started") && t.elapsed() < 120000 && job.state() == QProcess::Running) {
+      job.waitForReadyRead(100);
+      out += job.readAllStandardOutput();
+    }
+    QVERIFY2(out.contains("[train] started"), out.constData());
+    QThread::msleep(1500);
+    const QMap<int, qint64> ranks = ranksOf("killed-rank.json");
+    QVERIFY2(ranks.contains(1), "rank 1's process was not found");
+    ::kill(static_cast<pid_t>(ranks[1]), SIGKILL);
+    t.restart();
+    QVERIFY2(job.waitForFinished(30000), "the job still ran 30 s after a rank was killed");
+    qInfo("the job ended %lld ms after rank 1 was killed", static_cast<long long>(t.elapsed()));
+    QVERIFY(job.exitCode() != 0);
+    const QString all = QString::fromUtf8(out + job.readAllStandardOutput());
+    QVERIFY2(all.contains("rank 1") && all.contains("signal 9"), qPrintable(all.right(3000)));
+    QVERIFY2(all.contains("[rank 0] stopping: mpirun is ending the job") && all.contains("train was"),
+             qPrintable(all.right(3000)));
+    QTRY_VERIFY_WITH_TIMEOUT(ranksOf("killed-rank.json").isEmpty(), 5000);
+  }
+
+  void ctrlCToMpirunStopsEveryRankWithinTwoSeconds() {
+    QTemporaryDir tmp;
+    const QString file = writeGraph(tmp, "ctrl-c.json", graph(100000, 2000, tmp.filePath("x.params")));
+    QProcess job;
+    job.setProcessEnvironment(environment());
+    job.setProcessChannelMode(QProcess::MergedChannels);  // the progress lines are on stderr
+    job.start("mpirun", mpirun(2) + QStringList{GN_GPUNODES, "run", file});
+    QVERIFY(job.waitForStarted());
+    QElapsedTimer t;
+    t.start();
+    QByteArray out;
+    while (!out.contains("[train] started") && t.elapsed() < 120000 && job.state() == QProcess::Running) {
+      job.waitForReadyRead(100);
+      out += job.readAllStandardOutput();
+    }
+    QVERIFY2(out.contains("[train] started"), out.constData());
+    QThread::msleep(1000);
+    QCOMPARE(ranksOf("ctrl-c.json").size(), 2);
+    // A terminal's Ctrl-C reaches mpirun alone (Open MPI puts each rank in a process group of its own);
+    // mpirun passes it on as SIGTERM after about a second of its own.
+    ::kill(static_cast<pid_t>(job.processId()), SIGINT);
+    t.restart();
+    while (!ranksOf("ctrl-c.json").isEmpty() && t.elapsed() < 10000) QThread::msleep(10);
+    const qint64 took = t.elapsed();
+    qInfo("every rank stopped %lld ms after Ctrl-C", static_cast<long long>(took));
+    QVERIFY2(took < 2000 * kTimeScale, qPrintable(QString::number(took)));
+    QVERIFY2(job.waitForFinished(10000), "mpirun still ran 10 s after Ctrl-C");
+    QVERIFY(job.exitCode() != 0);
+  }
+
+  void devicesListsEveryRank() {
+    const Job j = run(mpirun(2) + QStringList{GN_GPUNODES, "devices"}, 120000);
+    QVERIFY2(j.exitCode == 0, qPrintable(j.describe()));
+    const qsizetype r0 = j.out.indexOf("== rank 0 "), r1 = j.out.indexOf("== rank 1 ");
+    QVERIFY2(r0 >= 0 && r1 > r0, qPrintable(j.describe()));
+    QCOMPARE(j.out.count("try_all_gpus()"), 2);
+  }
+};
+
+QTEST_GUILESS_MAIN(MpiCliTest)
+#include "test_mpi_cli.moc"
