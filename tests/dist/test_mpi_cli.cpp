@@ -290,6 +290,29 @@ class MpiCliTest : public QObject {
     QVERIFY(job.exitCode() != 0);
   }
 
+  void aSweepOfTrainingSpreadsItsPointsOverTheRanks() {
+    // Each rank trains points of its own: nothing trains across the ranks, and both ranks save to the same
+    // SaveParams path without tripping over each other.
+    QTemporaryDir tmp;
+    QByteArray g = graph(1, 600, tmp.filePath("x.params"));
+    g.replace("\"fashion-mnist\"", "\"synthetic\"");
+    const QString file = writeGraph(tmp, "sweep.json", g);
+    const Job j = run(mpirun(2) + QStringList{GN_GPUNODES, "sweep", file, "--quiet", "--grid",
+                                              "train.lr=0.01,0.1,0.3,0.5", "--out", tmp.filePath("out")});
+    QVERIFY2(j.exitCode == 0, qPrintable(j.describe()));
+    QFile f(tmp.filePath("out/summary.json"));
+    QVERIFY(f.open(QIODevice::ReadOnly));
+    const QJsonArray points = QJsonDocument::fromJson(f.readAll())["points"].toArray();
+    QCOMPARE(points.size(), 4);
+    QSet<int> ranks;
+    for (const QJsonValue& p : points) {
+      QVERIFY2(p["ok"].toBool(), qPrintable(p["error"].toString()));
+      ranks.insert(p["rank"].toInt());
+      QVERIFY(p["metrics"].toObject()["train.test_acc"].toDouble() > 0);
+    }
+    QCOMPARE(ranks, (QSet<int>{0, 1}));
+  }
+
   void devicesListsEveryRank() {
     const Job j = run(mpirun(2) + QStringList{GN_GPUNODES, "devices"}, 120000);
     QVERIFY2(j.exitCode == 0, qPrintable(j.describe()));

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -200,7 +201,10 @@ std::vector<char> read_params_file(const std::string& path) {
 }
 
 void write_params_file(const std::string& path, const std::vector<char>& bytes) {
-  const std::string tmp = path + ".tmp";
+  // A name of this writer's own: two processes saving one path (the points of a sweep on two ranks) must
+  // not rename each other's half-written file.
+  static std::atomic<uint64_t> writes{0};
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(writes++);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) throw Error("cannot write parameter file " + path + ": " + std::strerror(errno));
   size_t done = 0;
