@@ -85,7 +85,7 @@ log "build tree $BUILD: type '$BUILD_TYPE', CUDA archs '$ARCHS', editor ${GUI:-O
 wait_for_quiet
 ALL_TARGETS=$(ninja -C "$BUILD" -t targets all 2>/dev/null | sed -n 's/: phony$//p')
 have_target() { echo "$ALL_TARGETS" | grep -qx "$1"; }
-SUITES=(test_nn_cuda test_nn_layers test_nn_network test_nn_models test_runtime test_engine)
+SUITES=(test_nn_cuda test_nn_layers test_nn_network test_nn_models test_runtime test_engine test_predict)
 PROGRAMS=(cuda_kernels_check cuda_bench train_bench)
 TARGETS=(gn_runtime gn_core gpunodes_nodes)
 [ "$GUI" = OFF ] && TARGETS+=(gpunodes)
@@ -115,6 +115,10 @@ carry_file() {  # SRC DEST-RELATIVE
 }
 carry_file "$BUILD/lib/libgn_runtime.so" lib/libgn_runtime.so
 carry_file "$BUILD/lib/libgn_core.so" lib/libgn_core.so
+# gn_dist without MPI: the GPU machine has no Open MPI (no mpirun to launch ranks), and a world of one needs
+# none of its libraries. Same soname and symbols as the tree's, so the carried runtime loads it.
+c++ -std=gnu++20 -O2 -DNDEBUG -fPIC -shared -I"$ROOT/dist/include" "$ROOT/dist/src/world.cpp" \
+  -Wl,-soname,libgn_dist.so -o "$CARRY/build/lib/libgn_dist.so"
 for t in "${SUITES[@]}" "${PROGRAMS[@]}"; do
   if [ -f "$BUILD/bin/$t" ]; then carry_file "$BUILD/bin/$t" "bin/$t"; else log "warning: no $BUILD/bin/$t"; fi
 done
@@ -127,13 +131,15 @@ else
   HEADLESS=$CACHE_DIR/gpunodes-headless
   mkdir -p "$CACHE_DIR"
   if [ ! -x "$HEADLESS" ] || [ -n "$(find "$ROOT/app/main.cpp" "$ROOT/app/cli" "$ROOT/app/core/include" \
-                                         "$BUILD/lib/libgn_core.so" -newer "$HEADLESS" 2>/dev/null | head -1)" ]; then
-    log "compiling a headless gpunodes (app/main.cpp, app/cli/cli.cpp; Qt Core only)"
+                                         "$ROOT/dist" "$BUILD/lib/libgn_core.so" -newer "$HEADLESS" 2>/dev/null |
+                                    head -1)" ]; then
+    log "compiling a headless gpunodes (app/main.cpp, app/cli/cli.cpp and sweep.cpp; Qt Core only)"
     # shellcheck disable=SC2046,SC2016  # pkg-config's words; $ORIGIN is for the linker
     c++ -std=gnu++20 -O2 -DNDEBUG -DQT_NO_DEBUG -fPIC -Wall -Wextra -Wno-missing-field-initializers \
-      $(pkg-config --cflags Qt6Core) -I"$ROOT/app" -I"$ROOT/app/core/include" \
-      "$ROOT/app/main.cpp" "$ROOT/app/cli/cli.cpp" -o "$HEADLESS.tmp" \
-      -L"$BUILD/lib" -lgn_core $(pkg-config --libs Qt6Core) -Wl,-rpath,'$ORIGIN/../lib'
+      $(pkg-config --cflags Qt6Core) -I"$ROOT/app" -I"$ROOT/app/core/include" -I"$ROOT/dist/include" \
+      "$ROOT/app/main.cpp" "$ROOT/app/cli/cli.cpp" "$ROOT/app/cli/sweep.cpp" -o "$HEADLESS.tmp" \
+      -L"$BUILD/lib" -lgn_core -L"$CARRY/build/lib" -lgn_dist $(pkg-config --libs Qt6Core) \
+      -Wl,-rpath,'$ORIGIN/../lib'
     mv "$HEADLESS.tmp" "$HEADLESS"
   fi
   carry_file "$HEADLESS" bin/gpunodes
