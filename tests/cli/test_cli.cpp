@@ -11,63 +11,23 @@
 #include <QStandardPaths>
 #include <QTemporaryDir>
 #include <QtTest>
-
-#include "gpunodes/core/run_events.h"
 #include <csignal>
 
+#include "cli/cli_test_util.h"
+#include "gpunodes/core/run_events.h"
 #include "time_scale.h"
 
 namespace {
 
-struct Result {
-  int exitCode = -1;
-  QString out, err;
-  qint64 ms = 0;
-};
+using namespace gn::clitest;
 
 QProcessEnvironment environment(const QString& pluginPath = QStringLiteral(GN_TEST_PLUGIN_DIR)) {
-  QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
-  env.insert("GPUNODES_PLUGIN_PATH", pluginPath);
-  return env;
+  return pluginEnvironment(pluginPath);
 }
 
 Result gpunodes(const QStringList& args, const QProcessEnvironment& env = environment(),
                 int timeoutMs = 60000) {
-  QProcess p;
-  p.setProcessEnvironment(env);
-  QElapsedTimer timer;
-  timer.start();
-  p.start(QStringLiteral(GN_GPUNODES), args);
-  if (!p.waitForFinished(timeoutMs)) {
-    p.kill();
-    p.waitForFinished();
-    return {-1, QString::fromUtf8(p.readAllStandardOutput()),
-            "timed out: " + QString::fromUtf8(p.readAllStandardError()), timer.elapsed()};
-  }
-  return {p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -2,
-          QString::fromUtf8(p.readAllStandardOutput()), QString::fromUtf8(p.readAllStandardError()),
-          timer.elapsed()};
-}
-
-QString describe(const Result& r) {
-  return QStringLiteral("exit %1\n--- stdout\n%2\n--- stderr\n%3")
-      .arg(r.exitCode)
-      .arg(r.out.left(3000), r.err.left(3000));
-}
-
-#define EXPECT_EXIT(result, code) QVERIFY2((result).exitCode == (code), qPrintable(describe(result)))
-
-QJsonObject readJson(const QString& path) {
-  QFile f(path);
-  if (!f.open(QIODevice::ReadOnly)) return {};
-  return QJsonDocument::fromJson(f.readAll()).object();
-}
-
-QString write(const QTemporaryDir& dir, const QString& name, const QByteArray& bytes) {
-  QFile f(dir.filePath(name));
-  if (!f.open(QIODevice::WriteOnly)) qFatal("cannot write %s", qPrintable(f.fileName()));
-  f.write(bytes);
-  return f.fileName();
+  return runProgram(QStringLiteral(GN_GPUNODES), args, env, timeoutMs);
 }
 
 // c1 = 2, c2 = 4 -> a1 = c1 + c2 + 3 (4 jobs of 10 x 100 elements) -> a2 = a1 * 10

@@ -15,80 +15,27 @@
 #include <QtTest>
 #include <csignal>
 
+#include "cli/cli_test_util.h"
 #include "time_scale.h"
 
 namespace {
 
-struct Result {
-  int exitCode = -1;
-  QString out, err;
-};
-
-QProcessEnvironment environment() {
-  QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
-  env.insert("GPUNODES_PLUGIN_PATH", QStringLiteral(GN_TEST_PLUGIN_DIR));
-  return env;
-}
+using namespace gn::clitest;
 
 Result gpunodes(const QStringList& args, const QString& workDir = {}) {
-  QProcess p;
-  p.setProcessEnvironment(environment());
-  if (!workDir.isEmpty()) p.setWorkingDirectory(workDir);
-  p.start(QStringLiteral(GN_GPUNODES), args);
-  if (!p.waitForFinished(300000 * kTimeScale)) {
-    p.kill();
-    p.waitForFinished();
-    return {-1, QString::fromUtf8(p.readAllStandardOutput()),
-            "timed out: " + QString::fromUtf8(p.readAllStandardError())};
-  }
-  return {p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -2,
-          QString::fromUtf8(p.readAllStandardOutput()), QString::fromUtf8(p.readAllStandardError())};
+  return runProgram(QStringLiteral(GN_GPUNODES), args, pluginEnvironment(QStringLiteral(GN_TEST_PLUGIN_DIR)),
+                    300000 * kTimeScale, workDir);
 }
 
 #ifdef GN_MPIRUN
-// A job of `ranks` processes on loopback, as the README runs them as root in a container.
 Result mpirun(int ranks, const QStringList& args, const QList<QPair<QString, QString>>& env = {}) {
-  QProcess p;
-  QProcessEnvironment e = environment();
+  QProcessEnvironment e = pluginEnvironment(QStringLiteral(GN_TEST_PLUGIN_DIR));
   e.insert("QT_QPA_PLATFORM", "offscreen");
   for (const auto& [name, value] : env) e.insert(name, value);
-  p.setProcessEnvironment(e);
-  p.start(
-      QStringLiteral(GN_MPIRUN),
-      QStringList{"--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,tcp",
-                  "--mca", "btl_tcp_if_include", "lo", "-np", QString::number(ranks), GN_GPUNODES} +
-          args);
-  if (!p.waitForFinished(300000 * kTimeScale)) {
-    p.kill();
-    p.waitForFinished();
-    return {-1, QString::fromUtf8(p.readAllStandardOutput()),
-            "timed out: " + QString::fromUtf8(p.readAllStandardError())};
-  }
-  return {p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -2,
-          QString::fromUtf8(p.readAllStandardOutput()), QString::fromUtf8(p.readAllStandardError())};
+  return runProgram(QStringLiteral(GN_MPIRUN), mpirunOptions(ranks) + QStringList{GN_GPUNODES} + args, e,
+                    300000 * kTimeScale);
 }
 #endif
-
-QString describe(const Result& r) {
-  return QStringLiteral("exit %1\n--- stdout\n%2\n--- stderr\n%3")
-      .arg(r.exitCode)
-      .arg(r.out.left(4000), r.err.left(4000));
-}
-
-#define EXPECT_EXIT(result, code) QVERIFY2((result).exitCode == (code), qPrintable(describe(result)))
-
-QJsonObject readJson(const QString& path) {
-  QFile f(path);
-  if (!f.open(QIODevice::ReadOnly)) return {};
-  return QJsonDocument::fromJson(f.readAll()).object();
-}
-
-QString write(const QTemporaryDir& dir, const QString& name, const QByteArray& bytes) {
-  QFile f(dir.filePath(name));
-  if (!f.open(QIODevice::WriteOnly)) qFatal("cannot write %s", qPrintable(f.fileName()));
-  f.write(bytes);
-  return f.fileName();
-}
 
 // c1 = value, c2 = 4 -> a1 = c1 + c2 + 3 -> a2 = a1 * 10 (fails in its work when a2.fail)
 const QByteArray kTestGraph = R"({"format": "gpunodes-graph", "version": 1, "name": "sweep test",
@@ -495,7 +442,7 @@ class SweepTest : public QObject {
   void ctrlCStopsTheSweepAndLeavesTheSummary() {
     const QString out = dir_.filePath("cancel-sweep");
     QProcess p;
-    p.setProcessEnvironment(environment());
+    p.setProcessEnvironment(pluginEnvironment(QStringLiteral(GN_TEST_PLUGIN_DIR)));
     p.start(QStringLiteral(GN_GPUNODES), {"sweep", testGraph_, "--grid", "c1.value=1,2,3", "--grid",
                                           "a1.delay_ms=0,600000", "--out", out});
     QVERIFY(p.waitForStarted());

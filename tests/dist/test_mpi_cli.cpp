@@ -15,6 +15,7 @@
 #include <QtTest>
 #include <cmath>
 
+#include "cli/cli_test_util.h"
 #include "gpunodes/nn/serialize.h"
 #include "gpunodes/ops.h"
 #include "gpunodes/runtime.h"
@@ -22,63 +23,21 @@
 
 namespace {
 
-// As the README says to run it as root in a container on a 2-core machine: loopback TCP only.
+using namespace gn::clitest;
+using Job = Result;
+
 QStringList mpirun(int ranks) {
-  return {"--allow-run-as-root",
-          "--oversubscribe",
-          "--bind-to",
-          "none",
-          "--mca",
-          "btl",
-          "self,tcp",
-          "--mca",
-          "btl_tcp_if_include",
-          "lo",
-          "-np",
-          QString::number(ranks)};
+  return mpirunOptions(ranks);
 }
 
 QProcessEnvironment environment() {
-  QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+  QProcessEnvironment env = pluginEnvironment(QFileInfo(GN_NODES_PLUGIN).absolutePath());
   env.insert("QT_QPA_PLATFORM", "offscreen");
-  env.insert("GPUNODES_PLUGIN_PATH", QFileInfo(GN_NODES_PLUGIN).absolutePath());
   return env;
 }
 
-struct Job {
-  int exitCode = -1;
-  bool crashed = false, timedOut = false;
-  QString out, err;
-  qint64 ms = 0;
-  QString describe() const {
-    return QStringLiteral("exit %1%2 after %3 ms\n--- stdout\n%4\n--- stderr\n%5")
-        .arg(exitCode)
-        .arg(crashed    ? " (crashed)"
-             : timedOut ? " (timed out)"
-                        : "")
-        .arg(ms)
-        .arg(out.left(3000), err.left(3000));
-  }
-};
-
 Job run(const QStringList& args, int timeoutMs = 300000) {
-  QProcess p;
-  p.setProcessEnvironment(environment());
-  QElapsedTimer t;
-  t.start();
-  p.start("mpirun", args);
-  Job j;
-  if (!p.waitForFinished(timeoutMs)) {
-    p.kill();
-    p.waitForFinished();
-    j.timedOut = true;
-  }
-  j.ms = t.elapsed();
-  j.crashed = p.exitStatus() == QProcess::CrashExit;
-  j.exitCode = p.exitCode();
-  j.out = QString::fromUtf8(p.readAllStandardOutput());
-  j.err = QString::fromUtf8(p.readAllStandardError());
-  return j;
+  return runProgram("mpirun", args, environment(), timeoutMs);
 }
 
 // Dataset (real Fashion-MNIST), MLP, Train on AllDevices, SaveParams.
@@ -104,11 +63,7 @@ QByteArray graph(int epochs, int limit, const QString& params) {
 }
 
 QString writeGraph(const QTemporaryDir& tmp, const QString& name, const QByteArray& bytes) {
-  const QString path = tmp.filePath(name);
-  QFile f(path);
-  if (!f.open(QIODevice::WriteOnly)) return {};
-  f.write(bytes);
-  return path;
+  return write(tmp, name, bytes);
 }
 
 std::vector<std::vector<float>> params(const QString& path) {
@@ -156,10 +111,10 @@ class MpiCliTest : public QObject {
                                                 "save.path=" + tmp.filePath("two.params"), "--report",
                                                 tmp.filePath("report.json"), "--metrics",
                                                 tmp.filePath("metrics-%r.csv")});
-    QVERIFY2(two.exitCode == 0 && !two.timedOut, qPrintable(two.describe()));
+    EXPECT_EXIT(two, 0);
     // Rank 0 speaks for the job: one summary, nothing from rank 1.
     QCOMPARE(two.out.count("ok in "), 1);
-    QVERIFY2(!two.out.contains("[rank 1]") && !two.err.contains("[rank 1]"), qPrintable(two.describe()));
+    QVERIFY2(!two.out.contains("[rank 1]") && !two.err.contains("[rank 1]"), qPrintable(describe(two)));
 
     const auto a = params(tmp.filePath("one.params")), b = params(tmp.filePath("two.params"));
     QCOMPARE(a.size(), b.size());
@@ -175,11 +130,7 @@ class MpiCliTest : public QObject {
     QVERIFY2(worst <= 1e-5 * scale, qPrintable(QString::number(worst / scale)));
 
     // The report is rank 0's alone (no %r), the metrics per rank (%r).
-    const QJsonObject report = QJsonDocument::fromJson([&] {
-                                 QFile f(tmp.filePath("report.json"));
-                                 return f.open(QIODevice::ReadOnly) ? f.readAll() : QByteArray();
-                               }())
-                                   .object();
+    const QJsonObject report = readJson(tmp.filePath("report.json"));
     QCOMPARE(report["rank"].toInt(), 0);
     QCOMPARE(report["world_size"].toInt(), 2);
     const QJsonObject train = report["nodes"].toObject()["train"].toObject();
@@ -207,7 +158,7 @@ class MpiCliTest : public QObject {
     const Job j = run(mpirun(1) + QStringList{GN_GPUNODES, "run", file, "--quiet", "--set",
                                               "save.path=" + tmp.filePath("mpi.params"), "--report",
                                               tmp.filePath("r.json")});
-    QVERIFY2(j.exitCode == 0, qPrintable(j.describe()));
+    QVERIFY2(j.exitCode == 0, qPrintable(describe(j)));
     QVERIFY(params(tmp.filePath("alone.params")) == params(tmp.filePath("mpi.params")));
     QFile f(tmp.filePath("r.json"));
     QVERIFY(f.open(QIODevice::ReadOnly));
@@ -222,9 +173,9 @@ class MpiCliTest : public QObject {
     const Job j = run(mpirun(1) + QStringList{GN_GPUNODES, "run", file, "--set", "train.lr=0.1", ":", "-np",
                                               "1", GN_GPUNODES, "run", file, "--set", "train.lr=0.2"},
                       120000);
-    QVERIFY2(j.exitCode != 0 && !j.timedOut, qPrintable(j.describe()));
+    QVERIFY2(j.exitCode > 0, qPrintable(describe(j)));
     QVERIFY2(j.err.count("rank 1 runs another graph than rank 0: train.lr is 0.2 there, 0.1 on rank 0") == 1,
-             qPrintable(j.describe()));
+             qPrintable(describe(j)));
     QVERIFY(!QFile::exists(tmp.filePath("x.params")));
   }
 
@@ -299,7 +250,7 @@ class MpiCliTest : public QObject {
     const QString file = writeGraph(tmp, "sweep.json", g);
     const Job j = run(mpirun(2) + QStringList{GN_GPUNODES, "sweep", file, "--quiet", "--grid",
                                               "train.lr=0.01,0.1,0.3,0.5", "--out", tmp.filePath("out")});
-    QVERIFY2(j.exitCode == 0, qPrintable(j.describe()));
+    QVERIFY2(j.exitCode == 0, qPrintable(describe(j)));
     QFile f(tmp.filePath("out/summary.json"));
     QVERIFY(f.open(QIODevice::ReadOnly));
     const QJsonArray points = QJsonDocument::fromJson(f.readAll())["points"].toArray();
@@ -315,9 +266,9 @@ class MpiCliTest : public QObject {
 
   void devicesListsEveryRank() {
     const Job j = run(mpirun(2) + QStringList{GN_GPUNODES, "devices"}, 120000);
-    QVERIFY2(j.exitCode == 0, qPrintable(j.describe()));
+    QVERIFY2(j.exitCode == 0, qPrintable(describe(j)));
     const qsizetype r0 = j.out.indexOf("== rank 0 "), r1 = j.out.indexOf("== rank 1 ");
-    QVERIFY2(r0 >= 0 && r1 > r0, qPrintable(j.describe()));
+    QVERIFY2(r0 >= 0 && r1 > r0, qPrintable(describe(j)));
     QCOMPARE(j.out.count("try_all_gpus()"), 2);
   }
 };
