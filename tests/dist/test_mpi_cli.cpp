@@ -91,6 +91,22 @@ QMap<int, qint64> ranksOf(const QString& marker) {
   return out;
 }
 
+// Starts a 2-rank job on `file` and waits until rank 0 says its Train node started; *out gets what it
+// printed.
+bool startTraining(QProcess& job, const QString& file, QByteArray* out) {
+  job.setProcessEnvironment(environment());
+  job.setProcessChannelMode(QProcess::MergedChannels);  // the progress lines are on stderr
+  job.start("mpirun", mpirun(2) + QStringList{GN_GPUNODES, "run", file});
+  if (!job.waitForStarted()) return false;
+  QElapsedTimer t;
+  t.start();
+  while (!out->contains("[train] started") && t.elapsed() < 120000 && job.state() == QProcess::Running) {
+    job.waitForReadyRead(100);
+    *out += job.readAllStandardOutput();
+  }
+  return out->contains("[train] started");
+}
+
 }  // namespace
 
 class MpiCliTest : public QObject {
@@ -183,24 +199,14 @@ class MpiCliTest : public QObject {
     QTemporaryDir tmp;
     const QString file = writeGraph(tmp, "killed-rank.json", graph(100000, 2000, tmp.filePath("x.params")));
     QProcess job;
-    job.setProcessEnvironment(environment());
-    job.setProcessChannelMode(QProcess::MergedChannels);  // the progress lines are on stderr
-    job.start("mpirun", mpirun(2) + QStringList{GN_GPUNODES, "run", file});
-    QVERIFY(job.waitForStarted());
-    // Both ranks training: rank 0 says the Train node started, and a few steps ran.
-    QElapsedTimer t;
-    t.start();
     QByteArray out;
-    while (!out.contains("[train] started") && t.elapsed() < 120000 && job.state() == QProcess::Running) {
-      job.waitForReadyRead(100);
-      out += job.readAllStandardOutput();
-    }
-    QVERIFY2(out.contains("[train] started"), out.constData());
+    QVERIFY2(startTraining(job, file, &out), out.constData());
     QThread::msleep(1500);
+    QElapsedTimer t;
     const QMap<int, qint64> ranks = ranksOf("killed-rank.json");
     QVERIFY2(ranks.contains(1), "rank 1's process was not found");
     ::kill(static_cast<pid_t>(ranks[1]), SIGKILL);
-    t.restart();
+    t.start();
     QVERIFY2(job.waitForFinished(30000), "the job still ran 30 s after a rank was killed");
     qInfo("the job ended %lld ms after rank 1 was killed", static_cast<long long>(t.elapsed()));
     QVERIFY(job.exitCode() != 0);
@@ -215,24 +221,15 @@ class MpiCliTest : public QObject {
     QTemporaryDir tmp;
     const QString file = writeGraph(tmp, "ctrl-c.json", graph(100000, 2000, tmp.filePath("x.params")));
     QProcess job;
-    job.setProcessEnvironment(environment());
-    job.setProcessChannelMode(QProcess::MergedChannels);  // the progress lines are on stderr
-    job.start("mpirun", mpirun(2) + QStringList{GN_GPUNODES, "run", file});
-    QVERIFY(job.waitForStarted());
-    QElapsedTimer t;
-    t.start();
     QByteArray out;
-    while (!out.contains("[train] started") && t.elapsed() < 120000 && job.state() == QProcess::Running) {
-      job.waitForReadyRead(100);
-      out += job.readAllStandardOutput();
-    }
-    QVERIFY2(out.contains("[train] started"), out.constData());
+    QVERIFY2(startTraining(job, file, &out), out.constData());
     QThread::msleep(1000);
+    QElapsedTimer t;
     QCOMPARE(ranksOf("ctrl-c.json").size(), 2);
     // A terminal's Ctrl-C reaches mpirun alone (Open MPI puts each rank in a process group of its own);
     // mpirun passes it on as SIGTERM after about a second of its own.
     ::kill(static_cast<pid_t>(job.processId()), SIGINT);
-    t.restart();
+    t.start();
     while (!ranksOf("ctrl-c.json").isEmpty() && t.elapsed() < 10000) QThread::msleep(10);
     const qint64 took = t.elapsed();
     qInfo("every rank stopped %lld ms after Ctrl-C", static_cast<long long>(took));
