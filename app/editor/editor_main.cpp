@@ -16,6 +16,7 @@
 #include "graph_editor.h"
 #include "main_window.h"
 #include "plots.h"
+#include "process_dialog.h"
 #include "results_views.h"
 #include "run_controller.h"
 
@@ -138,21 +139,28 @@ int runEditor(int argc, char** argv, const QString& file) {
       });
     };
     // "1" runs once; a list such as "sequential,parallel" runs under each schedule in turn, so the timing
-    // plot compares them and the timeline shows the last.
+    // plot compares them and the timeline shows the last. GPUNODES_EDITOR_PROCESSES, a list of process
+    // counts ("0,2": in this process, then on 2 processes under mpirun with the Run on processes dialog's
+    // remembered arguments), says where each run goes, and without GPUNODES_EDITOR_RUN makes the list itself.
     QStringList runs = qEnvironmentVariable("GPUNODES_EDITOR_RUN").split(',', Qt::SkipEmptyParts);
+    const QStringList processes =
+        qEnvironmentVariable("GPUNODES_EDITOR_PROCESSES").split(',', Qt::SkipEmptyParts);
     if (runs == QStringList{"1"}) runs = QStringList{QString()};
+    if (runs.isEmpty() && !processes.isEmpty()) runs = QStringList(processes.size(), QString());
     if (runs.isEmpty() || runs == QStringList{"0"}) {
       grab();
     } else {
       auto next = std::make_shared<std::function<void()>>();
-      *next = [&window, runs, grab, next, i = 0]() mutable {
+      *next = [&window, runs, processes, grab, next, i = 0]() mutable {
         if (i == runs.size()) {
           grab();
           return;
         }
         if (!runs[i].isEmpty()) window.editor()->setSetting("schedule", runs[i]);
+        gn::editor::ProcessRunOptions options = gn::editor::ProcessRunDialog::remembered();
+        options.processes = processes.value(i).toInt();
         ++i;
-        if (!window.runGraph()) grab();
+        if (!(options.processes > 0 ? window.runOnProcesses(options) : window.runGraph())) grab();
       };
       QObject::connect(window.runner(), &gn::editor::RunController::finished, &app,
                        [next] { QTimer::singleShot(100, [next] { (*next)(); }); });

@@ -40,6 +40,7 @@
 #include "minimap.h"
 #include "palette.h"
 #include "plots.h"
+#include "process_dialog.h"
 #include "run_controller.h"
 #include "style.h"
 #include "timeline.h"
@@ -103,6 +104,12 @@ MainWindow::MainWindow(const core::NodeTypeRegistry* registry, QWidget* parent)
   });
   connect(run_, &RunController::batch, this, &MainWindow::onBatch);
   connect(run_, &RunController::finished, this, &MainWindow::onRunFinished);
+  connect(run_, &RunController::output, this, [this](ProcessRun::Level level, const QString& text) {
+    logMessage(level == ProcessRun::Level::Error     ? LogLevel::Error
+               : level == ProcessRun::Level::Warning ? LogLevel::Warning
+                                                     : LogLevel::Info,
+               text);
+  });
 
   // Validation repaints node errors and facts after edits; debounced so a drag or typing costs one pass.
   validateTimer_.setSingleShot(true);
@@ -291,7 +298,15 @@ void MainWindow::buildActions() {
   cancelAction_->setShortcut(QKeySequence(Qt::SHIFT | Qt::Key_F5));
   cancelAction_->setToolTip("Cancel the run (Shift+F5); it stops within a second");
   connect(cancelAction_, &QAction::triggered, this, &MainWindow::cancelRun);
+  processRunAction_ = new QAction("Run on processes…", this);
+  processRunAction_->setObjectName("runOnProcessesAction");
+  processRunAction_->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_R));
+  processRunAction_->setToolTip(
+      "Run the graph on several processes under mpirun (Ctrl+Shift+R): data-parallel training across ranks "
+      "or machines");
+  connect(processRunAction_, &QAction::triggered, this, [this] { runOnProcessesDialog(); });
   runMenu->addAction(runAction_);
+  runMenu->addAction(processRunAction_);
   runMenu->addAction(cancelAction_);
   runMenu->addAction("Validate", QKeySequence(Qt::Key_F7), this, [this] {
     const core::ValidationReport r = validateNow();
@@ -753,6 +768,30 @@ void MainWindow::updateRunActions() {
 }
 
 bool MainWindow::runGraph() {
+  return startRun(nullptr);
+}
+
+bool MainWindow::runOnProcesses(const ProcessRunOptions& options) {
+  ProcessRunOptions o = options;
+  // Across machines every rank reads the graph from the temporary copy: put it beside the graph's own file,
+  // which sits in a folder the hosts share when its data does; the system's temporary folder is local.
+  if (!o.hostFile.isEmpty() && o.tempParent.isEmpty() && !file_.isEmpty())
+    o.tempParent = QFileInfo(file_).absolutePath();
+  else if (!o.hostFile.isEmpty() && o.tempParent.isEmpty() && !run_->isRunning())
+    logMessage(LogLevel::Warning,
+               "The graph has no file yet, so its copy for the ranks is in this machine's temporary folder, "
+               "which the other hosts may not see: save the graph in a shared folder first.");
+  return startRun(&o);
+}
+
+bool MainWindow::runOnProcessesDialog() {
+  if (run_->isRunning()) return startRun(nullptr);  // refused, saying why, before any question is asked
+  ProcessRunDialog dialog(this);
+  if (dialog.exec() != QDialog::Accepted) return false;
+  return runOnProcesses(dialog.options());
+}
+
+bool MainWindow::startRun(const ProcessRunOptions* processes) {
   if (run_->isRunning()) {
     const QString why = "A run is already going: cancel it or wait for it to finish before starting another.";
     statusBar()->showMessage(why, 5000);
@@ -764,7 +803,9 @@ bool MainWindow::runGraph() {
   staleRun_ = false;
   core::ValidationReport report;
   QString why;
-  if (!run_->start(doc_, &report, &why)) {
+  const bool started =
+      processes ? run_->startProcesses(doc_, *processes, &report, &why) : run_->start(doc_, &report, &why);
+  if (!started) {
     scene_->setValidation(report);
     inspector_->setValidation(report);
     for (const core::Issue& i : report.issues())
@@ -780,10 +821,14 @@ bool MainWindow::runGraph() {
   QStringList order;
   for (const core::GraphNode& n : doc_.nodes()) order << n.id;
   const QJsonObject s = doc_.settings();
-  const QString label = QString("#%1 %2, %3 cpu")
-                            .arg(run_->runCount())
-                            .arg(s.value("schedule").toString("parallel"))
-                            .arg(s.value("cpu_devices").toInt(1));
+  // The timing history tells runs apart by this label: a run under mpirun says on how many ranks it ran.
+  const int ranks = processes ? processes->processes : 0;
+  const QString label =
+      QString("#%1 %2%3, %4 cpu")
+          .arg(run_->runCount())
+          .arg(ranks > 0 ? QString("%1 rank%2, ").arg(ranks).arg(ranks == 1 ? "" : "s") : QString())
+          .arg(s.value("schedule").toString("parallel"))
+          .arg(s.value("cpu_devices").toInt(1));
   plots_->beginRun(label, order);
   timeline_->clear();
   timeline_->setNodeOrder(order);
@@ -794,6 +839,14 @@ bool MainWindow::runGraph() {
   progress_->setValue(0);
   progress_->show();
   logMessage(LogLevel::Info, QString("Run %1 started").arg(label));
+  if (processes) {
+    logMessage(LogLevel::Info, ProcessRunOptions::commandText(run_->processRun()->commandLine()));
+    if (!report.ok())
+      logMessage(LogLevel::Warning,
+                 QString("Validation on this machine found %1 problem(s); started anyway, since the host "
+                         "file's machines may differ: rank 0 validates the graph where it runs")
+                     .arg(report.errors().size()));
+  }
   updateRunActions();
   return true;
 }
@@ -917,6 +970,12 @@ void MainWindow::onRunFinished(bool ok, bool cancelled, const QString& message) 
     logMessage(LogLevel::Error,
                QString("Run failed after %1%2")
                    .arg(style::formatMs(wall), message.isEmpty() ? QString() : ": " + message));
+  // Why a run failed belongs where the eye goes after the state turns red (under mpirun, the job's last
+  // words: a rank lost, a failed start).
+  if (!ok && !cancelled) {
+    lastMessage_ = "Run failed" + (message.isEmpty() ? QString() : ": " + message);
+    statusBar()->showMessage(lastMessage_, 15000);
+  }
   updateRunActions();
 }
 

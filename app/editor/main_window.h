@@ -10,6 +10,7 @@
 
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/validation.h"
+#include "process_run.h"
 
 class QComboBox;
 class QLabel;
@@ -69,6 +70,10 @@ class MainWindow : public QMainWindow {
 
   // Runs.
   bool runGraph();
+  // The same on several processes under mpirun (Run ▸ Run on processes…, which asks for the options first);
+  // its events reach the plots, timeline, canvas and log as a local run's do.
+  bool runOnProcesses(const ProcessRunOptions& options);
+  bool runOnProcessesDialog();
   void cancelRun();
   core::ValidationReport validateNow();
 
@@ -112,6 +117,7 @@ class MainWindow : public QMainWindow {
   void setDocumentFrom(core::GraphDocument& loaded, const QString& file);
   void logProblems(const QString& fileName);
   void logNewIssues(const QSet<QString>& before, const core::ValidationReport& report);
+  bool startRun(const ProcessRunOptions* processes);  // null: in this process
   void onBatch(const QList<core::RunEvent>& events);
   void onRunFinished(bool ok, bool cancelled, const QString& message);
   void onSelectionChanged();
@@ -136,7 +142,7 @@ class MainWindow : public QMainWindow {
   RunController* run_;
   QList<QDockWidget*> docks_;
 
-  QAction *runAction_, *cancelAction_, *fitAction_;
+  QAction *runAction_, *processRunAction_, *cancelAction_, *fitAction_;
   QComboBox* schedule_;
   QSpinBox* cpuDevices_;
   QMenu *recentMenu_, *examplesMenu_, *viewMenu_;

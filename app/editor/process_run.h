@@ -30,6 +30,9 @@ struct ProcessRunOptions {
   QStringList extraArgs;  // the user's mpirun arguments, before the gpunodes binary
   QString mpirun;         // empty: `mpirun` from PATH
   QString program;        // empty: this binary (QCoreApplication::applicationFilePath())
+  // Where the temporary folder with the graph and the report goes; empty: the system's temporary folder.
+  // Across machines it must be a folder every host sees (the ranks read the graph from it).
+  QString tempParent;
 
   // Where `mpirun` is on PATH; empty when it is not.
   static QString findMpirun();
@@ -40,12 +43,15 @@ struct ProcessRunOptions {
   QStringList arguments(const QString& graph, const QString& report) const;
   QString resolvedMpirun() const;
   QString resolvedProgram() const;
+  // A command line as a shell would take it back (arguments with spaces or quotes quoted), for the log.
+  static QString commandText(const QStringList& commandLine);
 };
 
 class ProcessRun : public QObject {
   Q_OBJECT
  public:
   enum class Level { Info, Warning, Error };
+  Q_ENUM(Level)
   // After Cancel, mpirun gets SIGINT (it SIGTERMs every rank within about 1.5 s); this long after, whatever
   // is left of the job is killed.
   static constexpr int kKillAfterMs = 5000;
@@ -106,7 +112,9 @@ class ProcessRun : public QObject {
   QByteArray outBuffer_, errBuffer_;
   qint64 lineNumber_ = 0;
   QList<core::RunEvent> pending_;
-  QStringList lastErrors_;  // mpirun's and the ranks' last stderr lines, for the failure message
+  // The last stderr lines, and the last that are not Open MPI's boilerplate, for the failure message.
+  QStringList lastErrors_, notable_;
+  bool inBox_ = false;  // between the rules of dashes that frame an Open MPI message
 
   // What the events told so far, for the report when there is no file.
   QString graphName_;

@@ -1,6 +1,8 @@
 // Runs the document through gn::core::Executor without blocking the UI thread: the executor works on its own
 // thread and a 20 Hz timer drains its EventChannel, handing the UI one batch per tick. A second start while
-// a run is going is refused (not queued): the caller shows why.
+// a run is going is refused (not queued): the caller shows why. startProcesses() runs it under mpirun
+// instead (process_run.h): rank 0's event stream goes out through the same batches, so the plots, timeline,
+// canvas and log cannot tell the two apart.
 #pragma once
 #include <QElapsedTimer>
 #include <QJsonObject>
@@ -9,6 +11,7 @@
 #include <memory>
 
 #include "gpunodes/core/executor.h"
+#include "process_run.h"
 
 namespace gn::core {
 class GraphDocument;
@@ -25,6 +28,11 @@ class RunController : public QObject {
 
   // False when a run is going (why says so) or validation fails (the issues are in *validation).
   bool start(const core::GraphDocument& doc, core::ValidationReport* validation, QString* why);
+  // The same on options.processes processes under mpirun. Validation runs here first, as for a local run;
+  // with a host file its errors only warn (the other machines' devices are not this one's), and rank 0's
+  // own validation decides.
+  bool startProcesses(const core::GraphDocument& doc, const ProcessRunOptions& options,
+                      core::ValidationReport* validation, QString* why);
   void cancel();
   bool isRunning() const { return active_; }
   bool isCancelling() const { return cancelling_; }
@@ -37,16 +45,26 @@ class RunController : public QObject {
   qsizetype droppedSpans() const { return droppedSpans_; }  // older spans not kept
   const QList<core::MemorySampleEvent>& memory() const { return memory_; }
   int runCount() const { return runs_; }
+  // The last run's number of processes: 0 for a run in this process, N for one under mpirun.
+  int worldSize() const { return proc_ ? proc_->worldSize() : 0; }
+  const ProcessRun* processRun() const { return proc_.get(); }
 
  signals:
   void started();
   void batch(const QList<gn::core::RunEvent>& events);
   void finished(bool ok, bool cancelled, const QString& message);
+  // A line for the log that is not an event: under mpirun, the job's stderr and malformed event lines.
+  void output(gn::editor::ProcessRun::Level level, const QString& text);
 
  private:
   void poll();
+  void pollProcesses();
+  void began();
+  // Keeps the run's spans and memory samples; returns whether `events` hold its RunFinished.
+  bool keep(const QList<core::RunEvent>& events, bool* ok, QString* message);
   const core::NodeTypeRegistry* registry_;
   std::unique_ptr<core::Executor> exec_;
+  std::unique_ptr<ProcessRun> proc_;  // the last run, when it ran under mpirun (then exec_ is null)
   QTimer timer_;
   QElapsedTimer clock_;
   bool active_ = false, cancelling_ = false;
