@@ -43,9 +43,9 @@ inline Result runProgram(const QString& program, const QStringList& args, const 
           timer.elapsed()};
 }
 
-// mpirun's options for a job of `ranks` processes as the README runs them as root in a container: loopback
-// TCP only, no binding, more ranks than cores allowed.
-inline QStringList mpirunOptions(int ranks) {
+// mpirun's options as the README runs it as root in a container: loopback TCP only, no binding, more ranks
+// than cores allowed.
+inline QStringList mpirunLoopbackOptions() {
   return {"--allow-run-as-root",
           "--oversubscribe",
           "--bind-to",
@@ -55,9 +55,12 @@ inline QStringList mpirunOptions(int ranks) {
           "self,tcp",
           "--mca",
           "btl_tcp_if_include",
-          "lo",
-          "-np",
-          QString::number(ranks)};
+          "lo"};
+}
+
+// The same for a job of `ranks` processes.
+inline QStringList mpirunOptions(int ranks) {
+  return mpirunLoopbackOptions() + QStringList{"-np", QString::number(ranks)};
 }
 
 inline QString describe(const Result& r) {

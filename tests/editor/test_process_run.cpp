@@ -20,6 +20,7 @@
 #include <QSpinBox>
 #include <QStatusBar>
 
+#include "cli/cli_test_util.h"
 #include "editor_test_util.h"
 #include "gpunodes/core/registry.h"
 #include "main_window.h"
@@ -38,18 +39,8 @@ using editor::RunStatus;
 
 namespace {
 
-// As docs/distributed.md says to run as root in a container on a 2-core machine: loopback TCP only.
 QStringList loopbackArgs() {
-  return {"--allow-run-as-root",
-          "--oversubscribe",
-          "--bind-to",
-          "none",
-          "--mca",
-          "btl",
-          "self,tcp",
-          "--mca",
-          "btl_tcp_if_include",
-          "lo"};
+  return gn::clitest::mpirunLoopbackOptions();
 }
 
 ProcessRunOptions twoRanks() {
