@@ -19,6 +19,7 @@
 #include "gpunodes/nn/layers.h"
 #include "gpunodes/nn/optim.h"
 #include "gpunodes/ops.h"
+#include "runtime/nn_test_util.h"
 
 using namespace gn;
 using namespace gn::nn;
@@ -131,13 +132,7 @@ class TorchOptimTest : public QObject {
  private slots:
   void initTestCase() {
     QVERIFY(dir_.isValid());
-    const QByteArray name = qgetenv("GN_TEST_DEVICE");
-    if (!name.isEmpty()) {
-      auto d = Device::parse(name.toStdString());
-      QVERIFY2(d.has_value(), "GN_TEST_DEVICE is not a device name");
-      if (d->is_cuda() && rt_.cuda_device_count() <= d->index) QSKIP("no CUDA device here");
-      device_ = *d;
-    }
+    GN_USE_TEST_DEVICE(rt_, device_);
     if (!QFile::exists(GN_PYTHON)) QSKIP(GN_PYTHON " is missing: install python3-torch to run this suite");
 
     int64_t total = 0;

@@ -55,3 +55,17 @@ inline std::string expect_error(const std::function<void()>& fn, const QStringLi
 }
 
 }  // namespace gn::nn
+
+// In a test slot: sets `device` to the device GN_TEST_DEVICE names (the suites' CUDA variants set it to
+// cuda:0) and leaves it as it is when the variable is unset. A name that is not a device fails the slot; a
+// GPU this machine lacks skips it. A macro because QVERIFY2 and QSKIP return from the slot.
+#define GN_USE_TEST_DEVICE(runtime, device)                                          \
+  do {                                                                               \
+    const QByteArray gn_name_ = qgetenv("GN_TEST_DEVICE");                           \
+    if (gn_name_.isEmpty()) break;                                                   \
+    const auto gn_device_ = gn::Device::parse(gn_name_.toStdString());               \
+    QVERIFY2(gn_device_.has_value(), "GN_TEST_DEVICE is not a device name");         \
+    if (gn_device_->is_cuda() && (runtime).cuda_device_count() <= gn_device_->index) \
+      QSKIP("no CUDA device here");                                                  \
+    (device) = *gn_device_;                                                          \
+  } while (false)

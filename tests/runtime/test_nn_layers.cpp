@@ -11,6 +11,7 @@
 #include "gpunodes/nn/layers.h"
 #include "gpunodes/ops.h"
 #include "gpunodes/random.h"
+#include "nn_test_util.h"
 
 using namespace gn;
 using namespace gn::nn;
@@ -250,13 +251,7 @@ class NnLayersTest : public QObject {
   void initTestCase() {
     rt_ = std::make_unique<Runtime>(RuntimeOptions{.cpu_devices = 2});
     set_cudnn_allow_tf32(false);
-    const QByteArray name = qgetenv("GN_TEST_DEVICE");
-    if (!name.isEmpty()) {
-      auto d = Device::parse(name.toStdString());
-      QVERIFY2(d.has_value(), "GN_TEST_DEVICE is not a device name");
-      if (d->is_cuda() && rt_->cuda_device_count() <= d->index) QSKIP("no CUDA device here");
-      device_ = *d;
-    }
+    GN_USE_TEST_DEVICE(*rt_, device_);
     qInfo("layers on %s", device_.str().c_str());
   }
   void cleanupTestCase() { rt_.reset(); }

@@ -147,14 +147,8 @@ class NnNetworkTest : public QObject {
  private slots:
   void initTestCase() {
     rt_ = std::make_unique<Runtime>(RuntimeOptions{});
-    const QByteArray name = qgetenv("GN_TEST_DEVICE");
-    if (!name.isEmpty()) {
-      auto d = Device::parse(name.toStdString());
-      QVERIFY2(d.has_value(), "GN_TEST_DEVICE is not a device name");
-      if (d->is_cuda() && rt_->cuda_device_count() <= d->index) QSKIP("no CUDA device here");
-      device_ = *d;
-      set_cudnn_allow_tf32(false);
-    }
+    GN_USE_TEST_DEVICE(*rt_, device_);
+    if (device_.is_cuda()) set_cudnn_allow_tf32(false);
     qInfo("networks on %s", device_.str().c_str());
   }
 

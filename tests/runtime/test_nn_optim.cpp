@@ -104,13 +104,7 @@ class NnOptimTest : public QObject {
  private slots:
   void initTestCase() {
     rt_ = std::make_unique<Runtime>();
-    const QByteArray name = qgetenv("GN_TEST_DEVICE");
-    if (!name.isEmpty()) {
-      auto d = Device::parse(name.toStdString());
-      QVERIFY2(d.has_value(), "GN_TEST_DEVICE is not a device name");
-      if (d->is_cuda() && rt_->cuda_device_count() <= d->index) QSKIP("no CUDA device here");
-      device_ = *d;
-    }
+    GN_USE_TEST_DEVICE(*rt_, device_);
     qInfo("optimizers on %s", device_.str().c_str());
   }
   void cleanupTestCase() { rt_.reset(); }

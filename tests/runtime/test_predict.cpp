@@ -73,15 +73,9 @@ class PredictTest : public QObject {
  private slots:
   void initTestCase() {
     rt_ = std::make_unique<Runtime>(RuntimeOptions{});
-    const QByteArray name = qgetenv("GN_TEST_DEVICE");
-    if (!name.isEmpty()) {
-      auto d = Device::parse(name.toStdString());
-      QVERIFY2(d.has_value(), "GN_TEST_DEVICE is not a device name");
-      if (d->is_cuda() && rt_->cuda_device_count() <= d->index) QSKIP("no CUDA device here");
-      device_ = *d;
-      // The float64 reference is an fp32 one: no TF32 in cuDNN's or cuBLAS's products.
-      set_cudnn_allow_tf32(false);
-    }
+    GN_USE_TEST_DEVICE(*rt_, device_);
+    // The float64 reference is an fp32 one: no TF32 in cuDNN's or cuBLAS's products.
+    if (device_.is_cuda()) set_cudnn_allow_tf32(false);
     qInfo("predictions on %s", device_.str().c_str());
     // Noisy classes and three short epochs: a model that is right often but not always, so that the matrix
     // has both a diagonal and mistakes.
