@@ -31,6 +31,16 @@ std::optional<Device> Device::parse(std::string_view text) {
   return Device{kind, index};
 }
 
-const char* stream_name(StreamKind s) { return s == StreamKind::Compute ? "compute" : "copy"; }
+const char* stream_name(StreamKind s) {
+  switch (s) {
+    case StreamKind::Compute:
+      return "compute";
+    case StreamKind::Copy:
+      return "copy";
+    case StreamKind::Collective:
+      return "collective";
+  }
+  return "?";
+}
 
 }  // namespace gn

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "gpunodes/errors.h"
 
@@ -74,9 +75,10 @@ static int device_pid(Device d) {
 std::string Profiler::chrome_trace_json() const {
   std::vector<Span> all = spans();
   std::vector<MemorySample> mem = memory_samples();
-  std::map<Device, bool> devices;
-  for (const Span& s : all) devices[s.device] = true;
-  for (const MemorySample& m : mem) devices[m.device] = true;
+  // Every device gets its compute and copy lanes named; the collective lane only where an all-reduce ran.
+  std::map<Device, std::set<StreamKind>> devices;
+  for (const Span& s : all) devices[s.device].insert(s.stream);
+  for (const MemorySample& m : mem) devices[m.device];
 
   std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
   bool first = true;
@@ -86,11 +88,12 @@ std::string Profiler::chrome_trace_json() const {
     first = false;
   };
   char buf[512];
-  for (auto& [d, _] : devices) {
+  for (auto& [d, used] : devices) {
     int pid = device_pid(d);
     add("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) + ",\"args\":{\"name\":\"" +
         d.str() + "\"}}");
-    for (StreamKind s : {StreamKind::Compute, StreamKind::Copy})
+    used.insert({StreamKind::Compute, StreamKind::Copy});
+    for (StreamKind s : used)
       add("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) + ",\"tid\":" +
           std::to_string(static_cast<int>(s)) + ",\"args\":{\"name\":\"" + stream_name(s) + "\"}}");
   }

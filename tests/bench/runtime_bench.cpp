@@ -1,6 +1,7 @@
 // Runtime benchmarks: each row against a peer measured in the same run. Not pass/fail: it prints a table.
 //   matmul through the runtime vs cblas_sgemm called directly
 //   engine overhead per tiny op vs PyTorch eager on the CPU (python3-torch), when installed
+//   a 1000x1000 uniform fill vs torch.rand, when installed
 //   two independent matmul chains on cpu_devices=2: parallel vs sequential wall time
 //   1000 x (100^2 matmul + norm): a blocking host read each step vs one read at the end
 #include <cblas.h>
@@ -18,7 +19,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // Best of `reps` timings of fn(), in seconds.
 template <class F>
@@ -34,7 +37,8 @@ double best_of(int reps, F&& fn) {
 
 void row(const char* measure, const std::string& ours, const std::string& peer, const std::string& ratio,
          const char* goal) {
-  std::printf("| %-44s | %14s | %14s | %7s | %-8s |\n", measure, ours.c_str(), peer.c_str(), ratio.c_str(), goal);
+  std::printf("| %-44s | %14s | %14s | %7s | %-8s |\n", measure, ours.c_str(), peer.c_str(), ratio.c_str(),
+              goal);
 }
 
 std::string fmt(const char* f, double v) {
@@ -58,6 +62,23 @@ double torch_tiny_op_us() {
   return us;
 }
 
+// torch.rand(1000, 1000) on the CPU, best of 20, in milliseconds, with as many threads as ours use;
+// negative when torch is absent.
+double torch_rand_ms(int threads) {
+  const std::string script =
+      "/usr/bin/python3 -c \"import torch,time\n"
+      "torch.set_num_threads(" +
+      std::to_string(threads) +
+      ")\n"
+      "b=1e9\nfor _ in range(25):\n t=time.perf_counter(); x=torch.rand(1000,1000); "
+      "b=min(b,time.perf_counter()-t)\n"
+      "print(b*1e3)\" 2>/dev/null";
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(script.c_str(), "r"), pclose);
+  double ms = -1;
+  if (p && std::fscanf(p.get(), "%lf", &ms) != 1) ms = -1;
+  return ms;
+}
+
 }  // namespace
 
 int main() {
@@ -79,11 +100,12 @@ int main() {
       });
       std::vector<float> ha = to_host(a), hb = to_host(b), hc(static_cast<size_t>(n) * n);
       double peer = best_of(reps, [&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, ha.data(), n, hb.data(), n, 0.0f,
-                    hc.data(), n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, ha.data(), n, hb.data(), n,
+                    0.0f, hc.data(), n);
       });
-      row(("matmul n=" + std::to_string(n) + " GFLOP/s vs cblas_sgemm").c_str(), fmt("%.1f", flops / ours / 1e9),
-          fmt("%.1f", flops / peer / 1e9), fmt("%.2f", peer / ours), n >= 1024 ? ">= 0.95" : "-");
+      row(("matmul n=" + std::to_string(n) + " GFLOP/s vs cblas_sgemm").c_str(),
+          fmt("%.1f", flops / ours / 1e9), fmt("%.1f", flops / peer / 1e9), fmt("%.2f", peer / ours),
+          n >= 1024 ? ">= 0.95" : "-");
     }
   }
 
@@ -99,7 +121,22 @@ int main() {
     double us = seconds_since(t0) / ops * 1e6;
     double torch_us = torch_tiny_op_us();
     row("engine overhead per tiny op (us) vs PyTorch", fmt("%.2f", us),
-        torch_us > 0 ? fmt("%.2f", torch_us) : "n/a", torch_us > 0 ? fmt("%.2f", us / torch_us) : "-", "<= 4 us");
+        torch_us > 0 ? fmt("%.2f", torch_us) : "n/a", torch_us > 0 ? fmt("%.2f", us / torch_us) : "-",
+        "<= 4 us");
+  }
+
+  {
+    // A fresh tensor each time, as torch.rand allocates one: the allocation is part of both.
+    Runtime rt;
+    (void)to_host(uniform(rt, {1000, 1000}, Device::cpu(), 1));  // warm up the workers
+    const double ours = best_of(25, [&] {
+      Tensor x = uniform(rt, {1000, 1000}, Device::cpu(), 2);
+      rt.engine().wait(x.var());
+    });
+    const double torch_ms = torch_rand_ms(rt.info(Device::cpu()).cores);
+    row("uniform fill 1000x1000 (ms) vs torch.rand", fmt("%.2f", ours * 1e3),
+        torch_ms > 0 ? fmt("%.2f", torch_ms) : "n/a", torch_ms > 0 ? fmt("%.2f", ours * 1e3 / torch_ms) : "-",
+        "<= 1.5");
   }
 
   {
@@ -128,8 +165,10 @@ int main() {
       Tensor total = zeros(rt, {}, Device::cpu());  // the at-end variant keeps its log on the device
       for (int i = 0; i < 1000; ++i) {
         Tensor n = frobenius_norm(matmul(x, x));
-        if (read_each_step) (void)item(n);
-        else total = add(total, n);
+        if (read_each_step)
+          (void)item(n);
+        else
+          total = add(total, n);
       }
       (void)item(total);
       return seconds_since(t0);

@@ -46,16 +46,15 @@ inline Result runProgram(const QString& program, const QStringList& args, const 
 // mpirun's options as the README runs it as root in a container: loopback TCP only, no binding, more ranks
 // than cores allowed.
 inline QStringList mpirunLoopbackOptions() {
-  return {"--allow-run-as-root",
-          "--oversubscribe",
-          "--bind-to",
-          "none",
-          "--mca",
-          "btl",
-          "self,tcp",
-          "--mca",
-          "btl_tcp_if_include",
-          "lo"};
+  QStringList options = {"--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--mca", "btl",
+                         "self,tcp", "--mca", "btl_tcp_if_include", "lo"};
+  // Under AddressSanitizer (CI's second pass) the ranks are checked for memory errors but not for leaks:
+  // Open MPI 4.1 keeps what MPI_Init allocates in components that MPI_Finalize unloads, so LeakSanitizer
+  // reports them from "<unknown module>", which no suppression can name (and 4.1 has no switch to keep
+  // them loaded). The same code paths are leak-checked in the suites that run without mpirun.
+  const QByteArray asan = qgetenv("ASAN_OPTIONS");
+  if (!asan.isEmpty()) options << "-x" << "ASAN_OPTIONS=" + QString::fromLocal8Bit(asan) + ":detect_leaks=0";
+  return options;
 }
 
 // The same for a job of `ranks` processes.

@@ -1,7 +1,9 @@
 // The real `gpunodes` binary in a 2-rank Open MPI job on loopback: 2 ranks x 1 CPU device train the same
 // parameters as 1 rank x 2 CPU devices on the real Fashion-MNIST; only rank 0 reports; a rank with another
 // graph is refused before anything runs; a rank killed with SIGKILL ends the job within 30 s, naming it;
-// Ctrl-C to mpirun stops every rank within about 2 s (mostly 1); `devices` prints every rank's table.
+// Ctrl-C to mpirun stops every rank within about 2 s (mostly 1), and with checkpoints saves where every rank
+// stopped, from which a resumed job ends bit for bit as one never interrupted; `devices` prints every rank's
+// table.
 #include <signal.h>
 
 #include <QDir>
@@ -123,10 +125,10 @@ class MpiCliTest : public QObject {
     QVERIFY(one.waitForFinished(300000));
     QVERIFY2(one.exitCode() == 0, one.readAllStandardError().constData());
 
-    const Job two = run(mpirun(2) + QStringList{GN_GPUNODES, "run", file, "--set",
-                                                "save.path=" + tmp.filePath("two.params"), "--report",
-                                                tmp.filePath("report.json"), "--metrics",
-                                                tmp.filePath("metrics-%r.csv")});
+    const Job two = run(
+        mpirun(2) + QStringList{GN_GPUNODES, "run", file, "--set", "save.path=" + tmp.filePath("two.params"),
+                                "--report", tmp.filePath("report.json"), "--metrics",
+                                tmp.filePath("metrics-%r.csv"), "--trace", tmp.filePath("trace-%r.json")});
     EXPECT_EXIT(two, 0);
     // Rank 0 speaks for the job: one summary, nothing from rank 1.
     QCOMPARE(two.out.count("ok in "), 1);
@@ -159,6 +161,18 @@ class MpiCliTest : public QObject {
     }
     QVERIFY(QFile::exists(tmp.filePath("metrics-0.csv")));
     QVERIFY(QFile::exists(tmp.filePath("metrics-1.csv")));
+    // Each rank's trace shows its all-reduce ops on a lane of their own, and nothing else there.
+    for (const QString rank : {"0", "1"}) {
+      const QJsonArray events = readJson(tmp.filePath("trace-" + rank + ".json"))["traceEvents"].toArray();
+      int allreduces = 0;
+      for (const QJsonValue& e : events) {
+        if (e["ph"] != "X") continue;
+        const bool isAllreduce = e["name"].toString().startsWith("all-reduce");
+        QCOMPARE(e["args"]["stream"].toString() == "collective", isAllreduce);
+        allreduces += isAllreduce;
+      }
+      QVERIFY2(allreduces > 0, qPrintable("rank " + rank + "'s trace has no all-reduce"));
+    }
   }
 
   void oneRankUnderMpirunTrainsExactlyAsAlone() {
@@ -238,6 +252,53 @@ class MpiCliTest : public QObject {
     QVERIFY2(took < 2500 * kTimeScale, qPrintable(QString::number(took)));
     QVERIFY2(job.waitForFinished(10000), "mpirun still ran 10 s after Ctrl-C");
     QVERIFY(job.exitCode() != 0);
+  }
+
+  void aCancelWithCheckpointsSavesWhereEveryRankStoppedAndResumesExactly() {
+    // The ranks hear the cancel at different batches; with checkpoints they agree where to stop, rank 0 saves
+    // there, and a resumed job ends with the bits of a job never interrupted.
+    QTemporaryDir tmp;
+    const QString ck = tmp.filePath("ck");
+    QJsonObject doc = QJsonDocument::fromJson(graph(1000, 6000, tmp.filePath("x.params"))).object();
+    QJsonArray nodes = doc["nodes"].toArray();
+    for (qsizetype i = 0; i < nodes.size(); ++i) {
+      QJsonObject n = nodes[i].toObject();
+      if (n["id"] != "train") continue;
+      QJsonObject p = n["params"].toObject();
+      p["checkpoint_dir"] = ck;
+      p["checkpoint_every"] = 0;  // only at the cancel
+      n["params"] = p;
+      nodes[i] = n;
+    }
+    doc["nodes"] = nodes;
+    const QString file = writeGraph(tmp, "cancel-ck.json", QJsonDocument(doc).toJson());
+    QProcess job;
+    QByteArray out;
+    QVERIFY2(startTraining(job, file, &out), out.constData());
+    QThread::msleep(1500);
+    ::kill(static_cast<pid_t>(job.processId()), SIGINT);
+    QVERIFY2(job.waitForFinished(10000), "mpirun still ran 10 s after Ctrl-C");
+    out += job.readAllStandardOutput();
+    const QStringList saved = QDir(ck).entryList({"checkpoint-*.safetensors"});
+    QVERIFY2(saved.size() == 1, qPrintable(saved.join(", ") + "\n" + QString::fromUtf8(out.right(3000))));
+    qInfo("saved at the cancel: %s", qPrintable(saved.first()));
+    const int epoch = saved.first().mid(12, 4).toInt();  // checkpoint-eNNNN...: the epochs done
+    const QString epochs = "train.epochs=" + QString::number(epoch + 1);
+
+    const Job resumed =
+        run(mpirun(2) + QStringList{GN_GPUNODES, "run", file, "--quiet", "--resume", "--set", epochs, "--set",
+                                    "save.path=" + tmp.filePath("resumed.params"), "--report",
+                                    tmp.filePath("resumed.json")});
+    EXPECT_EXIT(resumed, 0);
+    const QJsonObject train = readJson(tmp.filePath("resumed.json"))["nodes"].toObject()["train"].toObject();
+    QVERIFY2(train["resumed_from"].toString().endsWith(saved.first()),
+             qPrintable(train["resumed_from"].toString()));
+    const Job straight = run(mpirun(2) + QStringList{GN_GPUNODES, "run", file, "--quiet", "--set", epochs,
+                                                     "--set", "train.checkpoint_dir=", "--set",
+                                                     "save.path=" + tmp.filePath("straight.params")});
+    EXPECT_EXIT(straight, 0);
+    QVERIFY2(params(tmp.filePath("resumed.params")) == params(tmp.filePath("straight.params")),
+             "the resumed job's parameters differ from those of the job never interrupted");
   }
 
   void aSweepOfTrainingSpreadsItsPointsOverTheRanks() {

@@ -1,11 +1,11 @@
 // Runtime values against float64 references, copy semantics, errors and memory accounting (CPU devices).
 #include <QtTest>
-
 #include <cmath>
 #include <random>
 
 #include "gpunodes/errors.h"
 #include "gpunodes/ops.h"
+#include "gpunodes/random.h"
 
 using namespace gn;
 
@@ -73,7 +73,8 @@ class RuntimeTest : public QObject {
     auto got = to_host(c);
     auto want = reference_gemm(av, bv, ta, tb, m, n, k);
     for (size_t i = 0; i < want.size(); ++i)
-      QVERIFY2(std::abs(got[i] - want[i]) <= 1e-4 * k, qPrintable(QString("element %1: %2 vs %3").arg(i).arg(got[i]).arg(want[i])));
+      QVERIFY2(std::abs(got[i] - want[i]) <= 1e-4 * k,
+               qPrintable(QString("element %1: %2 vs %3").arg(i).arg(got[i]).arg(want[i])));
   }
 
   void matmul_repeat_returns_a_batch() {
@@ -102,7 +103,8 @@ class RuntimeTest : public QObject {
     auto av = random_values(n, rng_), bv = random_values(n, rng_);
     for (auto& v : bv) v += v >= 0 ? 0.5f : -0.5f;  // keep division well away from zero
     Tensor a = from_values(rt, {n}, Device::cpu(), av), b = from_values(rt, {n}, Device::cpu(), bv);
-    auto add_ = to_host(add(a, b)), sub_ = to_host(sub(a, b)), mul_ = to_host(mul(a, b)), div_ = to_host(div(a, b));
+    auto add_ = to_host(add(a, b)), sub_ = to_host(sub(a, b)), mul_ = to_host(mul(a, b)),
+         div_ = to_host(div(a, b));
     auto exp_ = to_host(gn::exp(a)), relu_ = to_host(relu(a)), ss = to_host(scale_shift(a, 2.5f, -1.0f));
     for (int i = 0; i < n; ++i) {
       double x = av[i], y = bv[i];
@@ -149,9 +151,35 @@ class RuntimeTest : public QObject {
     QVERIFY_THROWS_EXCEPTION(ShapeError, from_values(rt, {2, 2}, Device::cpu(), {1, 2, 3}));
   }
 
+  void fills_are_philox_element_by_element() {
+    // Philox4x32-10's published known answer (Random123's kat_vectors: counter 0, key 0), so that the
+    // generator itself is checked, not only against itself.
+    const philox::U32x4 kat = philox::philox4x32_10(0, 0);
+    QCOMPARE(kat.v[0], 0x6627e8d5u);
+    QCOMPARE(kat.v[1], 0xe169c58du);
+    QCOMPARE(kat.v[2], 0xbc57ac4cu);
+    QCOMPARE(kat.v[3], 0x9b00dbd8u);
+    // The CPU fills whole blocks at once: every element, the partial last block included (sizes that are
+    // not multiples of 4 or 2, above and below the parallel threshold), is the element-wise definition that
+    // the CUDA kernels compute, and element 0 of seed 0 is the known answer's first lane.
+    Runtime rt;
+    const float first = static_cast<float>((0x6627e8d5u >> 8) + 1) / 16777216.0f;
+    QVERIFY(to_host(uniform(rt, {1}, Device::cpu(), 0))[0] == first);
+    for (int64_t n : {1, 2, 3, 5, 1001, 4099, 262147}) {
+      const auto u = to_host(uniform(rt, {n}, Device::cpu(), 9, -2, 3));
+      const auto g = to_host(normal(rt, {n}, Device::cpu(), 9, 1, 2));
+      int64_t differ = 0;  // bit for bit, not QCOMPARE's fuzzy float compare
+      for (int64_t i = 0; i < n; ++i)
+        differ += u[i] != philox::uniform_at(9, static_cast<uint64_t>(i), -2, 3) ||
+                  g[i] != philox::normal_at(9, static_cast<uint64_t>(i), 1, 2);
+      QCOMPARE(differ, int64_t(0));
+    }
+  }
+
   void same_seed_same_values_on_every_device() {
     Runtime rt({.cpu_devices = 2});
-    QCOMPARE(to_host(uniform(rt, {1001}, Device::cpu(0), 7)), to_host(uniform(rt, {1001}, Device::cpu(1), 7)));
+    QCOMPARE(to_host(uniform(rt, {1001}, Device::cpu(0), 7)),
+             to_host(uniform(rt, {1001}, Device::cpu(1), 7)));
     QCOMPARE(to_host(normal(rt, {1001}, Device::cpu(0), 7)), to_host(normal(rt, {1001}, Device::cpu(1), 7)));
     QVERIFY(to_host(uniform(rt, {16}, Device::cpu(0), 7)) != to_host(uniform(rt, {16}, Device::cpu(0), 8)));
   }
@@ -180,8 +208,9 @@ class RuntimeTest : public QObject {
       add(a, b);
       QFAIL("expected DeviceMismatchError");
     } catch (const DeviceMismatchError& e) {
-      QCOMPARE(QString(e.what()), QString("Expected all tensors to be on the same device, but found at least two "
-                                          "devices, cpu:1 and cpu!"));
+      QCOMPARE(QString(e.what()),
+               QString("Expected all tensors to be on the same device, but found at least two "
+                       "devices, cpu:1 and cpu!"));
     }
     QVERIFY_THROWS_EXCEPTION(DeviceMismatchError,
                              matmul(ones(rt, {2, 2}, Device::cpu(0)), ones(rt, {2, 2}, Device::cpu(1))));
@@ -215,8 +244,9 @@ class RuntimeTest : public QObject {
       QFAIL("expected OutOfMemoryError");
     } catch (const OutOfMemoryError& e) {
       QString msg = e.what();
-      QVERIFY2(msg.contains("cpu") && msg.contains("1.00 MiB") && msg.contains("free") && msg.contains("cached"),
-               e.what());
+      QVERIFY2(
+          msg.contains("cpu") && msg.contains("1.00 MiB") && msg.contains("free") && msg.contains("cached"),
+          e.what());
       QCOMPARE(e.requested, int64_t(1 << 20));
     }
     QCOMPARE(rt.memory_stats(Device::cpu()).num_ooms, int64_t(1));

@@ -25,8 +25,11 @@ struct Device {
   auto operator<=>(const Device&) const = default;
 };
 
-// Each device has one compute stream and one copy stream (worker threads on the CPU).
-enum class StreamKind { Compute = 0, Copy = 1 };
+// Each device has one compute stream, one copy stream and one collective stream (worker threads on the
+// CPU). Gradient all-reduces get a stream of their own, as DDP gives NCCL one: a collective waiting on
+// another rank then holds up neither the next layer's copies nor its compute, and the timeline shows the
+// all-reduce spans on a lane of their own.
+enum class StreamKind { Compute = 0, Copy = 1, Collective = 2 };
 const char* stream_name(StreamKind s);
 
 // What DeviceManager knows about a device. Fields that do not apply stay empty or zero.

@@ -40,7 +40,9 @@ GN_HD U32x4 philox4x32_10(uint64_t counter, uint64_t seed) {
 }
 
 // Uniform in (0, 1]: 24 random bits, never 0 so that log() is safe.
-GN_HD float to_unit_float(uint32_t x) { return (static_cast<float>(x >> 8) + 1.0f) * (1.0f / 16777216.0f); }
+GN_HD float to_unit_float(uint32_t x) {
+  return (static_cast<float>(x >> 8) + 1.0f) * (1.0f / 16777216.0f);
+}
 
 // Element i of Uniform(lo, hi). An explicit fused multiply-add: nvcc contracts `lo + d * u` into one by
 // default and the host compiler may or may not, which would make devices differ in the last bit.
@@ -49,15 +51,24 @@ GN_HD float uniform_at(uint64_t seed, uint64_t i, float lo, float hi) {
   return fmaf(hi - lo, to_unit_float(r.v[i & 3]), lo);
 }
 
-// Element i of Normal(mean, std) by Box-Muller over the lane pair of counter i/2. Computed in double so
-// that the CPU's libm and CUDA's device math round to the same float.
-GN_HD float normal_at(uint64_t seed, uint64_t i, float mean, float std) {
-  U32x4 r = philox4x32_10(i >> 1, seed ^ 0x5DEECE66DULL);
+// Elements 2p and 2p+1 of Normal(mean, std): one Box-Muller draw over the lane pair of counter p. Computed
+// in double so that the CPU's libm and CUDA's device math round to the same float.
+struct NormalPair {
+  float even, odd;
+};
+GN_HD NormalPair normal_pair(uint64_t seed, uint64_t p, float mean, float std) {
+  U32x4 r = philox4x32_10(p, seed ^ 0x5DEECE66DULL);
   double u1 = to_unit_float(r.v[0]), u2 = to_unit_float(r.v[1]);
   double radius = sqrt(-2.0 * log(u1));
   double angle = 6.283185307179586 * u2;
-  double z = (i & 1) ? radius * sin(angle) : radius * cos(angle);
-  return static_cast<float>(mean + std * z);
+  return {static_cast<float>(mean + std * (radius * cos(angle))),
+          static_cast<float>(mean + std * (radius * sin(angle)))};
+}
+
+// Element i of Normal(mean, std).
+GN_HD float normal_at(uint64_t seed, uint64_t i, float mean, float std) {
+  NormalPair z = normal_pair(seed, i >> 1, mean, std);
+  return (i & 1) ? z.odd : z.even;
 }
 
 }  // namespace gn::philox

@@ -107,7 +107,7 @@ class HostReducer final : public GradientReducer {
             if (!sums.empty()) std::memcpy(sums[i].data(), acc, n * sizeof(float));
           }
         },
-        reads, writes, Device::cpu(), StreamKind::Copy,
+        reads, writes, Device::cpu(), StreamKind::Collective,
         {world ? "all-reduce (host + mpi)" : "all-reduce (host)", "", bytes, 0});
     if (any_gpu)
       for (size_t r = 0; r < replicas; ++r)
@@ -314,8 +314,7 @@ void Trainer::broadcast_from_root() {
                    reinterpret_cast<const char*>(v.data() + v.size()));
     }
   }
-  world_->broadcast(bytes, 0, "broadcasting rank 0's parameters",
-                    [this] { return cancel_requested_.load(); });
+  world_->broadcast(bytes, 0, "broadcasting rank 0's parameters", [this] { return abandon_collectives(); });
   size_t expected = 8;
   for (const Parameter* p : state) expected += static_cast<size_t>(p->value.numel()) * sizeof(float);
   if (bytes.size() != expected)
@@ -340,7 +339,7 @@ void Trainer::check_same_run_on_every_rank(const Dataset& train) {
   std::string mine = "model: " + model_.signature() + "\nlocal devices: " + std::to_string(devices_.size());
   for (const auto& [name, value] : training_settings(train)) mine += "\n" + name + ": " + value;
   const std::vector<std::string> all =
-      world_->allgather(mine, "comparing the ranks' training", [this] { return cancel_requested_.load(); });
+      world_->allgather(mine, "comparing the ranks' training", [this] { return abandon_collectives(); });
   for (size_t r = 1; r < all.size(); ++r) {
     if (all[r] == all[0]) continue;
     std::istringstream a(all[0]), b(all[r]);
@@ -450,7 +449,7 @@ StepTotals Trainer::totals() {
     // Every rank calls this at the same batches, so the sums over the ranks are everyone's numbers.
     double sums[3] = {t.loss_sum, t.correct, static_cast<double>(t.samples)};
     world_->allreduce_sum(sums, 3, "summing the loss over the ranks", dist::World::Channel::Host,
-                          [this] { return cancel_requested_.load(); });
+                          [this] { return abandon_collectives(); });
     t = {sums[0], sums[1], static_cast<int64_t>(sums[2])};
   }
   return t;
@@ -484,7 +483,7 @@ double Trainer::evaluate(const DatasetPtr& data) {
   for (Device d : devices_) correct.push_back(zeros(rt_, {2}, d));
   std::vector<VarPtr> recent;  // one var per batch, to keep the host two batches ahead at most
   while (HostBatchPtr batch = loader.next()) {
-    if (cancel_requested_ || rt_.engine().cancelled()) throw CancelledError();
+    if (abandon_collectives()) throw CancelledError();
     const auto sizes = split(batch->size);
     int64_t offset = 0;
     for (size_t r = 0; r < replicas_.size(); ++r) {
@@ -504,7 +503,7 @@ double Trainer::evaluate(const DatasetPtr& data) {
   for (const Tensor& c : correct) total += to_host(c)[1];
   if (world_)
     world_->allreduce_sum(&total, 1, "summing the accuracy over the ranks", dist::World::Channel::Host,
-                          [this] { return cancel_requested_.load(); });
+                          [this] { return abandon_collectives(); });
   return total / static_cast<double>(data->count);
 }
 
@@ -605,7 +604,9 @@ std::vector<std::pair<std::string, std::string>> Trainer::training_settings(cons
 
 void Trainer::save_checkpoint(const Dataset& train, int64_t epoch, int64_t batch, double seconds,
                               double epoch_seconds, size_t history_size, TrainResult& result) {
-  // Every rank holds the same state; rank 0 alone writes it.
+  // The totals are summed over the ranks, so every rank takes part; then rank 0 alone writes, as every rank
+  // holds the same state.
+  const StepTotals totals_so_far = batch > 0 ? totals() : StepTotals{};
   if (world_ && !world_->is_root()) return;
   const CheckpointOptions& ck = options_.checkpoint;
   Model& m = *replicas_[0];
@@ -619,7 +620,7 @@ void Trainer::save_checkpoint(const Dataset& train, int64_t epoch, int64_t batch
   c.batches_tracked = m.batches_tracked();
   c.seconds = seconds;
   c.epoch_seconds = epoch_seconds;
-  c.totals = batch > 0 ? totals() : StepTotals{};
+  c.totals = totals_so_far;
   c.shares = shares_;
   c.epochs = result.epochs;
   c.metrics.assign(history_.begin(), history_.begin() + static_cast<std::ptrdiff_t>(history_size));
@@ -760,8 +761,7 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
   // save.
   bool saved_at_cancel = false;
   auto stop = [&](int64_t epoch, int64_t batch, double epoch_seconds, size_t history_size) {
-    // Ranks hear a cancel at different batches, so a distributed run cannot agree on where to save.
-    if (checkpoints && cancel_requested_ && !rt_.engine().cancelled() && !world_) {
+    if (checkpoints && cancel_requested_ && !rt_.engine().cancelled()) {
       synchronize();
       save_checkpoint(*train, epoch, batch, now(), epoch_seconds, history_size, result);
       saved_at_cancel = true;
@@ -769,6 +769,22 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
     throw CancelledError();
   };
   auto stop_requested = [&] { return cancel_requested_.load() || rt_.engine().cancelled(); };
+  // Ranks hear a cancel at different batches. With checkpoints they agree at each batch whether any of them
+  // was asked to stop (one 8-byte all-reduce), so that all stop at the same batch and the checkpoint rank 0
+  // saves is where every rank is; between those points a rank's cancel waits (abandon_collectives).
+  agreed_stops_ = world_ && checkpoints;
+  struct EndOfFit {
+    bool& agreed;
+    ~EndOfFit() { agreed = false; }  // evaluate() outside fit() hears a cancel at once
+  } end_of_fit{agreed_stops_};
+  auto stop_agreed = [&] {
+    if (!agreed_stops_ || rt_.engine().cancelled()) return stop_requested();
+    double asked = cancel_requested_ ? 1.0 : 0.0;
+    world_->allreduce_sum(&asked, 1, "agreeing whether to stop", dist::World::Channel::Host,
+                          [this] { return rt_.engine().cancelled(); });
+    if (asked > 0) cancel_requested_ = true;
+    return asked > 0;
+  };
   try {
     if (world_) check_same_run_on_every_rank(*train);
     if (ck.resume && checkpoints) {
@@ -801,7 +817,7 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
       int64_t b = first;
       double wait_ms = 0;
       while (true) {
-        if (stop_requested()) stop(epoch, b, epoch_seconds(), history_.size());
+        if (stop_agreed()) stop(epoch, b, epoch_seconds(), history_.size());
         const auto t_wait = Clock::now();
         HostBatchPtr batch = loader.next();
         wait_ms += 1e3 * seconds_since(t_wait);
@@ -864,7 +880,7 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
         for (size_t r = 0; r < devices_.size(); ++r) emit("share/" + devices_[r].str(), x, shares_[r]);
       if (test && test->count > 0) {
         try {
-          if (stop_requested()) throw CancelledError();
+          if (stop_agreed()) throw CancelledError();
           er.test_acc = evaluate(test);
         } catch (const CancelledError&) {
           stop(epoch, batches, er.seconds, history_trained);

@@ -231,6 +231,13 @@ class Trainer {
   void check_same_run_on_every_rank(const Dataset& train);
   void broadcast_from_root();
   std::atomic<bool> cancel_requested_{false};
+  // fit()'s, in a distributed run with checkpoints: a cancel is acted on only where the ranks agree on it.
+  bool agreed_stops_ = false;
+  // Whether a collective (or an evaluation feeding one) should give up now: at a cancel, unless the ranks
+  // are to agree on stopping first; always when the engine was cancelled.
+  bool abandon_collectives() const {
+    return rt_.engine().cancelled() || (cancel_requested_ && !agreed_stops_);
+  }
   // fit()'s: the batches of an epoch, and with checkpoints every metric sample so far (saved with them).
   int64_t batches_per_epoch_ = 0;
   std::vector<MetricSample> history_;

@@ -161,7 +161,7 @@ class NcclReducer final : public GradientReducer {
           }
           GN_CUDA_CHECK(cudaSetDevice(previous));
         },
-        vars, writes, devices_[0], StreamKind::Copy, {"all-reduce (nccl)", "", bytes, 0});
+        vars, writes, devices_[0], StreamKind::Collective, {"all-reduce (nccl)", "", bytes, 0});
   }
 
  private:
