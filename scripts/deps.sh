@@ -2,6 +2,7 @@
 # with one apt-get update. Needs root (or sudo) on a fresh machine; does nothing when all are present.
 GPUNODES_PACKAGES=(cmake ninja-build g++ pkg-config
   qt6-base-dev libqcustomplot-dev
+  qt6-svg-dev  # the plots' SVG export (QSvgGenerator)
   qt6-qpa-plugins  # Qt's VNC platform: the display the killed-editor suite types into
   libopenblas-dev libopenblas0-openmp libdnnl-dev
   dataset-fashion-mnist
@@ -27,8 +28,13 @@ gpunodes_build() {
   local dir=$1
   shift
   local cuda_args=()
-  # Building every CUDA architecture costs minutes on 2 cores; one is enough to prove the CUDA path compiles.
-  [ -x /usr/local/cuda/bin/nvcc ] && cuda_args=(-DCMAKE_CUDA_ARCHITECTURES="${GPUNODES_CUDA_ARCHS:-90}")
+  # Building every CUDA architecture costs minutes on 2 cores; without a GPU one is enough to prove the CUDA
+  # path compiles. With a GPU that answers, CMake builds for it (native); GPUNODES_CUDA_ARCHS overrides both.
+  if [ -n "${GPUNODES_CUDA_ARCHS:-}" ]; then
+    cuda_args=(-DCMAKE_CUDA_ARCHITECTURES="$GPUNODES_CUDA_ARCHS")
+  elif [ -x /usr/local/cuda/bin/nvcc ] && ! nvidia-smi --query-gpu=compute_cap --format=csv,noheader >/dev/null 2>&1; then
+    cuda_args=(-DCMAKE_CUDA_ARCHITECTURES=90)
+  fi
   if [ ! -f "$dir/build.ninja" ]; then
     cmake -S . -B "$dir" -G Ninja "${cuda_args[@]}" "$@" || return 1
   fi
