@@ -9,6 +9,20 @@ namespace {
 
 using core::PortType;
 
+// The devices as the cache key sees them: each one's name, kind, memory and cores.
+QByteArray deviceIdentity(Runtime& rt, const std::vector<Device>& devices) {
+  QByteArray out;
+  for (const Device& d : devices) {
+    const DeviceInfo& info = rt.info(d);
+    out += QString("%1|%2|%3|%4|%5;")
+               .arg(qs(d.str()), qs(info.name), qs(info.compute_capability))
+               .arg(info.total_memory)
+               .arg(info.cores)
+               .toUtf8();
+  }
+  return out;
+}
+
 class DeviceNode final : public GpuNode {
  public:
   DeviceNode()
@@ -32,6 +46,17 @@ class DeviceNode final : public GpuNode {
                               "false makes it an error."),
                 },
         }) {}
+
+  // What the device is, not only its name: a GPU that vanished (the node now falls back to a CPU device)
+  // or a different card under the same index is a change for everything downstream.
+  QByteArray cacheIdentity(const QJsonObject& p, core::RunSession* session) const override {
+    auto* nodes = dynamic_cast<NodesSession*>(session);
+    if (!nodes) return {};
+    Runtime& rt = nodes->runtime();
+    const DeviceChoice c = resolveDevice(p["kind"].toString(), p["index"].toInteger(), p["fallback"].toBool(),
+                                         rt.cuda_device_count(), rt.cpu_device_count());
+    return c.device ? deviceIdentity(rt, {*c.device}) : c.message.toUtf8();
+  }
 
   void execute(core::NodeContext& ctx) const override {
     Runtime& rt = sessionOf(ctx).runtime();
@@ -60,6 +85,12 @@ class AllDevicesNode final : public GpuNode {
             .params = {intParam("count", 0, 0, 1024,
                                 "Use only the first `count` devices; 0 takes them all.")},
         }) {}
+
+  QByteArray cacheIdentity(const QJsonObject& p, core::RunSession* session) const override {
+    Q_UNUSED(p);
+    auto* nodes = dynamic_cast<NodesSession*>(session);
+    return nodes ? deviceIdentity(nodes->runtime(), nodes->runtime().try_all_gpus()) : QByteArray();
+  }
 
   void execute(core::NodeContext& ctx) const override {
     Runtime& rt = sessionOf(ctx).runtime();

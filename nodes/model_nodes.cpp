@@ -233,6 +233,12 @@ class LoadParamsNode final : public GpuNode {
     return {};
   }
 
+  // The file's size and time: a file written again since is read again.
+  QByteArray cacheIdentity(const QJsonObject& p, core::RunSession* session) const override {
+    Q_UNUSED(session);
+    return fileIdentity(p["path"].toString());
+  }
+
   void execute(core::NodeContext& ctx) const override {
     NodesSession& session = sessionOf(ctx);
     const std::vector<Device> devices = deviceInput(ctx, "device");

@@ -14,6 +14,18 @@ QString ModelValue::summary() const {
       .arg(model_->parameter_count());
 }
 
+qint64 ModelValue::bytes() const {
+  qint64 total = 0;
+  for (const nn::Parameter* p : std::as_const(*model_).state()) total += p->value.bytes() + p->grad.bytes();
+  return total;
+}
+
+qint64 DatasetValue::bytes() const {
+  auto size = [](const nn::DatasetPtr& d) { return d ? qint64(d->images.size() + d->labels.size()) : 0; };
+  // The splits may be one set (a node that loads only one split hands it on both ways): counted once.
+  return size(spec_.train) + (spec_.test == spec_.train ? 0 : size(spec_.test));
+}
+
 int64_t DatasetValue::side() const {
   if (spec_.resize > 0) return spec_.resize;
   const nn::DatasetPtr& d = spec_.train ? spec_.train : spec_.test;

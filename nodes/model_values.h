@@ -27,6 +27,7 @@ class ModelValue final : public core::PortValue {
   // Epochs of training behind these parameters: the x of an Evaluate's point on the training plot.
   double epochsTrained() const { return epochsTrained_; }
   QString summary() const override;
+  qint64 bytes() const override;  // parameters, buffers and gradients
 
  private:
   // Declared first so that it is destroyed last: the model's tensors free their storage through it.
@@ -53,6 +54,7 @@ class DatasetValue final : public core::PortValue {
   int64_t side() const;
   int64_t channels() const;
   QString summary() const override;
+  qint64 bytes() const override;  // the splits' images and labels
 
  private:
   DatasetSpec spec_;

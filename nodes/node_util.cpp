@@ -1,5 +1,11 @@
 #include "node_util.h"
 
+#include <QCryptographicHash>
+#include <QDateTime>
+#include <QDir>
+#include <QDirIterator>
+#include <QFileInfo>
+#include <QSet>
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -11,6 +17,38 @@ namespace gn::nodes {
 
 QString qs(const std::string& s) {
   return QString::fromStdString(s);
+}
+
+bool GpuNode::reusable(const QJsonObject& params) const {
+  Q_UNUSED(params);
+  // Outputs that follow from params and inputs alone. The others always run: MatMul and Copy, whose timing
+  // is the point, Synchronize and Inspect (a sync, values read back to show) and SaveParams (a file).
+  static const QSet<QString> kPure{"Device",     "AllDevices", "Tensor",  "Elementwise", "Model",  "Forward",
+                                   "Parameters", "LoadParams", "Dataset", "Evaluate",    "Network"};
+  return kPure.contains(spec_.name) || spec_.category == "Layers";
+}
+
+QByteArray fileIdentity(const QString& path) {
+  const QFileInfo info(path);
+  QStringList entries;
+  auto entry = [&entries](const QFileInfo& f, const QString& name) {
+    entries.append(QString("%1 %2 %3").arg(name).arg(f.size()).arg(f.lastModified().toMSecsSinceEpoch()));
+  };
+  if (info.isDir()) {
+    const QDir root(path);
+    QDirIterator it(path, QDir::Files | QDir::NoDotAndDotDot, QDirIterator::Subdirectories);
+    while (it.hasNext()) {
+      it.next();
+      entry(it.fileInfo(), root.relativeFilePath(it.filePath()));
+    }
+    entries.sort();  // the iterator's order is the file system's
+  } else if (info.exists()) {
+    entry(info, info.fileName());
+  }
+  QCryptographicHash hash(QCryptographicHash::Sha256);
+  hash.addData(info.absoluteFilePath().toUtf8());
+  for (const QString& e : entries) hash.addData(e.toUtf8() + '\n');
+  return hash.result();
 }
 
 // --- values --------------------------------------------------------------------------------------------
@@ -26,6 +64,12 @@ QString TensorBatch::summary() const {
   for (size_t i = 0; i < tensors_.size() && i < 3; ++i) parts.append(qs(tensors_[i].str()));
   if (tensors_.size() > 3) parts.append("...");
   return QString("%1 tensors: %2").arg(tensors_.size()).arg(parts.join(", "));
+}
+
+qint64 TensorBatch::bytes() const {
+  qint64 total = 0;
+  for (const Tensor& t : tensors_) total += t.bytes();
+  return total;
 }
 
 QString DeviceValue::summary() const {

@@ -30,6 +30,9 @@ class GpuNode : public core::NodeType {
  public:
   explicit GpuNode(core::NodeTypeSpec spec) : spec_(std::move(spec)) {}
   const core::NodeTypeSpec& spec() const override { return spec_; }
+  // The pure producers say yes (the list is in node_util.cpp); node types whose answer depends on their
+  // params (Norm, Train) override it.
+  bool reusable(const QJsonObject& params) const override;
 
  private:
   core::NodeTypeSpec spec_;
@@ -61,6 +64,10 @@ inline size_t pick(size_t size, size_t i) {
 void ensureFits(Runtime& rt, Device device, int64_t count, int64_t bytesEach, const QString& what);
 
 QString qs(const std::string& s);
+
+// For a cache key (NodeType::cacheIdentity): the path, and the name, size and modification time of the
+// file there or of every file under the directory there. Editing, adding or removing a file changes it.
+QByteArray fileIdentity(const QString& path);
 
 // The node types, one factory per file.
 core::NodeTypePtr makeDeviceNode();

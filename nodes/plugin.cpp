@@ -16,8 +16,37 @@ GpuNodesPlugin::GpuNodesPlugin()
   types_.append(makeLayerNodes());
 }
 
+namespace {
+
+// Whether a runtime made with `a` has the devices `b` asks for; the schedule is the session's to set.
+bool sameDevices(const RuntimeOptions& a, const RuntimeOptions& b) {
+  return a.cpu_devices == b.cpu_devices && a.use_cuda == b.use_cuda && a.memory_limits == b.memory_limits;
+}
+
+}  // namespace
+
 std::unique_ptr<core::RunSession> GpuNodesPlugin::createSession(const core::RunSettings& settings) {
-  return std::make_unique<NodesSession>(settings);
+  const RuntimeOptions options = usableOptions(settings);
+  std::lock_guard lock(keptMutex_);
+  if (lent_) {
+    // Another run is going on the kept runtime: this one gets its own, with a scope no cache has seen.
+    return std::make_unique<NodesSession>(std::make_shared<Runtime>(options), options.schedule,
+                                          QString("runtime-%1").arg(++nextGeneration_));
+  }
+  std::shared_ptr<Runtime> runtime = kept_.lock();
+  if (!runtime || !sameDevices(runtime->options(), options)) {
+    runtime = std::make_shared<Runtime>(options);
+    kept_ = runtime;
+    keptGeneration_ = ++nextGeneration_;
+  }
+  lent_ = true;
+  // The plugin outlives every session it makes: the registry holds it for the process.
+  std::shared_ptr<void> lease(nullptr, [this](void*) {
+    std::lock_guard relock(keptMutex_);
+    lent_ = false;
+  });
+  return std::make_unique<NodesSession>(std::move(runtime), options.schedule,
+                                        QString("runtime-%1").arg(keptGeneration_), std::move(lease));
 }
 
 DeviceCatalog GpuNodesPlugin::catalog(int cpuDevices, bool useCuda) const {

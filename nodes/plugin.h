@@ -4,10 +4,12 @@
 #pragma once
 #include <QObject>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 
 #include "gpunodes/core/plugin.h"
+#include "gpunodes/runtime.h"
 #include "graph_checks.h"
 
 namespace gn::nodes {
@@ -33,6 +35,14 @@ class GpuNodesPlugin final : public QObject, public core::NodeSetPlugin {
 
   QList<core::NodeTypePtr> types_;
   mutable std::mutex catalogMutex_;
+  // The runtime the last session ran on, while anything still holds it: values kept in the run cache hold
+  // theirs. The next session with the same devices (cpu_devices, use_cuda, memory_limit; the schedule is
+  // set per session) runs on it again, so cached tensors and models meet new ones on the same devices,
+  // allocators and engine. Lent to one session at a time: a second run at once gets a runtime of its own.
+  std::mutex keptMutex_;
+  std::weak_ptr<Runtime> kept_;
+  uint64_t keptGeneration_ = 0, nextGeneration_ = 0;
+  bool lent_ = false;
   mutable std::map<std::pair<int, bool>, DeviceCatalog> catalogs_;
 };
 

@@ -4,6 +4,7 @@
 #include <QStringList>
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "gpunodes/errors.h"
 #include "node_util.h"
@@ -209,13 +210,41 @@ QJsonObject environmentOf(const Runtime& rt) {
 
 // --- NodesSession --------------------------------------------------------------------------------------
 
-NodesSession::NodesSession(const core::RunSettings& settings) {
+RuntimeOptions usableOptions(const core::RunSettings& settings) {
   ParsedSettings parsed = parseSettings(settings);
   if (!parsed.errors.isEmpty()) {
     const auto& [field, message] = parsed.errors.first();
     throw Error((field + ": " + message).toStdString());
   }
-  runtime_ = std::make_shared<Runtime>(parsed.options);
+  return parsed.options;
+}
+
+NodesSession::NodesSession(const core::RunSettings& settings) {
+  const RuntimeOptions options = usableOptions(settings);
+  runtime_ = std::make_shared<Runtime>(options);
+  // A runtime of its own: its values go with no other session's.
+  scope_ = QString("session-%1").arg(reinterpret_cast<quintptr>(this), 0, 16);
+  t0Us_ = runtime_->profiler().now_us();
+}
+
+NodesSession::NodesSession(std::shared_ptr<Runtime> runtime, Schedule schedule, QString scope,
+                           std::shared_ptr<void> lease)
+    : runtime_(std::move(runtime)), scope_(std::move(scope)), lease_(std::move(lease)) {
+  Engine& engine = runtime_->engine();
+  // The previous session waited for its work; what is left to drain is nothing, and its errors were
+  // reported then. Its cancel must not stop this run.
+  try {
+    engine.wait_all();
+  } catch (...) {
+  }
+  engine.reset_cancel();
+  engine.set_schedule(schedule);
+  // The report's peak is this run's: what the cached values hold counts, earlier runs' peaks do not.
+  runtime_->reset_peak_memory();
+  Profiler& profiler = runtime_->profiler();
+  spanCursor_ = profiler.span_count();
+  profiler.memory_samples(std::numeric_limits<size_t>::max(), &memoryCursor_);
+  t0Us_ = profiler.now_us();
 }
 
 // Batches that outlive the session keep the runtime alive (and its destructor waits for queued work).
@@ -286,8 +315,8 @@ QList<core::TraceSpan> NodesSession::takeSpans() {
   QList<core::TraceSpan> out;
   out.reserve(qsizetype(spans.size()));
   for (const Span& s : spans)
-    out.append({qs(s.tag), qs(s.name), qs(s.device.str()), stream_name(s.stream), s.start_us, s.end_us,
-                s.bytes, s.flops, s.host_blocking});
+    out.append({qs(s.tag), qs(s.name), qs(s.device.str()), stream_name(s.stream), s.start_us - t0Us_,
+                s.end_us - t0Us_, s.bytes, s.flops, s.host_blocking});
   return out;
 }
 
@@ -296,7 +325,8 @@ QList<core::MemorySampleEvent> NodesSession::takeMemory() {
   std::vector<MemorySample> samples = runtime_->profiler().memory_samples(memoryCursor_, &memoryCursor_);
   QList<core::MemorySampleEvent> out;
   out.reserve(qsizetype(samples.size()));
-  for (const MemorySample& m : samples) out.append({qs(m.device.str()), m.t_us, m.allocated, m.reserved});
+  for (const MemorySample& m : samples)
+    out.append({qs(m.device.str()), m.t_us - t0Us_, m.allocated, m.reserved});
   return out;
 }
 

@@ -1,5 +1,8 @@
 // One run of the GPU node set: the runtime (devices, allocators, engine, profiler) that the run's nodes
-// share.
+// share. The runtime may outlive the session and serve the next one (GpuNodesPlugin keeps it while the
+// settings stay the same, so that values in the run cache stay usable): a session starts on a drained
+// engine with its cancel reset, reads only the spans and memory samples recorded since it began, and puts
+// them on its own timeline, which starts when it does.
 #pragma once
 #include <QJsonArray>
 #include <QJsonObject>
@@ -29,6 +32,8 @@ struct ParsedSettings {
   QList<QPair<QString, QString>> errors;
 };
 ParsedSettings parseSettings(const core::RunSettings& settings);
+// The options, or a gn::Error naming the first problem.
+RuntimeOptions usableOptions(const core::RunSettings& settings);
 
 // The device, as the report's "devices" and `gpunodes devices --json` show it.
 QJsonObject deviceJson(const DeviceInfo& info);
@@ -47,6 +52,10 @@ DeviceChoice resolveDevice(const QString& kind, qint64 index, bool fallback, int
 class NodesSession final : public core::RunSession {
  public:
   explicit NodesSession(const core::RunSettings& settings);  // throws gn::Error for unusable settings
+  // On a runtime that may have served earlier sessions. `scope` is valueScope(); `lease` is released when
+  // the session ends (the plugin lends its kept runtime to one session at a time).
+  NodesSession(std::shared_ptr<Runtime> runtime, Schedule schedule, QString scope,
+               std::shared_ptr<void> lease = nullptr);
   ~NodesSession() override;
 
   void beginNode(const QString& nodeId) override;
@@ -58,6 +67,11 @@ class NodesSession final : public core::RunSession {
   QJsonArray devices() const override;
   QJsonObject memorySummary() const override;
   double peakGflops(const QString& device) const override;
+  QString valueScope() const override { return scope_; }
+
+  // Where this session's timeline starts on the profiler's clock: a profiler time minus this is a time on
+  // the run's timeline.
+  double timelineStartUs() const { return t0Us_; }
 
   Runtime& runtime() { return *runtime_; }
   const std::shared_ptr<Runtime>& runtimePtr() const { return runtime_; }
@@ -79,6 +93,9 @@ class NodesSession final : public core::RunSession {
   void cancelEngineAfterGrace();
 
   std::shared_ptr<Runtime> runtime_;
+  QString scope_;
+  std::shared_ptr<void> lease_;
+  double t0Us_ = 0;
   std::mutex hooksMutex_;
   std::condition_variable gracefulDone_;
   std::map<uint64_t, std::function<void()>> cancelHooks_;

@@ -1,5 +1,6 @@
 // Synchronize (the seed's synchronize / waitall) and Inspect (print a tensor, which costs a sync).
 #include <QJsonArray>
+#include <algorithm>
 #include <map>
 
 #include "gpunodes/errors.h"
@@ -58,10 +59,43 @@ class SynchronizeNode final : public GpuNode {
     const double end = profiler.now_us();
     ctx.reportField("waited_ms", (end - start) / 1000.0);
     // When the barrier let the host go, in ms on the run's timeline: phases of a graph are told apart by it.
-    ctx.reportField("at_ms", end / 1000.0);
+    ctx.reportField("at_ms", (end - sessionOf(ctx).timelineStartUs()) / 1000.0);
     ctx.setOutput("out", in);
   }
 };
+
+// Reading waits for the tensor's work: an error there is its input's, and the message says so.
+template <class Read>
+std::vector<float> hostRead(Read read) {
+  try {
+    return read();
+  } catch (const CancelledError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(std::string("an input failed: ") + e.what());
+  }
+}
+
+// At most kHeatmapSide evenly spaced indices of 0..n-1, the first included: all of them when n is small.
+std::vector<int64_t> sampledIndices(int64_t n) {
+  constexpr int64_t kHeatmapSide = 16;
+  const int64_t k = std::min(n, kHeatmapSide);
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < k; ++i) out.push_back(i * n / k);
+  return out;
+}
+
+// A 2-d tensor sampled on a grid of at most 16 x 16, which the editor draws as a heatmap on the node: the
+// first values of a large matrix say little about it.
+QJsonObject heatmap(const Tensor& t) {
+  const std::vector<int64_t> rows = sampledIndices(t.shape()[0]), cols = sampledIndices(t.shape()[1]);
+  const std::vector<float> read = hostRead([&] { return readGrid(t, rows, cols); });
+  QJsonArray r, c, v;
+  for (int64_t i : rows) r.append(static_cast<double>(i));
+  for (int64_t i : cols) c.append(static_cast<double>(i));
+  for (float x : read) v.append(static_cast<double>(x));
+  return QJsonObject{{"rows", r}, {"cols", c}, {"values", v}};
+}
 
 class InspectNode final : public GpuNode {
  public:
@@ -69,13 +103,17 @@ class InspectNode final : public GpuNode {
       : GpuNode({
             .name = "Inspect",
             .category = "Sync",
-            .description = "Shows each tensor's shape, dtype, device and first values (in the report's "
-                           "\"inspect\" field). Reading values copies them to the host: a blocking read that "
-                           "waits for the tensor, the sync the seed warns about.",
+            .description =
+                "Shows each tensor's shape, dtype, device and first values (in the report's "
+                "\"inspect\" field), and of a 2-d tensor a 16 x 16 sample that the editor draws "
+                "as a heatmap on the node. Reading values copies them to the host: a blocking read "
+                "that waits for the tensor, the sync the seed warns about.",
             .inputs = {inPort("in", PortType::Tensor, "The tensors to show.")},
             .outputs = {outPort("out", PortType::Tensor, "The same tensors, passed on.")},
-            .params = {intParam("max_values", 1000, 0, 1000,
-                                "How many values of each tensor to read and show, row-major.")},
+            .params = {intParam(
+                "max_values", 1000, 0, 1000,
+                "How many values of each tensor to read and show, row-major; 0 reads none (and "
+                "no heatmap).")},
         }) {}
 
   void execute(core::NodeContext& ctx) const override {
@@ -87,20 +125,15 @@ class InspectNode final : public GpuNode {
       const Tensor& t = in->at(i);
       QJsonArray shape, values;
       for (int64_t d : t.shape()) shape.append(static_cast<double>(d));
-      std::vector<float> read;
-      try {
-        read = readPrefix(t, maxValues);
-      } catch (const CancelledError&) {
-        throw;
-      } catch (const std::exception& e) {
-        throw Error(std::string("an input failed: ") + e.what());
-      }
+      const std::vector<float> read = hostRead([&] { return readPrefix(t, maxValues); });
       for (float v : read) values.append(static_cast<double>(v));
-      entries.append(QJsonObject{{"shape", shape},
-                                 {"dtype", Tensor::dtype()},
-                                 {"device", qs(t.device().str())},
-                                 {"numel", static_cast<double>(t.numel())},
-                                 {"values", values}});
+      QJsonObject entry{{"shape", shape},
+                        {"dtype", Tensor::dtype()},
+                        {"device", qs(t.device().str())},
+                        {"numel", static_cast<double>(t.numel())},
+                        {"values", values}};
+      if (maxValues > 0 && t.shape().size() == 2 && t.numel() > 0) entry.insert("heatmap", heatmap(t));
+      entries.append(entry);
       ctx.progress(static_cast<double>(i + 1) / static_cast<double>(in->size()));
     }
     ctx.reportField("inspect", entries);

@@ -78,4 +78,40 @@ std::vector<float> readPrefix(const Tensor& t, int64_t n) {
   return *out;
 }
 
+std::vector<float> readGrid(const Tensor& t, const std::vector<int64_t>& rows,
+                            const std::vector<int64_t>& cols) {
+  if (!t.defined()) throw Error("read: the tensor is undefined");
+  if (t.shape().size() != 2) throw ShapeError("readGrid: the tensor is not 2-d");
+  const int64_t width = t.shape()[1];
+  for (int64_t r : rows)
+    if (r < 0 || r >= t.shape()[0]) throw ShapeError("readGrid: row out of range");
+  for (int64_t c : cols)
+    if (c < 0 || c >= width) throw ShapeError("readGrid: column out of range");
+  auto out = std::make_shared<std::vector<float>>(rows.size() * cols.size());
+  Runtime& rt = t.runtime();
+  Backend* be = &rt.backend(t.device());
+  VarPtr done = new_var();
+  const int64_t bytes = static_cast<int64_t>(out->size() * sizeof(float));
+  // Every column of a row is one copy when the columns are all of them; otherwise one copy per element.
+  const bool wholeRows = static_cast<int64_t>(cols.size()) == width;
+  rt.engine().push(
+      [be, t, out, rows, cols, width, wholeRows](OpContext& c) {
+        float* dst = out->data();
+        for (int64_t r : rows) {
+          float* row = t.data() + r * width;
+          if (wholeRows) {
+            be->copy({dst, Device::cpu()}, {row, t.device()}, width * static_cast<int64_t>(sizeof(float)),
+                     false, c);
+            dst += width;
+            continue;
+          }
+          for (int64_t col : cols)
+            be->copy({dst++, Device::cpu()}, {row + col, t.device()}, sizeof(float), false, c);
+        }
+      },
+      {t.var()}, {done}, t.device(), StreamKind::Compute, {"read to host", "", bytes, 0, true});
+  rt.engine().wait(done);
+  return *out;
+}
+
 }  // namespace gn::nodes

@@ -20,5 +20,8 @@ void matmulInto(const Tensor& a, const Tensor& b, const Tensor& c, const MatMulO
 Tensor reduceLog(ReduceOp op, const std::vector<Tensor>& xs, const std::function<bool()>& cancelled);
 // The first n values of t, read to the host. Blocking, like to_host, but it copies only what is shown.
 std::vector<float> readPrefix(const Tensor& t, int64_t n);
+// A 2-d tensor's values at rows x cols (sorted indices), row-major, read to the host in one blocking op that
+// copies only those elements: a heatmap of a large matrix costs a few hundred reads, not the matrix.
+std::vector<float> readGrid(const Tensor& t, const std::vector<int64_t>& rows, const std::vector<int64_t>& cols);
 
 }  // namespace gn::nodes

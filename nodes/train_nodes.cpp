@@ -156,6 +156,12 @@ class DatasetNode final : public GpuNode {
     return problems;
   }
 
+  // The files read: changed or added images make another dataset. The synthetic set reads none.
+  QByteArray cacheIdentity(const QJsonObject& p, core::RunSession* session) const override {
+    Q_UNUSED(session);
+    return p["name"].toString() == "synthetic" ? QByteArray() : fileIdentity(p["path"].toString());
+  }
+
   void execute(core::NodeContext& ctx) const override {
     const QJsonObject& p = ctx.params();
     DatasetSpec spec;
@@ -425,6 +431,9 @@ class TrainNode final : public GpuNode {
     for (const std::string& p : nn::schedule_problems(scheduleOf(params), o.lr)) problems.append(qs(p));
     return problems;
   }
+
+  // resume=auto continues from whatever checkpoint is newest on disk, which the key cannot know.
+  bool reusable(const QJsonObject& p) const override { return p["resume"].toString() == "off"; }
 
   void execute(core::NodeContext& ctx) const override {
     NodesSession& session = sessionOf(ctx);

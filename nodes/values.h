@@ -21,6 +21,7 @@ class TensorBatch final : public core::PortValue {
   size_t size() const { return tensors_.size(); }
   const Tensor& at(size_t i) const { return tensors_.at(i); }
   QString summary() const override;
+  qint64 bytes() const override;
 
  private:
   // Declared first so that it is destroyed last: tensors free their storage through the runtime, and a batch
@@ -46,6 +47,7 @@ class ScalarValue final : public core::PortValue {
   explicit ScalarValue(std::vector<double> values) : values_(std::move(values)) {}
   const std::vector<double>& values() const { return values_; }
   QString summary() const override;
+  qint64 bytes() const override { return qint64(values_.size() * sizeof(double)); }
 
  private:
   std::vector<double> values_;

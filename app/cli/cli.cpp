@@ -30,6 +30,7 @@
 #include "gpunodes/core/plugin.h"
 #include "gpunodes/core/registry.h"
 #include "gpunodes/core/serializer.h"
+#include "gpunodes/core/subgraph.h"
 #include "gpunodes/core/validation.h"
 #include "gpunodes/dist/world.h"
 
@@ -248,9 +249,14 @@ class Progress {
         ++done_;
         if (!tty_) line(QStringLiteral("[%1] finished in %2 ms").arg(e.node).arg(e.value, 0, 'f', 1));
         break;
+      case RunEvent::Kind::NodeCached:
+        ++done_;
+        if (!tty_) line(QStringLiteral("[%1] cached: not run, its outputs reused").arg(e.node));
+        break;
       case RunEvent::Kind::NodeFailed:
         ++done_;
-        if (e.message.startsWith(QStringLiteral("skipped")) || e.message == QStringLiteral("cancelled"))
+        if (e.message.startsWith(QStringLiteral("skipped")) || e.message == QStringLiteral("cancelled") ||
+            e.message == QStringLiteral("muted") || e.message == QStringLiteral("bypassed"))
           line(QStringLiteral("[%1] %2").arg(e.node, e.message));
         else
           line(QStringLiteral("[%1] failed: %2").arg(e.node, e.message));
@@ -382,7 +388,8 @@ QString applySet(GraphDocument& doc, const NodeTypeRegistry& registry, const QSt
   const qsizetype eq = text.indexOf(u'=');
   const std::optional<Endpoint> target = eq > 0 ? Endpoint::parse(text.left(eq)) : std::nullopt;
   if (!target) return QStringLiteral("--set %1: expected NODE.PARAM=VALUE").arg(text);
-  const GraphNode* node = doc.node(target->node);
+  // A path ("block1/conv2") reaches a node inside a subgraph; a subgraph node's params are its promoted ones.
+  const GraphNode* node = subgraph::nodeAt(doc, target->node);
   if (!node) {
     QStringList ids;
     for (const GraphNode& n : doc.nodes()) ids.append(n.id);
@@ -390,23 +397,23 @@ QString applySet(GraphDocument& doc, const NodeTypeRegistry& registry, const QSt
     return QStringLiteral("--set %1: no node \"%2\" in %3 (nodes: %4)")
         .arg(text, target->node, file, ids.isEmpty() ? QStringLiteral("none") : ids.join(", "));
   }
-  const NodeTypePtr type = registry.find(node->type);
-  if (!type)
+  const std::optional<NodeTypeSpec> nodeSpec = subgraph::specOf(*node, registry);
+  if (!nodeSpec)
     return QStringLiteral("--set %1: node \"%2\" has type \"%3\", which no plugin provides")
-        .arg(text, node->id, node->type);
-  const ParamSpec* spec = type->spec().param(target->port);
+        .arg(text, target->node, node->type);
+  const ParamSpec* spec = nodeSpec->param(target->port);
   if (!spec) {
     QStringList names;
-    for (const ParamSpec& p : type->spec().params) names.append(p.name);
+    for (const ParamSpec& p : nodeSpec->params) names.append(p.name);
     return QStringLiteral("--set %1: %2 (%3) has no param \"%4\" (params: %5)")
-        .arg(text, node->id, node->type, target->port,
+        .arg(text, target->node, node->type, target->port,
              names.isEmpty() ? QStringLiteral("none") : names.join(", "));
   }
   QString problem;
   const QJsonValue value = parseParamValue(*spec, text.mid(eq + 1), &problem);
   if (value.isUndefined())
     return QStringLiteral("--set %1: %2 (%3)").arg(text, problem, paramTypeName(spec->type));
-  doc.setParam(node->id, spec->name, value);
+  subgraph::setParamAt(doc, target->node, spec->name, value);
   return {};
 }
 
@@ -545,11 +552,14 @@ int commandRun(const QStringList& args) {
     if (!problem.isEmpty()) return usageError(problem);
   }
   if (parser.isSet(resume)) {
-    // After --set, so that a checkpoint_dir given there is the one resumed from.
+    // After --set, so that a checkpoint_dir given there is the one resumed from. Train nodes inside
+    // subgraphs too: the flattened graph names each by its path.
+    GraphDocument flat;
+    subgraph::flatten(doc, flat);
     int trains = 0;
-    for (const GraphNode& n : doc.nodes())
+    for (const GraphNode& n : flat.nodes())
       if (n.type == QLatin1String("Train")) {
-        doc.setParam(n.id, "resume", QStringLiteral("auto"));
+        subgraph::setParamAt(doc, n.id, "resume", QStringLiteral("auto"));
         ++trains;
       }
     if (trains == 0) err(QStringLiteral("warning: --resume: %1 has no Train node to resume\n").arg(file));
@@ -595,7 +605,11 @@ int commandRun(const QStringList& args) {
   g_interrupted.store(0);
   installInterruptHandler();
   const bool tty = isatty(STDERR_FILENO) == 1;
-  Progress progress(tty, beQuiet, int(doc.nodes().size()));
+  // Progress and the summary count what runs: a subgraph's inner nodes, by path (block1/conv2).
+  GraphDocument flat;
+  if (subgraph::hasSubgraphs(doc)) subgraph::flatten(doc, flat);
+  const GraphDocument& runs = subgraph::hasSubgraphs(doc) ? flat : doc;
+  Progress progress(tty, beQuiet, int(runs.nodes().size()));
   QList<TraceSpan> spans;
   QList<MemorySampleEvent> memory;
   const bool keepTrace = parser.isSet(trace);
@@ -629,7 +643,7 @@ int commandRun(const QStringList& args) {
   progress.clear();
 
   const QJsonObject result = withFile(executor.report());
-  if (!beQuiet) printSummary(doc, result);
+  if (!beQuiet) printSummary(runs, result);
   const bool written = writeOutputs(result, spans, memory);
   if (executor.wasCancelled()) return g_interrupted.load() == 2 ? kFailed : kCancelled;
   const bool ok = result.value("ok").toBool();
@@ -684,7 +698,9 @@ int commandValidate(const QStringList& args) {
   const ValidationReport report = validate(doc, registry);
   printIssues(file, report.issues(), true);
   if (!report.ok()) return kFailed;
-  printFacts(doc, report);
+  GraphDocument flat;  // facts are on the nodes that run: a subgraph's inner nodes, by path
+  if (subgraph::hasSubgraphs(doc)) subgraph::flatten(doc, flat);
+  printFacts(subgraph::hasSubgraphs(doc) ? flat : doc, report);
   out(QStringLiteral("%1: ok (%2 nodes, %3 connections)\n")
           .arg(file)
           .arg(doc.nodes().size())

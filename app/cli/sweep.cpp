@@ -34,6 +34,7 @@
 #include "gpunodes/core/node_type.h"
 #include "gpunodes/core/plugin.h"
 #include "gpunodes/core/registry.h"
+#include "gpunodes/core/run_cache.h"
 #include "gpunodes/core/serializer.h"
 #include "gpunodes/core/validation.h"
 #include "gpunodes/dist/world.h"
@@ -196,6 +197,10 @@ class Sweep {
   int total_ = 0, width_ = 4;
   bool quiet_ = false;
 
+  // One cache for every point this process runs (run_cache.h): points that leave a node and its inputs as
+  // they were reuse its outputs, so a Dataset the grid does not touch is loaded once. Before running_, which
+  // fills it until its executor is gone.
+  RunCache cache_;
   std::unique_ptr<Running> running_;
   QJsonArray pending_;  // this rank's finished points, not yet exchanged
   bool localDone_ = false, allDone_ = false, stop_ = false, interruptedHere_ = false;
@@ -493,7 +498,7 @@ void Sweep::startPoint(int index) {
   running_->clock.start();
   if (root() && !quiet_) err(QStringLiteral("%1 %2: started\n").arg(pointTag(index), label(index)));
   ValidationReport validation;
-  if (!running_->executor->start(doc_, settings_, &validation)) finishPoint(&validation);
+  if (!running_->executor->start(doc_, settings_, &validation, {.cache = &cache_})) finishPoint(&validation);
 }
 
 void Sweep::finishPoint(const ValidationReport* refused) {

@@ -5,18 +5,22 @@
 #include <QCursor>
 #include <QGraphicsSceneHoverEvent>
 #include <QGraphicsSceneMouseEvent>
+#include <QIcon>
 #include <QInputDialog>
 #include <QKeyEvent>
 #include <QLineEdit>
 #include <QMenu>
 #include <QMimeData>
 #include <QPainter>
+#include <QPixmap>
 #include <QScrollBar>
 #include <QStyleOptionGraphicsItem>
 #include <QToolTip>
 #include <QVarLengthArray>
 #include <cmath>
+#include <limits>
 
+#include "find_bar.h"
 #include "gpunodes/core/registry.h"
 #include "minimap.h"
 #include "node_search.h"
@@ -30,10 +34,9 @@ using core::GraphConnection;
 namespace {
 
 const char* kClipboardMime = "application/x-gpunodes-graph";
-const char* kNodeTypeMime = "application/x-gpunodes-node-type";
 
 constexpr qreal kHeader = 26, kPortTop = 32, kPortRow = 20, kSummaryRow = 15, kFactRow = 15, kErrorStrip = 18,
-                kRadius = 5;
+                kRadius = 5, kToggle = 14;
 // Below kLodSimple a node is a coloured box: text would be unreadable and costs most of the frame. Below
 // kLodNoDetail it keeps its port dots but loses text and antialiasing.
 constexpr qreal kLodSimple = 0.4, kLodNoDetail = 0.65;
@@ -113,6 +116,10 @@ void NodeItem::rebuild() {
   const core::GraphNode* n = scene_->document()->node(id_);
   if (!n) return;
   typeName_ = clipped(n->type, 60);
+  bypassed_ = n->bypassed;
+  muted_ = n->muted;
+  // Neither runs: both fade, a muted node (which takes its dependents along) more.
+  setOpacity(muted_ ? 0.4 : bypassed_ ? 0.6 : 1.0);
   ports_ = scene_->editor()->portsOf(id_);
   const core::NodeTypeSpec* spec = scene_->editor()->specOf(id_);
   headerColor_ = style::categoryColor(spec ? spec->category : QString("missing"));
@@ -141,8 +148,8 @@ void NodeItem::layout() {
   // Room for the type and the id; and for the id, a few letters of the type and a status badge ("12.3 ms")
   // side by side. While a run shows one, the type is shortened rather than every node widened for it:
   // graphs are laid out for nodes of about this width (the layer examples place them 200 apart).
-  const qreal titleW = typeW + idW + 22;
-  const qreal runTitleW = qMin<qreal>(typeW, 40) + idW + 82;
+  const qreal titleW = typeW + idW + 22 + kToggle;
+  const qreal runTitleW = qMin<qreal>(typeW, 40) + idW + 82 + kToggle;
   const qreal w = std::ceil(qMax<qreal>(170, qMax(qMax(titleW, runTitleW), maxIn + maxOut + 44)));
   titleFitRoom_ = -1;
 
@@ -183,20 +190,28 @@ void NodeItem::layout() {
   const int rows = int(qMax(ports_.inputs.size(), ports_.outputs.size()));
   qreal h = kPortTop + rows * kPortRow + summary_.size() * kSummaryRow + 10;
   if (!factLines_.isEmpty()) h += factLines_.size() * kFactRow + 6;
+  // The preview goes under the params, where the eye already reads the node's values.
+  previewTop_ = h - 4;
+  if (!preview_.empty()) h += preview_.height() + 6;
   if (!errs.isEmpty()) {
     errorLine_ = staticText(f.smallM.elidedText(clipped(errs.first()), Qt::ElideRight, w - 12));
     h += kErrorStrip;
   }
+  if (collapsed_) h = kHeader;
   prepareGeometryChange();
   body_ = QRectF(0, 0, w, h);
   bounds_ = body_.adjusted(-kRadius - 2, -2, kRadius + 2, 2);
   bodyPath_ = QPainterPath();
   bodyPath_.addRoundedRect(body_, 6, 6);
-  QPainterPath top;
-  top.addRoundedRect(QRectF(0, 0, w, kHeader + 6), 6, 6);
-  QPainterPath cut;
-  cut.addRect(QRectF(0, kHeader, w, 6));
-  headerPath_ = top.subtracted(cut);
+  if (collapsed_) {
+    headerPath_ = bodyPath_;
+  } else {
+    QPainterPath top;
+    top.addRoundedRect(QRectF(0, 0, w, kHeader + 6), 6, 6);
+    QPainterPath cut;
+    cut.addRect(QRectF(0, kHeader, w, 6));
+    headerPath_ = top.subtracted(cut);
+  }
   portsTop_ = kPortTop;
   update();
 }
@@ -215,10 +230,13 @@ int NodeItem::portIndex(bool output, const QString& name) const {
 }
 
 QPointF NodeItem::portPos(bool output, int index) const {
+  if (collapsed_) return QPointF(output ? body_.width() : 0, kHeader / 2);
   return QPointF(output ? body_.width() : 0, portsTop_ + kPortRow / 2 + index * kPortRow);
 }
 
 std::optional<NodeItem::PortHit> NodeItem::portAt(QPointF p, qreal slack) const {
+  // A collapsed node's ports all sit at the ends of its bar: dragging from there would pick one by chance.
+  if (collapsed_) return std::nullopt;
   for (int i = 0; i < ports_.inputs.size(); ++i)
     if (QLineF(p, portPos(false, i)).length() <= slack) return PortHit{false, i};
   for (int i = 0; i < ports_.outputs.size(); ++i)
@@ -229,13 +247,13 @@ std::optional<NodeItem::PortHit> NodeItem::portAt(QPointF p, qreal slack) const 
 QString NodeItem::badgeText() const {
   switch (status_) {
     case RunStatus::Idle:
-      return {};
+      return muted_ ? QString("muted") : bypassed_ ? QString("bypassed") : QString();
     case RunStatus::Queued:
       return "queued";
     case RunStatus::Running:
       return progress_ > 0 ? QString("running %1%").arg(int(progress_ * 100)) : QString("running");
     case RunStatus::Done:
-      return style::formatMs(timeMs_);
+      return cached_ ? QString("cached") : style::formatMs(timeMs_);
     case RunStatus::Failed:
       return "error";
     case RunStatus::Cancelled:
@@ -275,7 +293,7 @@ void NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
     p->fillRect(QRectF(0, 0, body_.width(), kHeader),
                 ports_.missing ? QColor(0x55, 0x55, 0x55) : headerColor_);
     if (status_ != RunStatus::Idle) p->fillRect(QRectF(body_.width() - 40, 4, 34, kHeader - 8), statusColor);
-    for (int out = 0; out < 2; ++out) {
+    for (int out = 0; out < 2 && !collapsed_; ++out) {
       const QList<core::PortSpec>& ports = out ? ports_.outputs : ports_.inputs;
       for (int i = 0; i < ports.size(); ++i) {
         QColor col = style::portColor(ports[i].type);
@@ -284,7 +302,7 @@ void NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
                     col);
       }
     }
-    if (hasErrors)
+    if (hasErrors && !collapsed_)
       p->fillRect(QRectF(0, body_.height() - kErrorStrip, body_.width(), kErrorStrip),
                   QColor(0x6b, 0x1f, 0x22));
     return;
@@ -294,8 +312,23 @@ void NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
   p->setBrush(kBody);
   p->drawPath(bodyPath_);
   p->setPen(Qt::NoPen);
-  p->setBrush(ports_.missing ? QColor(0x55, 0x55, 0x55) : headerColor_);
+  p->setBrush(ports_.missing || muted_ ? QColor(0x55, 0x55, 0x55) : headerColor_);
   p->drawPath(headerPath_);
+
+  // The collapse toggle: a triangle pointing down (open) or right (collapsed), as in a tree.
+  const QRectF toggle = collapseToggleRect();
+  {
+    const QPointF c = toggle.center();
+    QPolygonF tri;
+    if (collapsed_)
+      tri << c + QPointF(-2.5, -4) << c + QPointF(3.5, 0) << c + QPointF(-2.5, 4);
+    else
+      tri << c + QPointF(-4, -2.5) << c + QPointF(4, -2.5) << c + QPointF(0, 3.5);
+    p->setPen(Qt::NoPen);
+    p->setBrush(QColor(255, 255, 255, 170));
+    p->drawPolygon(tri);
+  }
+  const qreal titleX = toggle.right() + 2;
 
   const QString badge = badgeText();
   const qreal bw = badge.isEmpty() ? 0 : f.smallM.horizontalAdvance(badge) + 12;
@@ -304,15 +337,15 @@ void NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
   // nodes by id. The shortened type is kept until the room changes, so a frame does not shape text.
   const QStaticText* title = &title_;
   const qreal idW = idText_.size().width();
-  if (!badge.isEmpty() && 14 + title_.size().width() + idW > badgeLeft - 4) {
-    const qreal room = qMax<qreal>(0, badgeLeft - 4 - idW - 14);
+  if (!badge.isEmpty() && titleX + 6 + title_.size().width() + idW > badgeLeft - 4) {
+    const qreal room = qMax<qreal>(0, badgeLeft - 4 - idW - titleX - 6);
     if (room != titleFitRoom_) {
       titleFitRoom_ = room;
       titleFit_ = staticText(f.titleM.elidedText(typeName_, Qt::ElideRight, room));
     }
     title = &titleFit_;
   }
-  const qreal idX = 14 + (title->text().isEmpty() ? -6 : title->size().width());
+  const qreal idX = titleX + 6 + (title->text().isEmpty() ? -6 : title->size().width());
   // A badge wider than the whole header still leaves the text under it cut at its edge.
   const bool clipTitle = !badge.isEmpty() && idX + idW > badgeLeft - 4;
   if (clipTitle) {
@@ -321,7 +354,7 @@ void NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
   }
   p->setFont(f.title);
   p->setPen(kText);
-  if (!title->text().isEmpty()) p->drawStaticText(QPointF(8, (kHeader - f.titleM.height()) / 2), *title);
+  if (!title->text().isEmpty()) p->drawStaticText(QPointF(titleX, (kHeader - f.titleM.height()) / 2), *title);
   p->setFont(f.small);
   p->setPen(QColor(255, 255, 255, 150));
   p->drawStaticText(QPointF(idX, (kHeader - f.smallM.height()) / 2 + 1), idText_);
@@ -335,6 +368,8 @@ void NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
     p->setPen(QColor(0x10, 0x10, 0x10));
     p->drawText(r, Qt::AlignCenter, badge);
   }
+  // Collapsed: the title bar is all there is; the wires meet its ends.
+  if (collapsed_) return;
 
   for (int out = 0; out < 2; ++out) {
     const QList<core::PortSpec>& ports = out ? ports_.outputs : ports_.inputs;
@@ -383,6 +418,7 @@ void NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
       y += kSummaryRow;
     }
   }
+  if (!preview_.empty()) preview_.paint(p, previewRect());
 
   const qreal bottom = body_.height() - (hasErrors ? kErrorStrip : 0);
   if (status_ == RunStatus::Running || status_ == RunStatus::Queued) {
@@ -392,6 +428,17 @@ void NodeItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
     p->drawRoundedRect(bar, 2, 2);
     p->setBrush(statusColor);
     p->drawRoundedRect(QRectF(bar.topLeft(), QSizeF(bar.width() * qBound(0.0, progress_, 1.0), 4)), 2, 2);
+  }
+  if (bypassed_ && !muted_) {
+    // The pass-through: each output from the first input of its type, as the run wires it.
+    p->setBrush(Qt::NoBrush);
+    for (int o = 0; o < ports_.outputs.size(); ++o)
+      for (int i = 0; i < ports_.inputs.size(); ++i)
+        if (ports_.inputs[i].type == ports_.outputs[o].type) {
+          p->setPen(QPen(style::portColor(ports_.outputs[o].type), 2, Qt::DashLine));
+          p->drawPath(WireItem::bezier(portPos(false, i), portPos(true, o)));
+          break;
+        }
   }
   if (hasErrors) {
     const QRectF strip(1, body_.height() - kErrorStrip, body_.width() - 2, kErrorStrip - 1);
@@ -416,8 +463,14 @@ QStringList NodeItem::warnings() const {
   return w;
 }
 
+void NodeItem::setCached(bool cached) {
+  cached_ = cached;
+  update();
+}
+
 void NodeItem::setRunState(RunStatus s, double timeMs, const QString& error) {
   const bool relayout = error != runError_;
+  if (s != RunStatus::Done) cached_ = false;
   status_ = s;
   timeMs_ = timeMs;
   if (s != RunStatus::Running) progress_ = s == RunStatus::Done ? 1 : 0;
@@ -446,6 +499,37 @@ void NodeItem::setFacts(const QString& badge) {
   layout();
 }
 
+void NodeItem::setCollapsed(bool collapsed) {
+  if (collapsed == collapsed_) return;
+  collapsed_ = collapsed;
+  layout();
+  for (WireItem* w : wires_) w->updatePath();
+}
+
+QRectF NodeItem::collapseToggleRect() const {
+  return QRectF(4, (kHeader - kToggle) / 2, kToggle, kToggle);
+}
+
+void NodeItem::setPreview(const NodePreview& preview) {
+  if (preview.empty() && preview_.empty()) return;
+  preview_ = preview;
+  layout();
+}
+
+QRectF NodeItem::previewRect() const {
+  if (preview_.empty() || collapsed_) return {};
+  return QRectF(8, previewTop_, body_.width() - 16, preview_.height());
+}
+
+void NodeItem::mousePressEvent(QGraphicsSceneMouseEvent* e) {
+  if (e->button() == Qt::LeftButton && collapseToggleRect().adjusted(-2, -2, 2, 2).contains(e->pos())) {
+    scene_->editor()->setCollapsed({id_}, !collapsed_);
+    e->accept();
+    return;
+  }
+  QGraphicsItem::mousePressEvent(e);
+}
+
 QStringList NodeItem::factsLines() const {
   QStringList lines;
   for (const QStaticText& t : factLines_) lines << t.text();
@@ -470,7 +554,9 @@ QVariant NodeItem::itemChange(GraphicsItemChange change, const QVariant& value) 
 
 void NodeItem::hoverMoveEvent(QGraphicsSceneHoverEvent* e) {
   QString tip;
-  if (auto hit = portAt(e->pos())) {
+  if (collapseToggleRect().adjusted(-2, -2, 2, 2).contains(e->pos())) {
+    tip = collapsed_ ? QString("Expand the node (H)") : QString("Collapse the node to its title bar (H)");
+  } else if (auto hit = portAt(e->pos())) {
     const core::PortSpec& ps = hit->output ? ports_.outputs[hit->index] : ports_.inputs[hit->index];
     tip = QString("<b>%1</b> · %2 %3")
               .arg(ps.name, core::portTypeName(ps.type), hit->output ? "output" : "input");
@@ -505,7 +591,44 @@ WireItem::WireItem(NodeItem* from, int fromPort, NodeItem* to, int toPort, const
   setZValue(-1);
   from_->wires() << this;
   to_->wires() << this;
+  points_ = GraphEditor::reroutePoints(conn_);
   setPorts(fromPort, toPort);
+}
+
+void WireItem::setConnection(const GraphConnection& c) {
+  conn_ = c;
+  carrying_ = false;
+  points_ = GraphEditor::reroutePoints(conn_);
+  updatePath();
+}
+
+void WireItem::rebuildPointItems() {
+  QList<RerouteItem*> items;
+  for (QGraphicsItem* child : childItems())
+    if (child->type() == RerouteItem::Type) items << static_cast<RerouteItem*>(child);
+  // The same number of points: the dots stay (one may be handling the mouse release that moved it).
+  if (items.size() != points_.size()) {
+    qDeleteAll(items);
+    items.clear();
+    for (int i = 0; i < points_.size(); ++i) items << new RerouteItem(this, i, color_);
+  }
+  for (int i = 0; i < points_.size(); ++i) items[i]->setPos(points_[i]);
+}
+
+void WireItem::movePoint(int index, QPointF scenePos) {
+  if (index < 0 || index >= points_.size()) return;
+  points_[index] = scenePos;
+  updatePath();
+}
+
+void WireItem::beginCarry() {
+  carrying_ = true;
+  carryBase_ = points_;
+  carryAnchor_ = from_->pos();
+}
+
+void WireItem::endCarry() {
+  carrying_ = false;
 }
 
 void WireItem::setPorts(int fromPort, int toPort) {
@@ -517,18 +640,72 @@ void WireItem::setPorts(int fromPort, int toPort) {
   updatePath();
 }
 
-QPainterPath WireItem::bezier(QPointF a, QPointF b) {
+namespace {
+
+// A wire leaves an output and enters an input horizontally; a reroute point is passed the same way, as a
+// port would be.
+void appendBezier(QPainterPath& path, QPointF a, QPointF b) {
   const qreal dx = qMax<qreal>(40, std::abs(b.x() - a.x()) * 0.5);
-  QPainterPath path(a);
   path.cubicTo(a + QPointF(dx, 0), b - QPointF(dx, 0), b);
+}
+
+qreal distanceToSegment(QPointF p, QPointF a, QPointF b) {
+  const QPointF ab = b - a;
+  const qreal len2 = QPointF::dotProduct(ab, ab);
+  const qreal t = len2 > 0 ? qBound<qreal>(0, QPointF::dotProduct(p - a, ab) / len2, 1) : 0;
+  return QLineF(p, a + t * ab).length();
+}
+
+}  // namespace
+
+QPainterPath WireItem::bezier(QPointF a, QPointF b) {
+  QPainterPath path(a);
+  appendBezier(path, a, b);
   return path;
 }
 
 void WireItem::updatePath() {
   prepareGeometryChange();
-  path_ = bezier(from_->portScenePos(true, qMax(0, fromPort_)), to_->portScenePos(false, qMax(0, toPort_)));
+  if (carrying_) {
+    const QPointF moved = from_->pos() - carryAnchor_;
+    for (int i = 0; i < points_.size() && i < carryBase_.size(); ++i) points_[i] = carryBase_[i] + moved;
+  }
+  QPointF at = from_->portScenePos(true, qMax(0, fromPort_));
+  path_ = QPainterPath(at);
+  for (const QPointF& p : std::as_const(points_)) {
+    appendBezier(path_, at, p);
+    at = p;
+  }
+  appendBezier(path_, at, to_->portScenePos(false, qMax(0, toPort_)));
   bounds_ = path_.boundingRect().adjusted(-4, -4, 4, 4);
   shape_ = QPainterPath();
+  rebuildPointItems();
+}
+
+int WireItem::insertionIndex(QPointF scenePos) const {
+  QList<QPointF> stops{from_->portScenePos(true, qMax(0, fromPort_))};
+  stops << points_ << to_->portScenePos(false, qMax(0, toPort_));
+  int best = 0;
+  qreal bestDistance = std::numeric_limits<qreal>::max();
+  for (int k = 0; k + 1 < stops.size(); ++k) {
+    // The stretch between two stops, flattened as it is drawn.
+    const QPolygonF line = bezier(stops[k], stops[k + 1]).toSubpathPolygons().value(0);
+    for (int i = 0; i + 1 < line.size(); ++i) {
+      const qreal d = distanceToSegment(scenePos, line[i], line[i + 1]);
+      if (d < bestDistance) {
+        bestDistance = d;
+        best = k;
+      }
+    }
+  }
+  return best;
+}
+
+bool WireItem::crosses(const QLineF& line) const {
+  for (const QPolygonF& poly : path_.toSubpathPolygons())
+    for (int i = 0; i + 1 < poly.size(); ++i)
+      if (QLineF(poly[i], poly[i + 1]).intersects(line) == QLineF::BoundedIntersection) return true;
+  return false;
 }
 
 QPainterPath WireItem::shape() const {
@@ -561,6 +738,44 @@ void WireItem::paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidge
     p->drawPath(path_);
     p->translate(0, -1 / lod);
   }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// RerouteItem
+
+RerouteItem::RerouteItem(WireItem* wire, int index, QColor color)
+    : QGraphicsItem(wire), wire_(wire), index_(index), color_(color) {
+  setCursor(Qt::SizeAllCursor);
+  setToolTip("Reroute point: drag to move it, double-click to remove it");
+}
+
+void RerouteItem::paint(QPainter* p, const QStyleOptionGraphicsItem*, QWidget*) {
+  p->setRenderHint(QPainter::Antialiasing, true);
+  p->setPen(QPen(QColor(0x15, 0x16, 0x18), 1.5));
+  p->setBrush(wire_->isSelected() ? kSelect : color_);
+  p->drawEllipse(QPointF(), 4.5, 4.5);
+}
+
+void RerouteItem::mousePressEvent(QGraphicsSceneMouseEvent* e) {
+  if (e->button() != Qt::LeftButton) {
+    e->ignore();
+    return;
+  }
+  grab_ = e->pos();
+  dragged_ = false;
+  e->accept();
+}
+
+void RerouteItem::mouseMoveEvent(QGraphicsSceneMouseEvent* e) {
+  dragged_ = true;
+  wire_->movePoint(index_, e->scenePos() - grab_);
+}
+
+void RerouteItem::mouseReleaseEvent(QGraphicsSceneMouseEvent* e) {
+  if (e->button() != Qt::LeftButton || !dragged_) return;
+  dragged_ = false;
+  auto* scene = static_cast<GraphScene*>(this->scene());
+  scene->editor()->setReroutePoints(wire_->connection(), wire_->points(), "Move reroute point");
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -693,10 +908,22 @@ GraphScene::GraphScene(GraphEditor* editor, QObject* parent) : QGraphicsScene(pa
   connect(doc, &core::GraphDocument::nodeRemoved, this, &GraphScene::onNodeRemoved);
   connect(doc, &core::GraphDocument::nodeMoved, this, &GraphScene::onNodeMoved);
   connect(doc, &core::GraphDocument::paramsChanged, this, &GraphScene::onParamsChanged);
+  connect(doc, &core::GraphDocument::runModeChanged, this, &GraphScene::onParamsChanged);
+  // A subgraph's ports may have changed: its item and wires are made again.
+  connect(doc, &core::GraphDocument::subgraphChanged, this, [this](const QString& id) {
+    const bool selected = nodes_.value(id) && nodes_.value(id)->isSelected();
+    onNodeRemoved(id);
+    addNodeItem(id);
+    for (const GraphConnection& c : document()->connections())
+      if (c.from.node == id || c.to.node == id) onConnectionAdded(c);
+    if (NodeItem* n = nodes_.value(id)) n->setSelected(selected);
+  });
   connect(doc, &core::GraphDocument::connectionAdded, this, &GraphScene::onConnectionAdded);
   connect(doc, &core::GraphDocument::connectionRemoved, this, &GraphScene::onConnectionRemoved);
+  connect(doc, &core::GraphDocument::connectionChanged, this, &GraphScene::onConnectionChanged);
   connect(doc, &core::GraphDocument::reset, this, &GraphScene::rebuildAll);
   connect(editor_, &GraphEditor::commentsChanged, this, &GraphScene::rebuildComments);
+  connect(editor_, &GraphEditor::collapsedChanged, this, &GraphScene::onCollapsedChanged);
   rebuildAll();
 }
 
@@ -743,6 +970,8 @@ GraphScene::~GraphScene() {
 
 void GraphScene::rebuildAll() {
   drag_ = {};
+  // Removing a selected item emits selectionChanged at once, and its slots read the items being deleted.
+  clearSelection();
   for (WireItem* w : std::as_const(wires_)) {
     removeItem(w);
     delete w;
@@ -763,8 +992,25 @@ void GraphScene::rebuildAll() {
 void GraphScene::addNodeItem(const QString& id) {
   if (nodes_.contains(id)) return;
   auto* item = new NodeItem(this, id);
+  item->setCollapsed(editor_->isCollapsed(id));
   nodes_.insert(id, item);
   addItem(item);
+}
+
+void GraphScene::onCollapsedChanged() {
+  for (NodeItem* n : std::as_const(nodes_)) n->setCollapsed(editor_->isCollapsed(n->id()));
+}
+
+void GraphScene::onConnectionChanged(const GraphConnection& c) {
+  if (WireItem* w = wires_.value(key(c))) w->setConnection(c);
+}
+
+QList<GraphConnection> GraphScene::wiresCrossing(const QLineF& line) const {
+  QList<GraphConnection> out;
+  // Document order, so the undo step lists them the same way every time.
+  for (const GraphConnection& c : document()->connections())
+    if (WireItem* w = wires_.value(key(c)); w && w->isVisible() && w->crosses(line)) out << c;
+  return out;
 }
 
 void GraphScene::removeWire(WireItem* w) {
@@ -846,13 +1092,28 @@ QRectF GraphScene::nodesRect(bool selectedOnly) const {
 }
 
 void GraphScene::resetRunState() {
-  for (NodeItem* n : std::as_const(nodes_))
+  for (NodeItem* n : std::as_const(nodes_)) {
     if (n->runStatus() != RunStatus::Idle || !n->runError().isEmpty() || !n->warnings().isEmpty())
       n->setRunState(RunStatus::Idle);
+    n->setPreview({});
+  }
+}
+
+void GraphScene::setPreviews(const QJsonObject& report) {
+  const QJsonObject nodes = report.value("nodes").toObject(), metrics = report.value("metrics").toObject();
+  for (NodeItem* n : std::as_const(nodes_))
+    n->setPreview(NodePreview::fromReport(n->id(), nodes.value(n->id()).toObject(), metrics));
 }
 
 void GraphScene::setRunStatus(const QString& node, RunStatus s, double timeMs, const QString& error) {
   if (NodeItem* n = nodes_.value(node)) n->setRunState(s, timeMs, error);
+}
+
+void GraphScene::setCached(const QString& node) {
+  if (NodeItem* n = nodes_.value(node)) {
+    n->setRunState(RunStatus::Done);
+    n->setCached(true);
+  }
 }
 
 void GraphScene::setProgress(const QString& node, double p) {
@@ -913,10 +1174,29 @@ void GraphScene::mousePressEvent(QGraphicsSceneMouseEvent* e) {
       for (NodeItem* n : c->captured()) dragStart_.insert(n->id(), n->pos());
     }
   }
+  // A wire whose both ends move keeps its bends where they were relative to the nodes. Only when the press
+  // starts a move: not on a reroute point, which is dragged on its own.
+  carried_.clear();
+  const QGraphicsItem* grabber = mouseGrabberItem();
+  if (!grabber || (grabber->type() != NodeItem::Type && grabber->type() != CommentItem::Type)) return;
+  for (auto it = wires_.begin(); it != wires_.end(); ++it)
+    if (!it.value()->points().isEmpty() && dragStart_.contains(it.value()->fromNode()->id()) &&
+        dragStart_.contains(it.value()->toNode()->id())) {
+      it.value()->beginCarry();
+      carried_ << it.key();
+    }
 }
 
 void GraphScene::mouseReleaseEvent(QGraphicsSceneMouseEvent* e) {
   QGraphicsScene::mouseReleaseEvent(e);
+  QList<QPair<GraphConnection, QList<QPointF>>> bent;  // carried wires whose points moved
+  for (const QString& k : std::as_const(carried_))
+    if (WireItem* w = wires_.value(k)) {
+      if (w->points() != GraphEditor::reroutePoints(w->connection()))
+        bent.append({w->connection(), w->points()});
+      w->endCarry();
+    }
+  carried_.clear();
   bool framesMoved = false;
   for (auto it = commentStart_.begin(); it != commentStart_.end(); ++it)
     if (CommentItem* c = comments_.value(it.key()); c && c->pos() != it.value()) framesMoved = true;
@@ -927,26 +1207,53 @@ void GraphScene::mouseReleaseEvent(QGraphicsSceneMouseEvent* e) {
     if (NodeItem* n = nodes_.value(it.key()); n && n->pos() != it.value())
       moves.insert(it.key(), {it.value(), n->pos()});
   dragStart_.clear();
-  if (!framesMoved) {
+  if (!framesMoved && bent.isEmpty()) {
     editor_->recordMove(moves);
     return;
   }
-  // Frames and the nodes they carried move back together on undo.
-  QList<CommentFrame> frames;
-  for (const CommentFrame& f : editor_->comments())
-    frames << (comments_.contains(f.id) ? comments_.value(f.id)->frame() : f);
-  editor_->undoStack()->beginMacro("Move comment frame");
+  // Frames, the nodes they carried and the bends of the wires between moved nodes move back together on
+  // undo.
+  editor_->undoStack()->beginMacro(framesMoved         ? QString("Move comment frame")
+                                   : moves.size() == 1 ? QString("Move %1").arg(moves.begin().key())
+                                                       : QString("Move %1 nodes").arg(moves.size()));
   editor_->recordMove(moves);
-  editor_->setComments(frames, "Move comment frame");
+  for (const auto& [c, points] : std::as_const(bent))
+    editor_->setReroutePoints(c, points, "Move reroute points");
+  if (framesMoved) {
+    QList<CommentFrame> frames;
+    for (const CommentFrame& f : editor_->comments())
+      frames << (comments_.contains(f.id) ? comments_.value(f.id)->frame() : f);
+    editor_->setComments(frames, "Move comment frame");
+  }
   editor_->undoStack()->endMacro();
 }
 
 void GraphScene::mouseDoubleClickEvent(QGraphicsSceneMouseEvent* e) {
+  if (e->button() == Qt::LeftButton)
+    for (QGraphicsItem* i : items(e->scenePos()))
+      if (i->type() == RerouteItem::Type) {
+        // Double-clicking a reroute point removes it.
+        auto* r = static_cast<RerouteItem*>(i);
+        QList<QPointF> points = r->wire()->points();
+        points.removeAt(r->index());
+        editor_->setReroutePoints(r->wire()->connection(), points, "Remove reroute point");
+        return;
+      }
   for (QGraphicsItem* i : items(e->scenePos()))
     if (i->type() == NodeItem::Type) {
       emit nodeDoubleClicked(static_cast<NodeItem*>(i)->id());
       return;
     }
+  if (e->button() == Qt::LeftButton)
+    for (QGraphicsItem* i : items(e->scenePos()))
+      if (i->type() == WireItem::Type) {
+        // Double-clicking a wire bends it there: a reroute point where the click was.
+        auto* w = static_cast<WireItem*>(i);
+        QList<QPointF> points = w->points();
+        points.insert(w->insertionIndex(e->scenePos()), e->scenePos());
+        editor_->setReroutePoints(w->connection(), points, "Add reroute point");
+        return;
+      }
   QGraphicsScene::mouseDoubleClickEvent(e);
 }
 
@@ -992,11 +1299,34 @@ GraphView::GraphView(GraphScene* scene, QWidget* parent) : QGraphicsView(scene, 
     deleteSelection();
   });
   paste_ = make("Paste", {QKeySequence::Paste}, [this] { pasteClipboard(); });
+  bypass_ = make("Bypass", {QKeySequence(Qt::CTRL | Qt::Key_B)},
+                 [this] { scene_->editor()->toggleBypassed(scene_->selectedNodeIds()); });
+  mute_ = make("Mute", {QKeySequence(Qt::CTRL | Qt::Key_M)},
+               [this] { scene_->editor()->toggleMuted(scene_->selectedNodeIds()); });
   frame_ = make("Frame all / selection", {QKeySequence(Qt::Key_F)}, [this] { frame(true); });
   selectAll_ = make("Select all", {QKeySequence::SelectAll}, [this] {
     for (QGraphicsItem* i : scene_->items())
       if (i->type() == NodeItem::Type) i->setSelected(true);
   });
+  collapse_ = make("Collapse / expand", {QKeySequence(Qt::Key_H)}, [this] { toggleCollapseSelection(); });
+  for (Arrangement a : kArrangements) {
+    QAction* action = make(arrangementName(a), {}, [this, a] { arrangeSelection(a); });
+    action->setToolTip(QString("%1 (%2 or more selected nodes; one undo step)")
+                           .arg(arrangementName(a))
+                           .arg(arrangementMinimum(a)));
+    arrange_ << action;
+  }
+  connect(scene_, &QGraphicsScene::selectionChanged, this, [this] {
+    int nodes = 0;
+    for (const QGraphicsItem* i : scene_->selectedItems()) nodes += i->type() == NodeItem::Type;
+    for (int i = 0; i < arrange_.size(); ++i)
+      arrange_[i]->setEnabled(nodes >= arrangementMinimum(kArrangements[i]));
+  });
+  for (QAction* a : arrange_) a->setEnabled(false);
+  findBar_ = new FindBar(this);
+  find_ = make("Find…", {QKeySequence::Find}, [this] { findBar_->open(); });
+  // Anywhere in the window: the find bar searches the canvas wherever the focus was.
+  find_->setShortcutContext(Qt::WindowShortcut);
   minimap_ = new Minimap(this);
   auto* search = new QAction("Add node…", this);
   search->setShortcuts({QKeySequence(Qt::Key_Tab), QKeySequence(Qt::SHIFT | Qt::Key_A)});
@@ -1007,6 +1337,41 @@ GraphView::GraphView(GraphScene* scene, QWidget* parent) : QGraphicsView(scene, 
     if (!viewport()->rect().contains(p)) p = viewport()->rect().center();
     openNodeSearch(p);
   });
+}
+
+void GraphView::arrangeSelection(Arrangement a) {
+  QList<NodeRect> rects;
+  for (const QString& id : scene_->selectedNodeIds())
+    if (NodeItem* n = scene_->nodeItem(id)) rects << NodeRect{id, n->sceneBodyRect()};
+  if (rects.size() < arrangementMinimum(a)) {
+    emit message(
+        QString("%1 needs %2 or more selected nodes").arg(arrangementName(a)).arg(arrangementMinimum(a)),
+        false);
+    return;
+  }
+  scene_->editor()->moveNodes(arrange(rects, a), arrangementName(a));
+}
+
+void GraphView::toggleCollapseSelection() {
+  const QStringList ids = scene_->selectedNodeIds();
+  if (ids.isEmpty()) return;
+  bool allCollapsed = true;
+  for (const QString& id : ids) allCollapsed = allCollapsed && scene_->editor()->isCollapsed(id);
+  scene_->editor()->setCollapsed(ids, !allCollapsed);
+}
+
+QMenu* GraphView::arrangeMenu(QWidget* parent) const {
+  auto* menu = new QMenu("&Arrange", parent);
+  for (QAction* a : arrange_) {
+    menu->addAction(a);
+    if (a == arrange_[3]) menu->addSeparator();  // align above, distribute below
+  }
+  return menu;
+}
+
+void GraphView::resizeEvent(QResizeEvent* e) {
+  QGraphicsView::resizeEvent(e);
+  if (findBar_->isVisible()) findBar_->place();
 }
 
 void GraphView::deleteSelection() {
@@ -1193,7 +1558,29 @@ void GraphView::finishWire(QMouseEvent* e) {
   openNodeSearch(e->position().toPoint(), origin, fromOutput);
 }
 
+void GraphView::endCut(bool apply) {
+  if (!cutLine_) return;
+  const QLineF line = cutLine_->line();
+  scene_->removeItem(cutLine_);
+  delete cutLine_;
+  cutLine_ = nullptr;
+  if (!apply) return;
+  const QList<GraphConnection> crossed = scene_->wiresCrossing(line);
+  if (!crossed.isEmpty()) scene_->editor()->cutWires(crossed);
+}
+
 void GraphView::mousePressEvent(QMouseEvent* e) {
+  // Ctrl+right-drag cuts: every wire the line crosses goes on release (Blender's gesture).
+  if (e->button() == Qt::RightButton && (e->modifiers() & Qt::ControlModifier) && !wiring_) {
+    const QPointF sp = mapToScene(e->position().toPoint());
+    cutLine_ = new QGraphicsLineItem(QLineF(sp, sp));
+    cutLine_->setPen(QPen(kError, 0, Qt::DashLine));
+    cutLine_->setZValue(6);
+    scene_->addItem(cutLine_);
+    viewport()->setCursor(Qt::CrossCursor);
+    e->accept();
+    return;
+  }
   if (e->button() == Qt::MiddleButton || (e->button() == Qt::LeftButton && spaceHeld_)) {
     panning_ = true;
     lastPan_ = e->position().toPoint();
@@ -1226,6 +1613,11 @@ void GraphView::mousePressEvent(QMouseEvent* e) {
 }
 
 void GraphView::mouseMoveEvent(QMouseEvent* e) {
+  if (cutLine_) {
+    cutLine_->setLine(QLineF(cutLine_->line().p1(), mapToScene(e->position().toPoint())));
+    e->accept();
+    return;
+  }
   if (panning_) {
     const QPoint d = e->position().toPoint() - lastPan_;
     lastPan_ = e->position().toPoint();
@@ -1255,6 +1647,13 @@ void GraphView::mouseMoveEvent(QMouseEvent* e) {
 }
 
 void GraphView::mouseReleaseEvent(QMouseEvent* e) {
+  if (cutLine_ && e->button() == Qt::RightButton) {
+    cutLine_->setLine(QLineF(cutLine_->line().p1(), mapToScene(e->position().toPoint())));
+    viewport()->unsetCursor();
+    endCut(true);
+    e->accept();
+    return;
+  }
   if (panning_ && (e->button() == Qt::MiddleButton || e->button() == Qt::LeftButton)) {
     panning_ = false;
     if (spaceHeld_)
@@ -1287,6 +1686,12 @@ void GraphView::keyPressEvent(QKeyEvent* e) {
   }
   if (e->key() == Qt::Key_Escape && wiring_) {
     endWireDrag();
+    e->accept();
+    return;
+  }
+  if (e->key() == Qt::Key_Escape && cutLine_) {
+    viewport()->unsetCursor();
+    endCut(false);
     e->accept();
     return;
   }
@@ -1325,29 +1730,38 @@ void GraphView::drawBackground(QPainter* p, const QRectF& rect) {
   }
 }
 
+namespace {
+bool droppable(const QMimeData* mime) {
+  return mime->hasFormat(kNodeTypeMime) || mime->hasFormat(kBlockMime);
+}
+}  // namespace
+
 void GraphView::dragEnterEvent(QDragEnterEvent* e) {
-  if (e->mimeData()->hasFormat(kNodeTypeMime))
+  if (droppable(e->mimeData()))
     e->acceptProposedAction();
   else
     QGraphicsView::dragEnterEvent(e);
 }
 
 void GraphView::dragMoveEvent(QDragMoveEvent* e) {
-  if (e->mimeData()->hasFormat(kNodeTypeMime))
+  if (droppable(e->mimeData()))
     e->acceptProposedAction();
   else
     QGraphicsView::dragMoveEvent(e);
 }
 
 void GraphView::dropEvent(QDropEvent* e) {
-  if (!e->mimeData()->hasFormat(kNodeTypeMime)) {
+  if (!droppable(e->mimeData())) {
     QGraphicsView::dropEvent(e);
     return;
   }
-  const QString type = QString::fromUtf8(e->mimeData()->data(kNodeTypeMime));
-  const QPointF sp = mapToScene(e->position().toPoint());
-  const QString id = scene_->editor()->addNode(type, sp - QPointF(20, 13));
-  scene_->selectNodes({id});
+  const QPointF sp = mapToScene(e->position().toPoint()) - QPointF(20, 13);
+  if (e->mimeData()->hasFormat(kBlockMime)) {
+    emit blockDropped(QString::fromUtf8(e->mimeData()->data(kBlockMime)), sp);
+  } else {
+    const QString id = scene_->editor()->addNode(QString::fromUtf8(e->mimeData()->data(kNodeTypeMime)), sp);
+    scene_->selectNodes({id});
+  }
   e->acceptProposedAction();
   setFocus();
 }
@@ -1423,6 +1837,11 @@ void GraphView::pasteClipboard() {
 }
 
 void GraphView::contextMenuEvent(QContextMenuEvent* e) {
+  // A Ctrl+right press starts a cut, not a menu.
+  if (e->reason() == QContextMenuEvent::Mouse && ((e->modifiers() & Qt::ControlModifier) || cutLine_)) {
+    e->accept();
+    return;
+  }
   QMenu menu(this);
   GraphEditor* ed = scene_->editor();
   if (NodeItem* n = nodeAt(e->pos())) {
@@ -1437,12 +1856,18 @@ void GraphView::contextMenuEvent(QContextMenuEvent* e) {
         menu.addSeparator();
         break;
       }
+    menu.addAction("Run to here", this, [this] { emit runToHereRequested(scene_->selectedNodeIds()); });
+    menu.addAction(bypass_);
+    menu.addAction(mute_);
+    menu.addSeparator();
     menu.addAction(duplicate_);
     menu.addAction(copy_);
     menu.addAction(cut_);
     menu.addAction(delete_);
     menu.addAction(comment_);
     menu.addSeparator();
+    menu.addAction(collapse_);
+    menu.addMenu(arrangeMenu(&menu));
     menu.addAction(frame_);
   } else {
     WireItem* wire = nullptr;
@@ -1451,10 +1876,37 @@ void GraphView::contextMenuEvent(QContextMenuEvent* e) {
         wire = static_cast<WireItem*>(i);
         break;
       }
+    CommentItem* frame = nullptr;
+    for (QGraphicsItem* i : items(e->pos()))
+      if (i->type() == CommentItem::Type) {
+        frame = static_cast<CommentItem*>(i);
+        break;
+      }
     if (wire) {
       const GraphConnection c = wire->connection();
       menu.addAction(QString("Disconnect %1 → %2").arg(c.from.str(), c.to.str()), this,
                      [ed, c] { ed->disconnect(c); });
+      const QPointF sp = mapToScene(e->pos());
+      menu.addAction("Add reroute point here", this, [ed, c, sp, wire] {
+        QList<QPointF> points = wire->points();
+        points.insert(wire->insertionIndex(sp), sp);
+        ed->setReroutePoints(c, points, "Add reroute point");
+      });
+      if (!wire->points().isEmpty())
+        menu.addAction("Remove reroute points", this,
+                       [ed, c] { ed->setReroutePoints(c, {}, "Remove reroute points"); });
+    } else if (frame) {
+      const QString id = frame->id();
+      QMenu* colors = menu.addMenu("Colour");
+      for (const auto& [name, color] : GraphEditor::commentColors()) {
+        QPixmap swatch(14, 14);
+        swatch.fill(color);
+        QAction* a =
+            colors->addAction(QIcon(swatch), name, this, [ed, id, color] { ed->setCommentColor(id, color); });
+        a->setCheckable(true);
+        a->setChecked(frame->frame().color == color);
+      }
+      menu.addAction("Delete frame", this, [ed, id] { ed->removeComments({id}); });
     } else {
       const QPoint vp = e->pos();
       menu.addAction("Add node…", this, [this, vp] { openNodeSearch(vp); });

@@ -12,10 +12,13 @@
 
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/validation.h"
+#include "arrange.h"
 #include "graph_editor.h"
+#include "node_preview.h"
 
 namespace gn::editor {
 
+class FindBar;
 class GraphScene;
 class Minimap;
 class WireItem;
@@ -52,6 +55,11 @@ class NodeItem : public QGraphicsItem {
   double progress() const { return progress_; }
   QString runError() const { return runError_; }
   void setRunState(RunStatus s, double timeMs = 0, const QString& error = {});
+  // Done without running: its outputs came from the run cache (a "cached" badge).
+  void setCached(bool cached);
+  bool cached() const { return cached_; }
+  bool bypassed() const { return bypassed_; }
+  bool muted() const { return muted_; }
   void setProgress(double p);
   void setRunWarning(const QString& w);
   void setIssues(const QStringList& errors, const QStringList& warnings);
@@ -63,11 +71,23 @@ class NodeItem : public QGraphicsItem {
   QStringList errors() const;      // validation and run errors, for tooltips and the Insert Copy offer
   QStringList warnings() const;
 
+  // A collapsed node shows only its title bar; its wires meet the bar's ends.
+  bool collapsed() const { return collapsed_; }
+  void setCollapsed(bool collapsed);
+  QRectF collapseToggleRect() const;  // the title bar's ▾/▸ button, item coordinates
+  QRectF sceneBodyRect() const { return mapRectToScene(body_); }
+  // What the last run showed about the node (values, a heatmap, an accuracy, a loss sparkline), drawn under
+  // its params. Empty hides it.
+  void setPreview(const NodePreview& preview);
+  const NodePreview& preview() const { return preview_; }
+  QRectF previewRect() const;  // where it is drawn, item coordinates; null when none is shown
+
   QList<WireItem*>& wires() { return wires_; }
 
  protected:
   QVariant itemChange(GraphicsItemChange change, const QVariant& value) override;
   void hoverMoveEvent(QGraphicsSceneHoverEvent* e) override;
+  void mousePressEvent(QGraphicsSceneMouseEvent* e) override;
 
  private:
   void layout();
@@ -85,11 +105,15 @@ class NodeItem : public QGraphicsItem {
   QPainterPath bodyPath_, headerPath_;
   qreal portsTop_ = 0;
   RunStatus status_ = RunStatus::Idle;
+  bool cached_ = false, bypassed_ = false, muted_ = false;
   double timeMs_ = 0, progress_ = 0;
   QString runError_, runWarning_;
   QStringList issueErrors_, issueWarnings_;
   QString facts_;
   QList<WireItem*> wires_;
+  bool collapsed_ = false;
+  NodePreview preview_;
+  qreal previewTop_ = 0;
 };
 
 class WireItem : public QGraphicsItem {
@@ -98,6 +122,8 @@ class WireItem : public QGraphicsItem {
   WireItem(NodeItem* from, int fromPort, NodeItem* to, int toPort, const core::GraphConnection& c);
   int type() const override { return Type; }
   const core::GraphConnection& connection() const { return conn_; }
+  // The same wire with other extra fields (its reroute points changed in the document).
+  void setConnection(const core::GraphConnection& c);
   NodeItem* fromNode() const { return from_; }
   NodeItem* toNode() const { return to_; }
   void setPorts(int fromPort, int toPort);
@@ -107,7 +133,19 @@ class WireItem : public QGraphicsItem {
   void paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget* widget) override;
   static QPainterPath bezier(QPointF a, QPointF b);
 
+  // Reroute points as drawn, in scene coordinates: the document's, or where a drag has them now.
+  const QList<QPointF>& points() const { return points_; }
+  void movePoint(int index, QPointF scenePos);  // while a point is dragged
+  // Where a point added at `scenePos` goes in points(): after the bend before the nearest stretch of wire.
+  int insertionIndex(QPointF scenePos) const;
+  // Whether the wire as drawn crosses the segment `line` (scene coordinates).
+  bool crosses(const QLineF& line) const;
+  // While a selection holding both its ends is dragged, the points follow the nodes.
+  void beginCarry();
+  void endCarry();
+
  private:
+  void rebuildPointItems();
   NodeItem *from_, *to_;
   int fromPort_, toPort_;
   core::GraphConnection conn_;
@@ -115,6 +153,34 @@ class WireItem : public QGraphicsItem {
   QPainterPath path_;
   mutable QPainterPath shape_;
   QRectF bounds_;
+  QList<QPointF> points_;
+  bool carrying_ = false;
+  QList<QPointF> carryBase_;
+  QPointF carryAnchor_;
+};
+
+// A reroute point: a dot on its wire. Drag it to bend the wire; double-click it to remove it.
+class RerouteItem : public QGraphicsItem {
+ public:
+  enum { Type = UserType + 4 };
+  RerouteItem(WireItem* wire, int index, QColor color);
+  int type() const override { return Type; }
+  WireItem* wire() const { return wire_; }
+  int index() const { return index_; }
+  QRectF boundingRect() const override { return QRectF(-6, -6, 12, 12); }
+  void paint(QPainter* p, const QStyleOptionGraphicsItem* option, QWidget* widget) override;
+
+ protected:
+  void mousePressEvent(QGraphicsSceneMouseEvent* e) override;
+  void mouseMoveEvent(QGraphicsSceneMouseEvent* e) override;
+  void mouseReleaseEvent(QGraphicsSceneMouseEvent* e) override;
+
+ private:
+  WireItem* wire_;
+  int index_;
+  QColor color_;
+  QPointF grab_;  // the press position relative to the dot's centre
+  bool dragged_ = false;
 };
 
 // A comment frame behind a group of nodes. Dragging it carries the nodes inside; the corner handle resizes
@@ -164,6 +230,8 @@ class GraphScene : public QGraphicsScene {
   // Writes the frames as the canvas shows them (after a drag or resize) as one undo step.
   void commitComments(const QString& text);
   WireItem* wireItem(const core::GraphConnection& c) const { return wires_.value(key(c)); }
+  // The wires a cut along `line` (scene coordinates) removes.
+  QList<core::GraphConnection> wiresCrossing(const QLineF& line) const;
   int nodeCount() const { return int(nodes_.size()); }
   int wireCount() const { return int(wires_.size()); }
   QStringList selectedNodeIds() const;
@@ -171,8 +239,11 @@ class GraphScene : public QGraphicsScene {
   void selectNodes(const QStringList& ids);
   QRectF nodesRect(bool selectedOnly) const;
 
-  void resetRunState();
+  void resetRunState();  // also hides the previews of the last run
+  // The previews of a finished run, from its report.
+  void setPreviews(const QJsonObject& report);
   void setRunStatus(const QString& node, RunStatus s, double timeMs = 0, const QString& error = {});
+  void setCached(const QString& node);  // done, from the run cache
   void setProgress(const QString& node, double p);
   void setRunWarning(const QString& node, const QString& message);
   void setValidation(const core::ValidationReport& report);
@@ -211,6 +282,8 @@ class GraphScene : public QGraphicsScene {
   void onParamsChanged(const QString& id);
   void onConnectionAdded(const core::GraphConnection& c);
   void onConnectionRemoved(const core::GraphConnection& c);
+  void onConnectionChanged(const core::GraphConnection& c);
+  void onCollapsedChanged();
 
   GraphEditor* editor_;
   QHash<QString, NodeItem*> nodes_;
@@ -218,8 +291,13 @@ class GraphScene : public QGraphicsScene {
   QHash<QString, CommentItem*> comments_;
   QHash<QString, QPointF> dragStart_;
   QHash<QString, QPointF> commentStart_;
+  QStringList carried_;  // keys of the wires whose points follow a drag
   WireDrag drag_;
 };
+
+// What the canvas takes dropped (a palette entry dragged): a node type's name, or a library block's file.
+inline constexpr char kNodeTypeMime[] = "application/x-gpunodes-node-type";
+inline constexpr char kBlockMime[] = "application/x-gpunodes-block";
 
 class GraphView : public QGraphicsView {
   Q_OBJECT
@@ -240,6 +318,19 @@ class GraphView : public QGraphicsView {
   QAction* frameAction() const { return frame_; }
   QAction* selectAllAction() const { return selectAll_; }
   QAction* commentAction() const { return comment_; }
+  QAction* findAction() const { return find_; }
+  QAction* collapseAction() const { return collapse_; }
+  // Ctrl+B and Ctrl+M: bypass or mute the selected nodes (off again when all of them are), one undo step.
+  QAction* bypassAction() const { return bypass_; }
+  QAction* muteAction() const { return mute_; }
+  // Align and distribute the selected nodes, in kArrangements order; each is one undo step.
+  const QList<QAction*>& arrangeActions() const { return arrange_; }
+  FindBar* findBar() const { return findBar_; }
+  void arrangeSelection(Arrangement a);
+  // A submenu of the arrange actions, for the Edit menu and the node's context menu.
+  QMenu* arrangeMenu(QWidget* parent) const;
+  // Collapses the selected nodes, or expands them when all of them are collapsed.
+  void toggleCollapseSelection();
   // A comment frame around the selected nodes, or at a viewport position when nothing is selected.
   QString addCommentFrame(std::optional<QPoint> at = {});
   void deleteSelection();
@@ -254,6 +345,10 @@ class GraphView : public QGraphicsView {
 
  signals:
   void message(const QString& text, bool error);
+  // "Run to here" from a node's context menu: run these nodes and what they need.
+  void runToHereRequested(const QStringList& nodeIds);
+  // A library block dropped at scenePos: its file, for the window to add (it knows the level's path).
+  void blockDropped(const QString& path, QPointF scenePos);
 
  protected:
   void mousePressEvent(QMouseEvent* e) override;
@@ -268,6 +363,7 @@ class GraphView : public QGraphicsView {
   void dropEvent(QDropEvent* e) override;
   void contextMenuEvent(QContextMenuEvent* e) override;
   void focusOutEvent(QFocusEvent* e) override;
+  void resizeEvent(QResizeEvent* e) override;
 
  private:
   struct Target {
@@ -281,6 +377,7 @@ class GraphView : public QGraphicsView {
   void finishWire(QMouseEvent* e);
   void endWireDrag();
   core::Endpoint originEndpoint() const;
+  void endCut(bool apply);
 
   GraphScene* scene_;
   QGraphicsPathItem* pending_ = nullptr;
@@ -291,8 +388,12 @@ class GraphView : public QGraphicsView {
   std::optional<core::GraphConnection> picked_;  // the wire lifted off an input, if any
   bool panning_ = false, spaceHeld_ = false;
   QPoint lastPan_;
+  QGraphicsLineItem* cutLine_ = nullptr;  // while Ctrl+right-dragging a cut across wires
   Minimap* minimap_ = nullptr;
-  QAction *delete_, *duplicate_, *copy_, *cut_, *paste_, *frame_, *selectAll_, *comment_;
+  FindBar* findBar_ = nullptr;
+  QAction *delete_, *duplicate_, *copy_, *cut_, *paste_, *frame_, *selectAll_, *comment_, *find_, *collapse_;
+  QAction *bypass_, *mute_;
+  QList<QAction*> arrange_;
 };
 
 }  // namespace gn::editor

@@ -3,6 +3,8 @@
 #include <QApplication>
 #include <QDockWidget>
 #include <QFile>
+#include <QJsonArray>
+#include <QJsonDocument>
 #include <QPainter>
 #include <QPainterPath>
 #include <QPalette>
@@ -19,6 +21,7 @@
 #include "process_dialog.h"
 #include "results_views.h"
 #include "run_controller.h"
+#include "subgraph_navigator.h"
 
 namespace {
 
@@ -94,6 +97,24 @@ void showPlotTab(gn::editor::MainWindow& w) {
   bool ok = false;
   const int row = qEnvironmentVariable("GPUNODES_EDITOR_MISTAKE").toInt(&ok);
   if (ok) plots->mistakesView()->showMistake(row);
+  if (qEnvironmentVariable("GPUNODES_EDITOR_OVERLAY") == "1")
+    for (int run : plots->earlierRuns()) plots->setRunOverlaid(run, true);
+}
+
+// One entry of GPUNODES_EDITOR_RUN: a schedule ("sequential"), or params to set before the run
+// ("train.lr=0.3;data.limit=3000"; a value that is not JSON is a string).
+void applyRunEntry(gn::editor::MainWindow& w, const QString& entry) {
+  if (entry.isEmpty()) return;
+  if (!entry.contains('=')) {
+    w.editor()->setSetting("schedule", entry);
+    return;
+  }
+  for (const QString& assignment : entry.split(';', Qt::SkipEmptyParts)) {
+    const QString target = assignment.section('=', 0, 0), text = assignment.section('=', 1);
+    const QJsonArray parsed = QJsonDocument::fromJson(("[" + text + "]").toUtf8()).array();
+    w.editor()->setParam(target.section('.', 0, 0), target.section('.', 1),
+                         parsed.size() == 1 ? parsed.first() : QJsonValue(text));
+  }
 }
 
 }  // namespace
@@ -117,8 +138,12 @@ int runEditor(int argc, char** argv, const QString& file) {
   if (!file.isEmpty() && !restored) window.loadFile(file);
   // For screenshots: a node to select (the inspector shows it), and a view "zoom[,x,y]" centred on a scene
   // point or else on the selection, so the grab can show text that framing the whole graph makes too small.
+  // A subgraph to open, by path ("block1/inner"), as double-clicking each would; the selection is then made
+  // inside it.
+  for (const QString& step : qEnvironmentVariable("GPUNODES_EDITOR_ENTER").split('/', Qt::SkipEmptyParts))
+    window.navigator()->enter(step);
   if (const QString select = qEnvironmentVariable("GPUNODES_EDITOR_SELECT"); !select.isEmpty())
-    window.scene()->selectNodes({select});
+    window.navigator()->currentScene()->selectNodes({select});
   if (const QStringList view = qEnvironmentVariable("GPUNODES_EDITOR_VIEW").split(',', Qt::SkipEmptyParts);
       !view.isEmpty()) {
     window.view()->setZoom(view[0].toDouble());
@@ -156,7 +181,7 @@ int runEditor(int argc, char** argv, const QString& file) {
           grab();
           return;
         }
-        if (!runs[i].isEmpty()) window.editor()->setSetting("schedule", runs[i]);
+        applyRunEntry(window, runs[i]);
         gn::editor::ProcessRunOptions options = gn::editor::ProcessRunDialog::remembered();
         options.processes = processes.value(i).toInt();
         ++i;

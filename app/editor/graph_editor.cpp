@@ -8,6 +8,7 @@
 
 #include "gpunodes/core/registry.h"
 #include "gpunodes/core/serializer.h"
+#include "gpunodes/core/subgraph.h"
 
 namespace gn::editor {
 
@@ -34,7 +35,7 @@ GraphDelta inverse(const GraphDelta& d) {
   return inv;
 }
 
-enum CommandId { kMove = 1, kParam = 2, kSetting = 3 };
+enum CommandId { kMove = 1, kParam = 2, kSetting = 3, kSubgraph = 4 };
 
 QJsonArray commentsJson(const QList<CommentFrame>& frames) {
   QJsonArray a;
@@ -88,12 +89,15 @@ class DeltaCommand : public QUndoCommand {
 
 class MoveCommand : public QUndoCommand {
  public:
-  MoveCommand(GraphDocument* doc, QHash<QString, QPair<QPointF, QPointF>> moves)
-      : doc_(doc), moves_(std::move(moves)) {
-    setText(moves_.size() == 1 ? QString("Move %1").arg(moves_.begin().key())
-                               : QString("Move %1 nodes").arg(moves_.size()));
+  // A named move (align, distribute) stays a step of its own; an unnamed one (a drag) merges with the next
+  // drag of the same nodes.
+  MoveCommand(GraphDocument* doc, QHash<QString, QPair<QPointF, QPointF>> moves, const QString& text = {})
+      : doc_(doc), moves_(std::move(moves)), mergeable_(text.isEmpty()) {
+    setText(!text.isEmpty()      ? text
+            : moves_.size() == 1 ? QString("Move %1").arg(moves_.begin().key())
+                                 : QString("Move %1 nodes").arg(moves_.size()));
   }
-  int id() const override { return kMove; }
+  int id() const override { return mergeable_ ? kMove : -1; }
   bool mergeWith(const QUndoCommand* other) override {
     auto* o = static_cast<const MoveCommand*>(other);
     if (o->moves_.size() != moves_.size()) return false;
@@ -113,6 +117,49 @@ class MoveCommand : public QUndoCommand {
  private:
   GraphDocument* doc_;
   QHash<QString, QPair<QPointF, QPointF>> moves_;
+  bool mergeable_;
+};
+
+// Changes one wire's extra fields (its reroute points).
+class ConnectionExtraCommand : public QUndoCommand {
+ public:
+  ConnectionExtraCommand(GraphDocument* doc, GraphConnection c, QJsonObject before, QJsonObject after,
+                         const QString& text)
+      : QUndoCommand(text),
+        doc_(doc),
+        conn_(std::move(c)),
+        before_(std::move(before)),
+        after_(std::move(after)) {}
+  void redo() override { doc_->setConnectionExtra(conn_, after_); }
+  void undo() override { doc_->setConnectionExtra(conn_, before_); }
+
+ private:
+  GraphDocument* doc_;
+  GraphConnection conn_;
+  QJsonObject before_, after_;
+};
+
+// Replaces the view's "collapsed" list. The view is not an edit to the document (no signal), so the editor
+// tells the canvas.
+class CollapseCommand : public QUndoCommand {
+ public:
+  CollapseCommand(GraphEditor* editor, QJsonArray before, QJsonArray after, const QString& text)
+      : QUndoCommand(text), editor_(editor), before_(std::move(before)), after_(std::move(after)) {}
+  void redo() override { apply(after_); }
+  void undo() override { apply(before_); }
+
+ private:
+  void apply(const QJsonArray& a) {
+    QJsonObject view = editor_->document()->view();
+    if (a.isEmpty())
+      view.remove("collapsed");
+    else
+      view.insert("collapsed", a);
+    editor_->document()->setView(view);
+    emit editor_->collapsedChanged();
+  }
+  GraphEditor* editor_;
+  QJsonArray before_, after_;
 };
 
 class ParamCommand : public QUndoCommand {
@@ -140,6 +187,41 @@ class ParamCommand : public QUndoCommand {
   GraphDocument* doc_;
   QString node_, param_;
   QJsonValue before_, after_;
+};
+
+// Bypass or mute on several nodes at once: one step.
+class RunModeCommand : public QUndoCommand {
+ public:
+  enum class Mode { Bypass, Mute };
+  RunModeCommand(GraphDocument* doc, Mode mode, QStringList nodes, QList<bool> before, bool after)
+      : QUndoCommand(QString("%1 %2 %3")
+                         .arg(after ? "" : "Un-", mode == Mode::Bypass ? "bypass" : "mute")
+                         .arg(nodes.size() == 1 ? nodes.front() : QString("%1 nodes").arg(nodes.size()))
+                         .trimmed()),
+        doc_(doc),
+        mode_(mode),
+        nodes_(std::move(nodes)),
+        before_(std::move(before)),
+        after_(after) {}
+  void redo() override {
+    for (const QString& n : nodes_) set(n, after_);
+  }
+  void undo() override {
+    for (int i = 0; i < nodes_.size(); ++i) set(nodes_[i], before_[i]);
+  }
+
+ private:
+  void set(const QString& node, bool on) {
+    if (mode_ == Mode::Bypass)
+      doc_->setBypassed(node, on);
+    else
+      doc_->setMuted(node, on);
+  }
+  GraphDocument* doc_;
+  Mode mode_;
+  QStringList nodes_;
+  QList<bool> before_;
+  bool after_;
 };
 
 class SettingCommand : public QUndoCommand {
@@ -175,6 +257,46 @@ class SettingCommand : public QUndoCommand {
   QJsonValue before_, after_;
 };
 
+// Reroute points as the file keeps them: whole scene units, so the file stays readable and a save and a
+// load give the same points.
+QJsonArray pointsJson(const QList<QPointF>& points, QPointF offset = {}) {
+  QJsonArray a;
+  for (const QPointF& p : points)
+    a.append(QJsonArray{qRound(p.x() + offset.x()), qRound(p.y() + offset.y())});
+  return a;
+}
+
+class SubgraphCommand : public QUndoCommand {
+ public:
+  SubgraphCommand(GraphDocument* doc, QString node, core::SubgraphPtr before, core::SubgraphPtr after,
+                  const QString& text, QString mergeKey)
+      : QUndoCommand(text),
+        doc_(doc),
+        node_(std::move(node)),
+        before_(std::move(before)),
+        after_(std::move(after)),
+        mergeKey_(std::move(mergeKey)) {}
+  int id() const override { return mergeKey_.isEmpty() ? -1 : kSubgraph; }
+  bool mergeWith(const QUndoCommand* other) override {
+    auto* o = static_cast<const SubgraphCommand*>(other);
+    if (o->node_ != node_ || o->mergeKey_ != mergeKey_) return false;
+    after_ = o->after_;
+    return true;
+  }
+  void redo() override { doc_->setSubgraph(node_, after_); }
+  void undo() override { doc_->setSubgraph(node_, before_); }
+
+ private:
+  GraphDocument* doc_;
+  QString node_;
+  core::SubgraphPtr before_, after_;
+  QString mergeKey_;
+};
+
+GraphDelta deltaOf(const core::subgraph::Change& change) {
+  return {change.removeNodes, change.addNodes, change.removeConnections, change.addConnections};
+}
+
 QList<GraphConnection> touching(const GraphDocument& doc, const QString& id) {
   QList<GraphConnection> out = doc.connectionsTo(id);
   for (const GraphConnection& c : doc.connectionsFrom(id))
@@ -190,6 +312,12 @@ GraphEditor::GraphEditor(GraphDocument* doc, const core::NodeTypeRegistry* regis
 const core::NodeTypeSpec* GraphEditor::specOf(const QString& nodeId) const {
   const GraphNode* n = doc_->node(nodeId);
   if (!n || !registry_) return nullptr;
+  if (core::subgraph::isSubgraph(*n)) {
+    SubgraphSpec& cached = subgraphSpecs_[nodeId];
+    if (!cached.spec || cached.subgraph != n->subgraph)
+      cached = {n->subgraph, std::make_shared<core::NodeTypeSpec>(core::subgraph::spec(*n, *registry_))};
+    return cached.spec.get();
+  }
   core::NodeTypePtr t = registry_->find(n->type);
   return t ? &t->spec() : nullptr;
 }
@@ -344,16 +472,18 @@ bool GraphEditor::reconnect(const GraphConnection& old, const Endpoint& newFrom,
 }
 
 void GraphEditor::disconnect(const GraphConnection& c) {
-  if (!doc_->connections().contains(c)) return;
+  const qsizetype i = doc_->connections().indexOf(c);
+  if (i < 0) return;
   GraphDelta d;
-  d.removeConnections << c;
+  d.removeConnections << doc_->connections()[i];  // as stored, with its reroute points, for undo
   applyDelta(d, QString("Disconnect %1 → %2").arg(c.from.str(), c.to.str()));
 }
 
 void GraphEditor::remove(const QStringList& nodeIds, const QList<GraphConnection>& connections) {
   GraphDelta d;
   for (const GraphConnection& c : connections)
-    if (doc_->connections().contains(c) && !d.removeConnections.contains(c)) d.removeConnections << c;
+    if (const qsizetype i = doc_->connections().indexOf(c); i >= 0 && !d.removeConnections.contains(c))
+      d.removeConnections << doc_->connections()[i];
   for (const QString& id : nodeIds) {
     const GraphNode* n = doc_->node(id);
     if (!n) continue;
@@ -364,7 +494,18 @@ void GraphEditor::remove(const QStringList& nodeIds, const QList<GraphConnection
   QString text = d.removeNodes.size() == 1 ? QString("Delete %1").arg(d.removeNodes.first().id)
                                            : QString("Delete %1 nodes").arg(d.removeNodes.size());
   if (d.removeNodes.isEmpty()) text = "Delete wires";
+  // A deleted node leaves the collapsed list too, or a later node given its id would start collapsed.
+  QStringList collapsed;
+  for (const GraphNode& n : d.removeNodes)
+    if (isCollapsed(n.id)) collapsed << n.id;
+  if (collapsed.isEmpty()) {
+    applyDelta(d, text);
+    return;
+  }
+  undo_.beginMacro(text);
   applyDelta(d, text);
+  setCollapsed(collapsed, false);
+  undo_.endMacro();
 }
 
 void GraphEditor::recordMove(const QHash<QString, QPair<QPointF, QPointF>>& oldAndNew) {
@@ -381,12 +522,96 @@ void GraphEditor::moveNodes(const QHash<QString, QPointF>& positions) {
   recordMove(moves);
 }
 
+void GraphEditor::moveNodes(const QHash<QString, QPointF>& positions, const QString& text) {
+  QHash<QString, QPair<QPointF, QPointF>> moves;
+  for (auto it = positions.begin(); it != positions.end(); ++it)
+    if (const GraphNode* n = doc_->node(it.key()); n && n->position != it.value())
+      moves.insert(it.key(), {n->position, it.value()});
+  if (!moves.isEmpty()) undo_.push(new MoveCommand(doc_, moves, text));
+}
+
+QList<QPointF> GraphEditor::reroutePoints(const GraphConnection& c) {
+  QList<QPointF> points;
+  for (const QJsonValue& v : c.extra.value("points").toArray()) {
+    const QJsonArray xy = v.toArray();
+    // A hand-edited file's bad entry is skipped rather than drawn at the origin.
+    if (xy.size() != 2 || !xy[0].isDouble() || !xy[1].isDouble()) continue;
+    points << QPointF(xy[0].toDouble(), xy[1].toDouble());
+  }
+  return points;
+}
+
+void GraphEditor::setReroutePoints(const GraphConnection& c, const QList<QPointF>& points,
+                                   const QString& text) {
+  const qsizetype i = doc_->connections().indexOf(c);
+  if (i < 0) return;
+  const QJsonObject before = doc_->connections()[i].extra;
+  QJsonObject after = before;
+  if (points.isEmpty())
+    after.remove("points");
+  else
+    after.insert("points", pointsJson(points));
+  if (after == before) return;
+  undo_.push(new ConnectionExtraCommand(doc_, doc_->connections()[i], before, after, text));
+}
+
+void GraphEditor::cutWires(const QList<GraphConnection>& wires) {
+  GraphDelta d;
+  for (const GraphConnection& c : wires)
+    if (const qsizetype i = doc_->connections().indexOf(c); i >= 0 && !d.removeConnections.contains(c))
+      d.removeConnections << doc_->connections()[i];  // with its points, which undo brings back
+  applyDelta(d, d.removeConnections.size() == 1 ? QString("Cut 1 wire")
+                                                : QString("Cut %1 wires").arg(d.removeConnections.size()));
+}
+
+bool GraphEditor::isCollapsed(const QString& nodeId) const {
+  return doc_->view().value("collapsed").toArray().contains(nodeId);
+}
+
+void GraphEditor::setCollapsed(const QStringList& nodeIds, bool collapsed) {
+  const QJsonArray before = doc_->view().value("collapsed").toArray();
+  QStringList ids;
+  for (const QJsonValue& v : before) ids << v.toString();
+  for (const QString& id : nodeIds) {
+    if (collapsed && !ids.contains(id) && doc_->hasNode(id)) ids << id;
+    if (!collapsed) ids.removeAll(id);
+  }
+  ids.sort();  // the same set always saves the same bytes
+  const QJsonArray after = QJsonArray::fromStringList(ids);
+  if (after == before) return;
+  const QString what = nodeIds.size() == 1 ? nodeIds.first() : QString("%1 nodes").arg(nodeIds.size());
+  undo_.push(new CollapseCommand(this, before, after, (collapsed ? "Collapse " : "Expand ") + what));
+}
+
 void GraphEditor::setParam(const QString& nodeId, const QString& param, const QJsonValue& value) {
   const GraphNode* n = doc_->node(nodeId);
   if (!n) return;
   const QJsonValue before = n->params.value(param);
   if (before == value) return;
   undo_.push(new ParamCommand(doc_, nodeId, param, before, value));
+}
+
+void GraphEditor::toggleBypassed(const QStringList& nodeIds) {
+  toggleRunMode(nodeIds, true);
+}
+
+void GraphEditor::toggleMuted(const QStringList& nodeIds) {
+  toggleRunMode(nodeIds, false);
+}
+
+void GraphEditor::toggleRunMode(const QStringList& nodeIds, bool bypass) {
+  QStringList nodes;
+  QList<bool> before;
+  bool all = true;
+  for (const QString& id : nodeIds)
+    if (const GraphNode* n = doc_->node(id)) {
+      nodes << id;
+      before << (bypass ? n->bypassed : n->muted);
+      all = all && before.back();
+    }
+  if (nodes.isEmpty()) return;
+  undo_.push(new RunModeCommand(doc_, bypass ? RunModeCommand::Mode::Bypass : RunModeCommand::Mode::Mute,
+                                nodes, before, !all));
 }
 
 void GraphEditor::setSetting(const QString& key, const QJsonValue& value) {
@@ -404,7 +629,7 @@ QList<CommentFrame> GraphEditor::comments() const {
     const QColor color(o.value("color").toString());
     out << CommentFrame{o.value("id").toString(),
                         QRectF(r[0].toDouble(), r[1].toDouble(), r[2].toDouble(), r[3].toDouble()),
-                        o.value("text").toString(), color.isValid() ? color : QColor(0x5b, 0x8b, 0xd0)};
+                        o.value("text").toString(), color.isValid() ? color : commentColors().first().second};
   }
   return out;
 }
@@ -425,7 +650,7 @@ QString GraphEditor::addComment(const QRectF& rect, const QString& text) {
   };
   while (taken(QString("c%1").arg(n))) ++n;
   const QString id = QString("c%1").arg(n);
-  frames << CommentFrame{id, rect.normalized(), text, QColor(0x5b, 0x8b, 0xd0)};
+  frames << CommentFrame{id, rect.normalized(), text, commentColors().first().second};
   setComments(frames, "Add comment frame");
   return id;
 }
@@ -437,6 +662,20 @@ void GraphEditor::removeComments(const QStringList& ids) {
       std::remove_if(frames.begin(), frames.end(), [&](const CommentFrame& f) { return ids.contains(f.id); }),
       frames.end());
   if (frames.size() != before) setComments(frames, "Delete comment frame");
+}
+
+QList<QPair<QString, QColor>> GraphEditor::commentColors() {
+  return {{"Blue", QColor(0x5b, 0x8b, 0xd0)},   {"Green", QColor(0x4c, 0xa8, 0x6b)},
+          {"Yellow", QColor(0xd6, 0xb0, 0x3c)}, {"Orange", QColor(0xe0, 0x7b, 0x39)},
+          {"Red", QColor(0xd0, 0x4f, 0x4f)},    {"Purple", QColor(0x9a, 0x6b, 0xd0)},
+          {"Teal", QColor(0x3a, 0xa8, 0xb0)},   {"Grey", QColor(0x8a, 0x90, 0x98)}};
+}
+
+void GraphEditor::setCommentColor(const QString& id, const QColor& color) {
+  QList<CommentFrame> frames = comments();
+  for (CommentFrame& f : frames)
+    if (f.id == id) f.color = color;
+  setComments(frames, "Colour comment frame");
 }
 
 QByteArray GraphEditor::copy(const QStringList& nodeIds) const {
@@ -455,9 +694,19 @@ QStringList GraphEditor::paste(const QByteArray& clipboard, QPointF at, QString*
     topLeft = QPointF(qMin(topLeft.x(), n.position.x()), qMin(topLeft.y(), n.position.y()));
   const QStringList ids = core::serializer::pasteNodes(*doc_, clipboard, at - topLeft, error);
   if (ids.isEmpty()) return {};
+  // Reroute points are scene positions: they move with the pasted nodes. Not an undo step of its own: the
+  // delta below records the wires as they are now.
+  const QSet<QString> idSet(ids.begin(), ids.end());
+  QList<GraphConnection> bent;
+  for (const GraphConnection& c : doc_->connections())
+    if (idSet.contains(c.from.node) && idSet.contains(c.to.node) && c.extra.contains("points")) bent << c;
+  for (const GraphConnection& c : bent) {
+    QJsonObject extra = c.extra;
+    extra.insert("points", pointsJson(reroutePoints(c), at - topLeft));
+    doc_->setConnectionExtra(c, extra);
+  }
   // Record what the paste added so undo removes it all and redo restores the same ids.
   GraphDelta d;
-  const QSet<QString> idSet(ids.begin(), ids.end());
   for (const QString& id : ids) {
     if (const GraphNode* n = doc_->node(id)) d.addNodes << *n;
     for (const GraphConnection& c : doc_->connectionsFrom(id))
@@ -578,6 +827,86 @@ bool GraphEditor::insertCopyNode(const QString& nodeId, const QString& errorMess
   }
   applyDelta(d, QString("Insert %1 before %2").arg(copy.id, old.to.str()));
   return true;
+}
+
+QString GraphEditor::group(const QStringList& nodeIds, QString* why) {
+  const QString id = core::subgraph::freeBlockId(*doc_);
+  const core::subgraph::Change change = core::subgraph::group(*doc_, nodeIds, id);
+  if (!change.error.isEmpty()) {
+    if (why) *why = change.error;
+    return {};
+  }
+  applyDelta(deltaOf(change), QString("Group %1 nodes into %2").arg(change.removeNodes.size()).arg(id));
+  return id;
+}
+
+QStringList GraphEditor::ungroup(const QString& nodeId, QString* why) {
+  const core::subgraph::Change change = core::subgraph::ungroup(*doc_, nodeId);
+  if (!change.error.isEmpty()) {
+    if (why) *why = change.error;
+    return {};
+  }
+  applyDelta(deltaOf(change), QString("Ungroup %1").arg(nodeId));
+  QStringList ids;
+  for (const GraphNode& n : change.addNodes) ids.append(n.id);
+  return ids;
+}
+
+void GraphEditor::setSubgraph(const QString& nodeId, core::SubgraphPtr subgraph, const QString& text,
+                              const QString& mergeKey) {
+  const GraphNode* n = doc_->node(nodeId);
+  if (!n || !core::subgraph::isSubgraph(*n) || n->subgraph == subgraph) return;
+  undo_.push(new SubgraphCommand(doc_, nodeId, n->subgraph, std::move(subgraph), text, mergeKey));
+}
+
+QString GraphEditor::promote(const QString& nodeId, const QString& innerNode, const QString& param) {
+  const GraphNode* n = doc_->node(nodeId);
+  if (!n || !core::subgraph::isSubgraph(*n) || !registry_) return {};
+  const core::Subgraph& sub = core::subgraph::of(*n);
+  const GraphNode* inner = sub.node(innerNode);
+  const std::optional<core::NodeTypeSpec> innerSpec =
+      inner ? core::subgraph::specOf(*inner, *registry_) : std::nullopt;
+  if (!innerSpec || !innerSpec->param(param)) return {};
+  for (const core::PromotedParam& p : sub.promoted)
+    if (p.node == innerNode && p.param == param) return p.name;  // already promoted
+  QString name = param;
+  for (int k = 2; sub.promotedParam(name); ++k) name = param + QString::number(k);
+  auto changed = std::make_shared<core::Subgraph>(sub);
+  changed->promoted.append({name, innerNode, param, {}});
+  setSubgraph(nodeId, changed, QString("Promote %1.%2 to %3.%4").arg(innerNode, param, nodeId, name));
+  return name;
+}
+
+void GraphEditor::unpromote(const QString& nodeId, const QString& name) {
+  const GraphNode* n = doc_->node(nodeId);
+  if (!n || !core::subgraph::isSubgraph(*n) || !core::subgraph::of(*n).promotedParam(name)) return;
+  auto changed = std::make_shared<core::Subgraph>(core::subgraph::of(*n));
+  changed->promoted.removeIf([&](const core::PromotedParam& p) { return p.name == name; });
+  undo_.beginMacro(QString("Unpromote %1.%2").arg(nodeId, name));
+  if (n->params.contains(name)) setParam(nodeId, name, QJsonValue::Undefined);
+  setSubgraph(nodeId, changed, QString("Unpromote %1.%2").arg(nodeId, name));
+  undo_.endMacro();
+}
+
+void GraphEditor::updateFromLibrary(const QString& nodeId, const core::subgraph::LibraryBlock& block) {
+  const GraphNode* n = doc_->node(nodeId);
+  if (!n || !core::subgraph::isSubgraph(*n)) return;
+  const GraphNode fresh = core::subgraph::updated(*n, block);
+  undo_.beginMacro(QString("Update %1 from the library").arg(nodeId));
+  setSubgraph(nodeId, fresh.subgraph, QString("Update %1 from the library").arg(nodeId));
+  if (fresh.params != n->params) {
+    const QJsonObject before = n->params;
+    for (auto it = before.begin(); it != before.end(); ++it)
+      if (!fresh.params.contains(it.key())) setParam(nodeId, it.key(), QJsonValue::Undefined);
+  }
+  undo_.endMacro();
+}
+
+QString GraphEditor::addBlock(const core::subgraph::LibraryBlock& block, QPointF pos) {
+  GraphDelta d;
+  d.addNodes.append(core::subgraph::instantiate(block, core::subgraph::freeBlockId(*doc_), pos));
+  applyDelta(d, QString("Add block %1").arg(block.name));
+  return d.addNodes.first().id;
 }
 
 }  // namespace gn::editor

@@ -13,6 +13,7 @@
 
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/node_type.h"
+#include "gpunodes/core/subgraph.h"
 
 namespace gn::core {
 class NodeTypeRegistry;
@@ -78,8 +79,13 @@ class GraphEditor : public QObject {
   // nodes merge.
   void recordMove(const QHash<QString, QPair<QPointF, QPointF>>& oldAndNew);
   void moveNodes(const QHash<QString, QPointF>& positions);
+  // A named move (align, distribute): one undo step of its own that never merges with a drag.
+  void moveNodes(const QHash<QString, QPointF>& positions, const QString& text);
   void setParam(const QString& nodeId, const QString& param, const QJsonValue& value);
   void setSetting(const QString& key, const QJsonValue& value);
+  // Bypass (mute) the nodes, or take it off when all of them have it already. One undo step.
+  void toggleBypassed(const QStringList& nodeIds);
+  void toggleMuted(const QStringList& nodeIds);
 
   QByteArray copy(const QStringList& nodeIds) const;
   // Pastes clipboard JSON so that the pasted nodes' top-left lands at `at`. One undo step. Returns new ids.
@@ -94,21 +100,62 @@ class GraphEditor : public QObject {
   // Applies a structural change as one undo step (used by everything above and by tests).
   void applyDelta(const GraphDelta& delta, const QString& text);
 
+  // Subgraphs (core/subgraph.h), each one undo step. group returns the new Subgraph node's id and ungroup
+  // the ids its inner nodes got; both empty, with *why, when nothing changed.
+  QString group(const QStringList& nodeIds, QString* why = nullptr);
+  QStringList ungroup(const QString& nodeId, QString* why = nullptr);
+  // Replaces a Subgraph node's inner graph, ports or promoted params. Consecutive steps with the same
+  // non-empty mergeKey become one (an edit inside a subgraph that its own undo stack merged, like typing).
+  void setSubgraph(const QString& nodeId, std::shared_ptr<const core::Subgraph> subgraph, const QString& text,
+                   const QString& mergeKey = {});
+  // Makes `param` of the inner node `innerNode` a param of the subgraph node, named after it (made unique);
+  // returns that name, empty when the inner node has no such param.
+  QString promote(const QString& nodeId, const QString& innerNode, const QString& param);
+  // Takes a promoted param off the subgraph node, with the value set there.
+  void unpromote(const QString& nodeId, const QString& name);
+  // Replaces an instance with its block's current content (core::subgraph::updated).
+  void updateFromLibrary(const QString& nodeId, const core::subgraph::LibraryBlock& block);
+  // A new instance of a library block at pos; returns its id.
+  QString addBlock(const core::subgraph::LibraryBlock& block, QPointF pos);
+
+  // Reroute points: where a wire bends on its way, in scene coordinates, kept in the connection's "points"
+  // field. Setting them is one undo step.
+  static QList<QPointF> reroutePoints(const core::GraphConnection& c);
+  void setReroutePoints(const core::GraphConnection& c, const QList<QPointF>& points, const QString& text);
+  // Removes the wires a cut line crossed, as one undo step.
+  void cutWires(const QList<core::GraphConnection>& wires);
+
+  // Collapsed nodes show only their title bar. The set is view state, kept in the file's view object as
+  // "collapsed": [ids]; changing it is one undo step.
+  bool isCollapsed(const QString& nodeId) const;
+  void setCollapsed(const QStringList& nodeIds, bool collapsed);
+
   QList<CommentFrame> comments() const;
   // Replaces the frames as one undo step.
   void setComments(const QList<CommentFrame>& frames, const QString& text);
   QString addComment(const QRectF& rect, const QString& text);
   void removeComments(const QStringList& ids);
+  // The colours the frame's context menu offers, with their names; the first is a new frame's.
+  static QList<QPair<QString, QColor>> commentColors();
+  void setCommentColor(const QString& id, const QColor& color);
 
  signals:
   void commentsChanged();
+  void collapsedChanged();
 
  private:
   bool wouldCycle(const QString& fromNode, const QString& toNode, const core::GraphConnection* ignore) const;
+  void toggleRunMode(const QStringList& nodeIds, bool bypass);
   std::optional<core::Endpoint> deviceSourceUpstream(const QString& nodeId, const QString& port) const;
   core::GraphDocument* doc_;
   const core::NodeTypeRegistry* registry_;
   QUndoStack undo_;
+  // A Subgraph node's spec is made from its inner graph: kept per node while its subgraph stays the same.
+  struct SubgraphSpec {
+    std::shared_ptr<const core::Subgraph> subgraph;
+    std::shared_ptr<const core::NodeTypeSpec> spec;
+  };
+  mutable QHash<QString, SubgraphSpec> subgraphSpecs_;
 };
 
 }  // namespace gn::editor

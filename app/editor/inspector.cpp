@@ -9,6 +9,7 @@
 #include <QJsonArray>
 #include <QLabel>
 #include <QLineEdit>
+#include <QPushButton>
 #include <QRegularExpression>
 #include <QSignalBlocker>
 #include <QSpinBox>
@@ -19,6 +20,7 @@
 #include <cmath>
 
 #include "gpunodes/core/registry.h"
+#include "gpunodes/core/subgraph.h"
 #include "graph_editor.h"
 #include "style.h"
 
@@ -71,7 +73,32 @@ QString shapeInfo(const QJsonValue& v) {
 InspectorPanel::InspectorPanel(GraphEditor* editor, QWidget* parent) : QScrollArea(parent), editor_(editor) {
   setObjectName("inspector");
   setWidgetResizable(true);
+  // The graph summary (counts, settings) follows edits, coalesced: a paste of hundreds of nodes rebuilds
+  // once.
+  graphInfo_.setSingleShot(true);
+  graphInfo_.setInterval(100);
+  connect(&graphInfo_, &QTimer::timeout, this, [this] {
+    if (selection_.isEmpty()) rebuild();
+  });
+  watchDocument();
+  rebuild();
+}
+
+void InspectorPanel::setEditor(GraphEditor* editor) {
+  if (editor == editor_) return;
+  // The document of a subgraph level that has closed is gone already (and with it its connections).
+  if (watched_) watched_->disconnect(this);
+  editor_ = editor;
+  watchDocument();
+  showNodes({});
+}
+
+void InspectorPanel::watchDocument() {
   core::GraphDocument* doc = editor_->document();
+  watched_ = doc;
+  connect(doc, &core::GraphDocument::subgraphChanged, this, [this](const QString& id) {
+    if (id == node_) rebuild();
+  });
   connect(doc, &core::GraphDocument::paramsChanged, this, [this](const QString& id) {
     if (id == node_) syncValues();
   });
@@ -82,17 +109,9 @@ InspectorPanel::InspectorPanel(GraphEditor* editor, QWidget* parent) : QScrollAr
     }
   });
   connect(doc, &core::GraphDocument::reset, this, [this] { showNodes({}); });
-  // The graph summary (counts, settings) follows edits, coalesced: a paste of hundreds of nodes rebuilds
-  // once.
-  graphInfo_.setSingleShot(true);
-  graphInfo_.setInterval(100);
-  connect(&graphInfo_, &QTimer::timeout, this, [this] {
-    if (selection_.isEmpty()) rebuild();
-  });
   connect(doc, &core::GraphDocument::changed, this, [this] {
     if (selection_.isEmpty()) graphInfo_.start();
   });
-  rebuild();
 }
 
 void InspectorPanel::showNodes(const QStringList& ids) {
@@ -202,6 +221,10 @@ QWidget* InspectorPanel::makeEditor(const ParamSpec& ps) {
 
 void InspectorPanel::rebuild() {
   rows_.clear();
+  innerParams_ = nullptr;
+  promoteButton_ = nullptr;
+  updateButton_ = nullptr;
+  library_ = nullptr;
   nodeErrors_ = nullptr;
   factsLabel_ = nullptr;
   factsTable_ = nullptr;
@@ -336,10 +359,99 @@ void InspectorPanel::rebuild() {
     portLabel->setObjectName("inspectorDoc");
     v->addSpacing(6);
     v->addWidget(portLabel);
+    if (core::subgraph::isSubgraph(*n)) addSubgraphSection(*n, v);
   }
   v->addStretch();
   setWidget(content_);
   syncValues();
+}
+
+void InspectorPanel::addSubgraphSection(const core::GraphNode& n, QVBoxLayout* v) {
+  const core::Subgraph& sub = core::subgraph::of(n);
+  const QString id = n.id;
+  v->addSpacing(6);
+  auto* enter = new QPushButton("Edit inside");
+  enter->setObjectName("enterSubgraph");
+  enter->setToolTip("Open the subgraph's inner graph on the canvas (or double-click the node)");
+  connect(enter, &QPushButton::clicked, this, [this, id] { emit enterRequested(id); });
+  v->addWidget(enter);
+
+  // The library block this instance came from, and whether the block's file has changed since.
+  if (!sub.block.name.isEmpty()) {
+    library_ = new QLabel;
+    library_->setObjectName("libraryState");
+    library_->setWordWrap(true);
+    v->addWidget(library_);
+    const QList<core::subgraph::LibraryBlock> library = core::subgraph::listLibrary();
+    const core::subgraph::LibraryBlock* block = nullptr;
+    for (const core::subgraph::LibraryBlock& b : library)
+      if (b.name == sub.block.name) block = &b;
+    if (!block) {
+      library_->setText(
+          QString("Block <b>%1</b>: no longer in the library").arg(sub.block.name.toHtmlEscaped()));
+    } else if (!core::subgraph::outOfDate(n, library)) {
+      library_->setText(
+          QString("Block <b>%1</b>: up to date with the library").arg(sub.block.name.toHtmlEscaped()));
+    } else {
+      library_->setText(
+          QString("Block <b>%1</b>: <span style='color:#e0b040'>out of date</span>, the library's "
+                  "file has changed since this instance was made")
+              .arg(sub.block.name.toHtmlEscaped()));
+      updateButton_ = new QPushButton("Update from library");
+      updateButton_->setObjectName("updateFromLibrary");
+      const core::subgraph::LibraryBlock copy = *block;
+      connect(updateButton_, &QPushButton::clicked, this,
+              [this, id, copy] { editor_->updateFromLibrary(id, copy); });
+      v->addWidget(updateButton_);
+    }
+  }
+
+  // Promoted params: shown in the form above; each can be taken back off.
+  for (const core::PromotedParam& p : sub.promoted) {
+    auto* line = new QHBoxLayout;
+    auto* label = new QLabel(QString("<b>%1</b> \u2190 %2.%3").arg(p.name, p.node, p.param));
+    label->setObjectName("inspectorDoc");
+    auto* remove = new QToolButton;
+    remove->setText("\u00d7");
+    remove->setAutoRaise(true);
+    remove->setToolTip(QString("Unpromote %1").arg(p.name));
+    const QString name = p.name;
+    connect(remove, &QToolButton::clicked, this, [this, id, name] { editor_->unpromote(id, name); });
+    line->addWidget(label, 1);
+    line->addWidget(remove);
+    v->addLayout(line);
+  }
+
+  // Every param of the inner nodes, to promote onto the subgraph node.
+  innerParams_ = new QComboBox;
+  innerParams_->setObjectName("innerParams");
+  const core::NodeTypeRegistry* registry = editor_->registry();
+  for (const core::GraphNode& inner : sub.nodes) {
+    const std::optional<core::NodeTypeSpec> spec =
+        registry ? core::subgraph::specOf(inner, *registry) : std::nullopt;
+    if (!spec) continue;
+    for (const ParamSpec& ps : spec->params) {
+      bool promoted = false;
+      for (const core::PromotedParam& p : sub.promoted)
+        promoted = promoted || (p.node == inner.id && p.param == ps.name);
+      if (!promoted) innerParams_->addItem(inner.id + "." + ps.name, QStringList{inner.id, ps.name});
+    }
+  }
+  promoteButton_ = new QPushButton("Promote");
+  promoteButton_->setObjectName("promoteParam");
+  promoteButton_->setToolTip("Make the inner param a param of this subgraph node");
+  promoteButton_->setEnabled(innerParams_->count() > 0);
+  connect(promoteButton_, &QPushButton::clicked, this, [this, id] {
+    const QStringList target = innerParams_->currentData().toStringList();
+    if (target.size() == 2) editor_->promote(id, target[0], target[1]);
+  });
+  auto* promoteLine = new QHBoxLayout;
+  promoteLine->addWidget(innerParams_, 1);
+  promoteLine->addWidget(promoteButton_);
+  auto* innerLabel = new QLabel("Inner params");
+  innerLabel->setObjectName("inspectorDoc");
+  v->addWidget(innerLabel);
+  v->addLayout(promoteLine);
 }
 
 void InspectorPanel::syncFacts() {

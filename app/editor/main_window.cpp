@@ -12,9 +12,11 @@
 #include <QFileDialog>
 #include <QFileInfo>
 #include <QFontDatabase>
+#include <QInputDialog>
 #include <QJsonArray>
 #include <QJsonDocument>
 #include <QLabel>
+#include <QLineEdit>
 #include <QListWidget>
 #include <QMenu>
 #include <QMenuBar>
@@ -24,17 +26,20 @@
 #include <QSet>
 #include <QSettings>
 #include <QSpinBox>
+#include <QStackedWidget>
 #include <QStandardPaths>
 #include <QStatusBar>
 #include <QTabWidget>
 #include <QToolBar>
 #include <QUndoStack>
+#include <QVBoxLayout>
 
 #include "canvas.h"
 #include "gpunodes/core/executor.h"
 #include "gpunodes/core/plugin.h"
 #include "gpunodes/core/registry.h"
 #include "gpunodes/core/serializer.h"
+#include "gpunodes/core/subgraph.h"
 #include "graph_editor.h"
 #include "inspector.h"
 #include "minimap.h"
@@ -42,6 +47,7 @@
 #include "plots.h"
 #include "process_dialog.h"
 #include "run_controller.h"
+#include "subgraph_navigator.h"
 #include "style.h"
 #include "timeline.h"
 
@@ -72,13 +78,42 @@ MainWindow::MainWindow(const core::NodeTypeRegistry* registry, QWidget* parent)
   editor_ = new GraphEditor(&doc_, registry_, this);
   scene_ = new GraphScene(editor_, this);
   view_ = new GraphView(scene_, this);
-  setCentralWidget(view_);
+  // The canvas under the breadcrumb; a subgraph being edited in place gets a canvas of its own in the stack.
+  auto* central = new QWidget(this);
+  auto* centralLayout = new QVBoxLayout(central);
+  centralLayout->setContentsMargins(0, 0, 0, 0);
+  centralLayout->setSpacing(0);
+  auto* crumbs = new Breadcrumb(central);
+  auto* canvases = new QStackedWidget(central);
+  canvases->addWidget(view_);
+  centralLayout->addWidget(crumbs);
+  centralLayout->addWidget(canvases, 1);
+  setCentralWidget(central);
+  navigator_ = new SubgraphNavigator(editor_, view_, canvases, crumbs, this);
   run_ = new RunController(registry_, this);
 
   buildDocks();
   buildActions();
   buildStatusBar();
   restoreLayout();
+
+  connect(navigator_, &SubgraphNavigator::levelChanged, this, [this] {
+    inspector_->setEditor(navigator_->currentEditor());
+    inspector_->showNodes(navigator_->currentScene()->selectedNodeIds());
+    inspector_->setValidation(navigator_->reportFor(navigator_->depth()));
+    showCanvasActions();
+  });
+  connect(navigator_, &SubgraphNavigator::selectionChanged, this, [this](const QStringList& ids) {
+    inspector_->showNodes(ids);
+    showSelectedEvaluation();
+  });
+  connect(navigator_, &SubgraphNavigator::viewOpened, this, &MainWindow::connectView);
+  connect(inspector_, &InspectorPanel::enterRequested, navigator_, &SubgraphNavigator::enter);
+  connect(palette_, &PalettePanel::blockRequested, this, [this](const core::subgraph::LibraryBlock& block) {
+    GraphView* view = navigator_->currentView();
+    addBlock(block, view->mapToScene(view->viewport()->rect().center()) + QPointF(-80, -40));
+  });
+  connect(palette_, &PalettePanel::libraryChanged, inspector_, &InspectorPanel::refresh);
 
   connect(editor_->undoStack(), &QUndoStack::cleanChanged, this, &MainWindow::updateTitle);
   connect(&doc_, &core::GraphDocument::changed, this, [this] { validateTimer_.start(); });
@@ -93,14 +128,12 @@ MainWindow::MainWindow(const core::NodeTypeRegistry* registry, QWidget* parent)
     devicesTimer_.start();
   });
   connect(scene_, &QGraphicsScene::selectionChanged, this, &MainWindow::onSelectionChanged);
-  connect(view_, &GraphView::message, this, [this](const QString& text, bool error) {
-    statusBar()->showMessage(text, 4000);
-    if (error) logMessage(LogLevel::Warning, text);
-  });
+  connectView(view_);
   connect(palette_, &PalettePanel::addRequested, this, [this](const QString& type) {
-    const QPointF at = view_->mapToScene(view_->viewport()->rect().center()) + QPointF(-80, -40);
-    const QString id = editor_->addNode(type, at);
-    scene_->selectNodes({id});
+    GraphView* view = navigator_->currentView();
+    const QPointF at = view->mapToScene(view->viewport()->rect().center()) + QPointF(-80, -40);
+    const QString id = navigator_->currentEditor()->addNode(type, at);
+    navigator_->currentScene()->selectNodes({id});
   });
   connect(run_, &RunController::batch, this, &MainWindow::onBatch);
   connect(run_, &RunController::finished, this, &MainWindow::onRunFinished);
@@ -138,6 +171,7 @@ MainWindow::MainWindow(const core::NodeTypeRegistry* registry, QWidget* parent)
 }
 
 MainWindow::~MainWindow() {
+  navigator_->exitTo(0);  // inner canvases before the stack that holds them
   // The scene observes doc_, which dies after the scene's parent (this) deletes it: disconnect first.
   doc_.disconnect(scene_);
   doc_.disconnect(inspector_);
@@ -163,6 +197,7 @@ void MainWindow::buildDocks() {
   palette_ = new PalettePanel(registry_, this);
   inspector_ = new InspectorPanel(editor_, this);
   plots_ = new PlotsPanel(this);
+  connect(plots_, &PlotsPanel::exportRequested, this, &MainWindow::exportPlotAs);
   timeline_ = new TimelineView(this);
   log_ = new QListWidget(this);
   log_->setObjectName("log");
@@ -192,9 +227,7 @@ void MainWindow::buildDocks() {
 
   connect(log_, &QListWidget::itemClicked, this, [this](QListWidgetItem* item) {
     const QString node = item->data(kNodeRole).toString();
-    if (node.isEmpty() || !scene_->nodeItem(node)) return;
-    scene_->selectNodes({node});
-    view_->centerOnNode(node);
+    if (!node.isEmpty()) navigator_->reveal(node);
   });
   connect(log_, &QListWidget::customContextMenuRequested, this, [this](QPoint pos) {
     QListWidgetItem* item = log_->itemAt(pos);
@@ -210,11 +243,8 @@ void MainWindow::buildDocks() {
     menu.addAction("Clear log", log_, &QListWidget::clear);
     menu.exec(log_->viewport()->mapToGlobal(pos));
   });
-  connect(timeline_, &TimelineView::spanClicked, this, [this](const QString& node) {
-    if (!scene_->nodeItem(node)) return;
-    scene_->selectNodes({node});
-    view_->centerOnNode(node);
-  });
+  connect(timeline_, &TimelineView::spanClicked, this,
+          [this](const QString& node) { navigator_->reveal(node); });
 }
 
 void MainWindow::buildActions() {
@@ -248,10 +278,8 @@ void MainWindow::buildActions() {
     const QString p = exportPath("Export report", "report.json", "JSON (*.json)");
     if (!p.isEmpty()) exportReport(p);
   });
-  exp->addAction("Visible plot as PNG…", this, [this] {
-    const QString p = exportPath("Export plot", "plot.png", "PNG (*.png)");
-    if (!p.isEmpty()) exportPlot(p);
-  });
+  exp->addAction("Visible plot as PNG…", this, [this] { exportPlotAs("png"); });
+  exp->addAction("Visible plot as SVG…", this, [this] { exportPlotAs("svg"); });
   exp->addAction("Timeline as PNG…", this, [this] {
     const QString p = exportPath("Export timeline", "timeline.png", "PNG (*.png)");
     if (!p.isEmpty() && !timeline_->grab().save(p)) showError("Export", "Could not write " + p);
@@ -267,23 +295,47 @@ void MainWindow::buildActions() {
   edit->addAction(undo);
   edit->addAction(redo);
   edit->addSeparator();
-  for (QAction* a : {view_->cutAction(), view_->copyAction(), view_->pasteAction(), view_->duplicateAction(),
-                     view_->deleteAction(), view_->selectAllAction(), view_->commentAction()})
-    edit->addAction(a);
+  // The canvas's own actions, of the canvas being looked at (showCanvasActions), go before this.
+  editMenu_ = edit;
+  canvasActionsEnd_ = edit->addSeparator();
+  // Subgraphs act on the graph level being edited: the root, or the subgraph entered.
+  edit->addAction("&Group into Subgraph", QKeySequence(Qt::CTRL | Qt::Key_G), this,
+                  [this] { groupSelection(); });
+  edit->addAction("&Ungroup Subgraph", QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_G), this,
+                  [this] { ungroupSelection(); });
+  edit->addAction("Save Subgraph to &Library…", this, [this] {
+    const QStringList ids = navigator_->currentScene()->selectedNodeIds();
+    const core::GraphDocument* doc = navigator_->currentEditor()->document();
+    const core::GraphNode* n = ids.size() == 1 ? doc->node(ids[0]) : nullptr;
+    if (!n || !core::subgraph::isSubgraph(*n)) {
+      showError("Save to library", "Select one subgraph node to save it to the library.");
+      return;
+    }
+    bool ok = false;
+    const QString block = core::subgraph::of(*n).block.name;
+    const QString suggested = block.isEmpty() ? n->id : block;
+    const QString name = QInputDialog::getText(this, "Save to library",
+                                               "Block name (letters, digits, _ or -):", QLineEdit::Normal,
+                                               suggested, &ok);
+    if (ok) saveToLibrary(n->id, name);
+  });
+  edit->addAction("Update from Li&brary", this, [this] {
+    for (const QString& id : navigator_->currentScene()->selectedNodeIds()) updateFromLibrary(id);
+  });
 
   viewMenu_ = menuBar()->addMenu("&View");
   fitAction_ = new QAction("Fit view", this);
   fitAction_->setToolTip("Frame the whole graph (F frames the selection)");
-  connect(fitAction_, &QAction::triggered, this, [this] { view_->frame(false); });
-  viewMenu_->addAction(view_->frameAction());
+  connect(fitAction_, &QAction::triggered, this, [this] { navigator_->currentView()->frame(false); });
   viewMenu_->addAction(fitAction_);
-  viewMenu_->addAction("Zoom 100%", this, [this] { view_->setZoom(1); });
+  viewMenu_->addAction("Zoom 100%", this, [this] { navigator_->currentView()->setZoom(1); });
   QAction* minimap = viewMenu_->addAction("Minimap");
   minimap->setCheckable(true);
   minimap->setChecked(QSettings().value("view/minimap", true).toBool());
   view_->minimap()->setVisible(minimap->isChecked());
   connect(minimap, &QAction::toggled, this, [this](bool on) {
     view_->minimap()->setVisible(on);
+    navigator_->currentView()->minimap()->setVisible(on);
     QSettings().setValue("view/minimap", on);
   });
   viewMenu_->addSeparator();
@@ -292,8 +344,24 @@ void MainWindow::buildActions() {
   QMenu* runMenu = menuBar()->addMenu("&Run");
   runAction_ = new QAction("▶ Run", this);
   runAction_->setShortcut(Qt::Key_F5);
-  runAction_->setToolTip("Run the graph (F5)");
+  runAction_->setToolTip("Run the graph (F5): nodes whose params, inputs and settings did not change since "
+                         "their last run reuse its outputs");
   connect(runAction_, &QAction::triggered, this, [this] { runGraph(); });
+  runAllAction_ = new QAction("Run all", this);
+  runAllAction_->setObjectName("runAllAction");
+  runAllAction_->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_F5));
+  runAllAction_->setToolTip("Run every node again, ignoring the run cache (Shift+Ctrl+F5)");
+  connect(runAllAction_, &QAction::triggered, this, [this] { runAll(); });
+  runToHereAction_ = new QAction("Run to here", this);
+  runToHereAction_->setObjectName("runToHereAction");
+  runToHereAction_->setShortcut(QKeySequence(Qt::Key_F6));
+  runToHereAction_->setToolTip("Run only the selected nodes and the nodes they need (F6)");
+  connect(runToHereAction_, &QAction::triggered, this, [this] {
+    QStringList paths;
+    for (const QString& id : navigator_->currentScene()->selectedNodeIds())
+      paths << navigator_->prefix(navigator_->depth()) + id;
+    runToHere(paths);
+  });
   cancelAction_ = new QAction("■ Cancel", this);
   cancelAction_->setShortcut(QKeySequence(Qt::SHIFT | Qt::Key_F5));
   cancelAction_->setToolTip("Cancel the run (Shift+F5); it stops within a second");
@@ -306,6 +374,8 @@ void MainWindow::buildActions() {
       "or machines");
   connect(processRunAction_, &QAction::triggered, this, [this] { runOnProcessesDialog(); });
   runMenu->addAction(runAction_);
+  runMenu->addAction(runAllAction_);
+  runMenu->addAction(runToHereAction_);
   runMenu->addAction(processRunAction_);
   runMenu->addAction(cancelAction_);
   runMenu->addAction("Validate", QKeySequence(Qt::Key_F7), this, [this] {
@@ -315,7 +385,17 @@ void MainWindow::buildActions() {
                  i.node);
     if (r.issues().isEmpty()) logMessage(LogLevel::Info, "The graph is valid.");
   });
-  runMenu->addAction("Clear timing history", this, [this] { plots_->clearHistory(); });
+  runMenu->addAction("Clear run history", this, [this] { plots_->clearHistory(); });
+  runMenu->addAction("Clear run cache", this, [this] { clearRunCache(); });
+  runMenu->addAction("Run cache limit…", this, [this] {
+    bool ok = false;
+    const int mib = QInputDialog::getInt(this, "Run cache limit",
+                                         "Memory the outputs of earlier runs may keep (MiB); 0 keeps none:",
+                                         int(run_->cache().maxBytes() >> 20), 0, 1 << 20, 256, &ok);
+    if (ok) setCacheLimit(qint64(mib) << 20);
+  });
+  nodeMenu_ = menuBar()->addMenu("&Node");
+  showCanvasActions();
 
   QToolBar* tb = addToolBar("Main");
   tb->setObjectName("mainToolbar");
@@ -366,6 +446,34 @@ void MainWindow::buildStatusBar() {
   statusBar()->addPermanentWidget(stateLabel_);
   statusBar()->addPermanentWidget(wallLabel_);
   statusBar()->addPermanentWidget(devicesLabel_);
+  cacheLabel_ = new QLabel(this);
+  cacheLabel_->setObjectName("runCache");
+  statusBar()->addPermanentWidget(cacheLabel_);
+  run_->cache().setMaxBytes(
+      QSettings().value("run/cacheLimitBytes", core::RunCache::kDefaultMaxBytes).toLongLong());
+  updateCacheLabel();
+}
+
+void MainWindow::updateCacheLabel() {
+  const core::RunCache& cache = run_->cache();
+  cacheLabel_->setText("cache " + style::formatBytes(double(cache.bytes())));
+  cacheLabel_->setToolTip(QString("The outputs of %1 node%2 from earlier runs, kept so that Run re-runs only "
+                                  "what changed; at most %3 (Run ▸ Run cache limit…)")
+                              .arg(cache.size())
+                              .arg(cache.size() == 1 ? "" : "s")
+                              .arg(style::formatBytes(double(cache.maxBytes()))));
+}
+
+void MainWindow::setCacheLimit(qint64 bytes) {
+  run_->cache().setMaxBytes(bytes);
+  QSettings().setValue("run/cacheLimitBytes", bytes);
+  updateCacheLabel();
+}
+
+void MainWindow::clearRunCache() {
+  run_->cache().clear();
+  updateCacheLabel();
+  logMessage(LogLevel::Info, "Run cache cleared: the next run runs every node");
 }
 
 void MainWindow::restoreLayout() {
@@ -433,7 +541,7 @@ void MainWindow::setDocumentFrom(core::GraphDocument& loaded, const QString& fil
   editor_->undoStack()->setClean();
   forcedDirty_ = false;
   file_ = file;
-  scene_->resetRunState();
+  navigator_->resetRunState();
   // Frame the graph rather than trust the file's view: node sizes differ between versions and screens.
   view_->frame(false, 1.0);
   inspector_->showNodes({});
@@ -519,7 +627,11 @@ void MainWindow::logProblems(const QString& fileName) {
 bool MainWindow::saveFile(const QString& path) {
   // Remember where the user was looking.
   const QPointF c = view_->mapToScene(view_->viewport()->rect().center());
-  doc_.setView(QJsonObject{{"zoom", view_->zoom()}, {"center", QJsonArray{qRound(c.x()), qRound(c.y())}}});
+  // Merged into the view object: it also holds the collapsed nodes.
+  QJsonObject view = doc_.view();
+  view.insert("zoom", view_->zoom());
+  view.insert("center", QJsonArray{qRound(c.x()), qRound(c.y())});
+  doc_.setView(view);
   QString error;
   if (!core::serializer::saveFile(path, doc_, &error)) {
     showError("Cannot save graph", error);
@@ -723,8 +835,8 @@ core::ValidationReport MainWindow::validateNow() {
   validateTimer_.stop();
   core::ValidationReport r;
   if (registry_) r = core::validate(doc_, *registry_);
-  scene_->setValidation(r);
-  inspector_->setValidation(r);
+  navigator_->setValidation(r);
+  inspector_->setValidation(navigator_->reportFor(navigator_->depth()));
   validation_ = r;
   issueKeys_.clear();
   for (const core::Issue& i : r.issues()) issueKeys_.insert(issueKey(i));
@@ -771,6 +883,20 @@ bool MainWindow::runGraph() {
   return startRun(nullptr);
 }
 
+bool MainWindow::runAll() {
+  return startRun(nullptr, false);
+}
+
+bool MainWindow::runToHere(const QStringList& nodeIds) {
+  if (nodeIds.isEmpty()) {
+    const QString why = "Run to here: select the nodes to run first";
+    statusBar()->showMessage(why, 5000);
+    lastMessage_ = why;
+    return false;
+  }
+  return startRun(nullptr, true, nodeIds);
+}
+
 bool MainWindow::runOnProcesses(const ProcessRunOptions& options) {
   ProcessRunOptions o = options;
   // Across machines every rank reads the graph from the temporary copy: put it beside the graph's own file,
@@ -791,7 +917,7 @@ bool MainWindow::runOnProcessesDialog() {
   return runOnProcesses(dialog.options());
 }
 
-bool MainWindow::startRun(const ProcessRunOptions* processes) {
+bool MainWindow::startRun(const ProcessRunOptions* processes, bool reuse, const QStringList& targets) {
   if (run_->isRunning()) {
     const QString why = "A run is already going: cancel it or wait for it to finish before starting another.";
     statusBar()->showMessage(why, 5000);
@@ -799,15 +925,16 @@ bool MainWindow::startRun(const ProcessRunOptions* processes) {
     lastMessage_ = why;
     return false;
   }
-  scene_->resetRunState();
+  navigator_->resetRunState();
   staleRun_ = false;
   core::ValidationReport report;
   QString why;
   const bool started =
-      processes ? run_->startProcesses(doc_, *processes, &report, &why) : run_->start(doc_, &report, &why);
+      processes ? run_->startProcesses(doc_, *processes, &report, &why)
+                : run_->start(doc_, &report, &why, reuse, targets);
   if (!started) {
-    scene_->setValidation(report);
-    inspector_->setValidation(report);
+    navigator_->setValidation(report);
+    inspector_->setValidation(navigator_->reportFor(navigator_->depth()));
     for (const core::Issue& i : report.issues())
       logMessage(i.severity == core::Issue::Severity::Error ? LogLevel::Error : LogLevel::Warning, i.message,
                  i.node);
@@ -817,7 +944,7 @@ bool MainWindow::startRun(const ProcessRunOptions* processes) {
     lastMessage_ = why;
     return false;
   }
-  scene_->setValidation(report);
+  navigator_->setValidation(report);
   QStringList order;
   for (const core::GraphNode& n : doc_.nodes()) order << n.id;
   const QJsonObject s = doc_.settings();
@@ -829,7 +956,7 @@ bool MainWindow::startRun(const ProcessRunOptions* processes) {
           .arg(ranks > 0 ? QString("%1 rank%2, ").arg(ranks).arg(ranks == 1 ? "" : "s") : QString())
           .arg(s.value("schedule").toString("parallel"))
           .arg(s.value("cpu_devices").toInt(1));
-  plots_->beginRun(label, order);
+  plots_->beginRun(label, order, runSettings(doc_));
   timeline_->clear();
   timeline_->setNodeOrder(order);
   devicesInUse_.clear();
@@ -870,37 +997,43 @@ void MainWindow::onBatch(const QList<core::RunEvent>& events) {
       case K::RunFinished:
         break;
       case K::NodeQueued:
-        scene_->setRunStatus(e.node, RunStatus::Queued);
+        navigator_->setRunStatus(e.node, RunStatus::Queued);
         break;
       case K::NodeStarted:
-        scene_->setRunStatus(e.node, RunStatus::Running);
+        navigator_->setRunStatus(e.node, RunStatus::Running);
         break;
       case K::NodeFinished:
-        scene_->setRunStatus(e.node, RunStatus::Done, e.value);
+        navigator_->setRunStatus(e.node, RunStatus::Done, e.value);
         plots_->setNodeTime(e.node, e.value);
         finishedOrder_ << e.node;
         break;
+      case K::NodeCached:
+        navigator_->setCached(e.node);
+        finishedOrder_ << e.node;
+        break;
       case K::NodeFailed:
+        // Bypassed and muted nodes are drawn as such from the document: not run, as asked.
+        if (e.message == "bypassed" || e.message == "muted") break;
         // Skipped and cancelled nodes come as failures too; they are grey, not red.
         if (e.message.startsWith("skipped", Qt::CaseInsensitive) ||
             e.message.contains("cancel", Qt::CaseInsensitive)) {
-          scene_->setRunStatus(e.node, RunStatus::Cancelled);
-          scene_->setRunWarning(e.node, e.message);
+          navigator_->setRunStatus(e.node, RunStatus::Cancelled);
+          navigator_->setRunWarning(e.node, e.message);
           logMessage(LogLevel::Warning, e.message, e.node);
         } else {
-          scene_->setRunStatus(e.node, RunStatus::Failed, 0, e.message);
+          navigator_->setRunStatus(e.node, RunStatus::Failed, 0, e.message);
           logMessage(LogLevel::Error, e.message, e.node);
         }
         break;
       case K::NodeWarning:
-        scene_->setRunWarning(e.node, e.message);
+        navigator_->setRunWarning(e.node, e.message);
         logMessage(LogLevel::Warning, e.message, e.node);
         break;
       case K::Progress:
         if (e.node.isEmpty())
           progress_->setValue(int(qBound(0.0, e.value, 1.0) * 1000));
         else
-          scene_->setProgress(e.node, e.value);
+          navigator_->setProgress(e.node, e.value);
         break;
       case K::Metric:
         plots_->addMetric(e.series, e.t, e.value);
@@ -917,7 +1050,7 @@ void MainWindow::onBatch(const QList<core::RunEvent>& events) {
   }
   timeline_->addSpans(spans);
   plots_->addMemory(memory);
-  view_->minimap()->scheduleUpdate();
+  navigator_->currentView()->minimap()->scheduleUpdate();
   plots_->refresh();
   wallLabel_->setText(style::formatMs(run_->elapsedMs()));
   devicesInUse_.sort();
@@ -939,18 +1072,23 @@ void MainWindow::onRunFinished(bool ok, bool cancelled, const QString& message) 
   for (auto it = nodes.begin(); it != nodes.end(); ++it) {
     const QJsonObject n = it.value().toObject();
     const QString status = n.value("status").toString();
-    if (status == "ok") {
+    if (status == "ok" && n.value("cached").toBool()) {
+      if (!finishedOrder_.contains(it.key())) finishedOrder_ << it.key();
+      navigator_->setCached(it.key());
+    } else if (status == "ok") {
       // A node whose NodeFinished event this window did not see still counts as finished, after the others.
       if (!finishedOrder_.contains(it.key())) finishedOrder_ << it.key();
-      scene_->setRunStatus(it.key(), RunStatus::Done, n.value("wall_ms").toDouble());
+      navigator_->setRunStatus(it.key(), RunStatus::Done, n.value("wall_ms").toDouble());
       plots_->setNodeTime(it.key(), n.value("wall_ms").toDouble());
     } else if (status == "pending" || status == "running") {
-      scene_->setRunStatus(it.key(), RunStatus::Cancelled);
+      navigator_->setRunStatus(it.key(), RunStatus::Cancelled);
     }
   }
   plots_->refresh();
+  updateCacheLabel();
   plots_->setEvaluations(nodes, finishedOrder_);
   showSelectedEvaluation();
+  navigator_->setPreviews(report);
   wallLabel_->setText("wall " + style::formatMs(wall));
   QStringList devs;
   for (const QJsonValue& d : report.value("devices").toArray())
@@ -979,14 +1117,159 @@ void MainWindow::onRunFinished(bool ok, bool cancelled, const QString& message) 
   updateRunActions();
 }
 
+QString MainWindow::groupSelection() {
+  QString why;
+  const QString id = navigator_->currentEditor()->group(navigator_->currentScene()->selectedNodeIds(), &why);
+  if (id.isEmpty())
+    statusBar()->showMessage("Group into subgraph: " + why, 4000);
+  else
+    navigator_->currentScene()->selectNodes({id});
+  return id;
+}
+
+QStringList MainWindow::ungroupSelection() {
+  QStringList added;
+  GraphEditor* editor = navigator_->currentEditor();
+  for (const QString& id : navigator_->currentScene()->selectedNodeIds())
+    if (const core::GraphNode* n = editor->document()->node(id); n && core::subgraph::isSubgraph(*n))
+      added += editor->ungroup(id);
+  if (added.isEmpty())
+    statusBar()->showMessage("Ungroup: select a subgraph node", 4000);
+  else
+    navigator_->currentScene()->selectNodes(added);
+  return added;
+}
+
+bool MainWindow::saveToLibrary(const QString& nodeId, const QString& name) {
+  GraphEditor* editor = navigator_->currentEditor();
+  const core::GraphNode* n = editor->document()->node(nodeId);
+  if (!n) return false;
+  core::subgraph::LibraryBlock saved;
+  QString error;
+  if (!core::subgraph::saveBlock(*n, name, &saved, &error)) {
+    showError("Save to library", error);
+    return false;
+  }
+  // The instance now refers to the block it was saved as, so later changes to the file can be offered.
+  editor->setSubgraph(nodeId, core::subgraph::instantiate(saved, nodeId, n->position).subgraph,
+                      QString("Save %1 to the library as %2").arg(nodeId, name));
+  palette_->reloadBlocks();
+  logMessage(LogLevel::Info, QString("Saved %1 to the library as %2 (%3)").arg(nodeId, name, saved.path),
+             nodeId);
+  return true;
+}
+
+bool MainWindow::updateFromLibrary(const QString& nodeId) {
+  GraphEditor* editor = navigator_->currentEditor();
+  const core::GraphNode* n = editor->document()->node(nodeId);
+  if (!n || !core::subgraph::isSubgraph(*n)) return false;
+  for (const core::subgraph::LibraryBlock& b : palette_->blocks())
+    if (b.name == core::subgraph::of(*n).block.name) {
+      editor->updateFromLibrary(nodeId, b);
+      return true;
+    }
+  return false;
+}
+
+namespace {
+// The library blocks a node is, or holds an instance of, at any depth.
+void blockNames(const core::GraphNode& node, QSet<QString>& into, int depth = 0) {
+  if (!core::subgraph::isSubgraph(node) || depth > core::subgraph::kMaxDepth) return;
+  const core::Subgraph& sub = core::subgraph::of(node);
+  if (!sub.block.name.isEmpty()) into.insert(sub.block.name);
+  for (const core::GraphNode& n : sub.nodes) blockNames(n, into, depth + 1);
+}
+}  // namespace
+
+QString MainWindow::addBlock(const core::subgraph::LibraryBlock& block, QPointF at) {
+  // Inside an instance of a block, that block (or one holding it) would contain itself: refused here rather
+  // than left for validation to find.
+  QSet<QString> held;
+  blockNames(block.node, held);
+  held.insert(block.name);
+  const QStringList path = navigator_->path();
+  for (int k = 1; k <= path.size(); ++k) {
+    const QString outerPath = path.mid(0, k).join(core::subgraph::kPathSeparator);
+    const core::GraphNode* outer = core::subgraph::nodeAt(doc_, outerPath);
+    const QString outerBlock = outer ? core::subgraph::of(*outer).block.name : QString();
+    if (outerBlock.isEmpty() || !held.contains(outerBlock)) continue;
+    const QString why = QString(
+                            "Cannot add block %1 here: %2 is an instance of block %3, which cannot "
+                            "contain itself")
+                            .arg(block.name, outerPath, outerBlock);
+    statusBar()->showMessage(why, 6000);
+    logMessage(LogLevel::Warning, why);
+    lastMessage_ = why;
+    return {};
+  }
+  const QString id = navigator_->currentEditor()->addBlock(block, at);
+  navigator_->currentScene()->selectNodes({id});
+  return id;
+}
+
+void MainWindow::connectView(GraphView* view) {
+  // An inner canvas's ids are local to its level; runs know nodes by their path from the root.
+  const QString prefix = navigator_->prefix(navigator_->depth());
+  connect(view, &GraphView::runToHereRequested, this, [this, prefix](const QStringList& ids) {
+    QStringList paths;
+    for (const QString& id : ids) paths << prefix + id;
+    runToHere(paths);
+  });
+  connect(view, &GraphView::message, this, [this](const QString& text, bool error) {
+    statusBar()->showMessage(text, 4000);
+    if (error) logMessage(LogLevel::Warning, text);
+  });
+  connect(view, &GraphView::blockDropped, this, [this](const QString& path, QPointF at) {
+    core::subgraph::LibraryBlock block;
+    QString error;
+    if (core::subgraph::readBlock(path, block, &error)) {
+      addBlock(block, at);
+      return;
+    }
+    statusBar()->showMessage(error, 6000);
+    logMessage(LogLevel::Error, error);
+    lastMessage_ = error;
+  });
+  view->minimap()->setVisible(QSettings().value("view/minimap", true).toBool());
+}
+
+void MainWindow::showCanvasActions() {
+  // Each canvas has its own actions, whose shortcuts work while it has the focus; the menus offer those of
+  // the canvas on screen, the root graph's or the open subgraph's.
+  GraphView* view = navigator_->currentView();
+  // An inner canvas that has closed took its actions with it (and out of the menus).
+  for (QAction* a : std::as_const(canvasMenuActions_)) {
+    if (!a) continue;
+    editMenu_->removeAction(a);
+    nodeMenu_->removeAction(a);
+    viewMenu_->removeAction(a);
+    if (a->parent() == editMenu_) delete a;  // a separator of the menu's own
+  }
+  canvasMenuActions_.clear();
+  delete arrangeMenu_;
+  arrangeMenu_ = view->arrangeMenu(editMenu_);
+  const auto add = [this](QMenu* menu, QAction* before, const QList<QAction*>& actions) {
+    menu->insertActions(before, actions);
+    for (QAction* a : actions) canvasMenuActions_ << a;
+  };
+  add(editMenu_, canvasActionsEnd_,
+      {view->cutAction(), view->copyAction(), view->pasteAction(), view->duplicateAction(),
+       view->deleteAction(), view->selectAllAction(), view->commentAction()});
+  canvasMenuActions_ << editMenu_->insertSeparator(canvasActionsEnd_);
+  add(editMenu_, canvasActionsEnd_, {view->findAction(), view->collapseAction(), arrangeMenu_->menuAction()});
+  add(nodeMenu_, nullptr, {view->bypassAction(), view->muteAction()});
+  add(viewMenu_, fitAction_, {view->frameAction()});
+}
+
 void MainWindow::onSelectionChanged() {
   inspector_->showNodes(scene_->selectedNodeIds());
   showSelectedEvaluation();
 }
 
 void MainWindow::showSelectedEvaluation() {
-  for (const QString& id : scene_->selectedNodeIds())
-    if (plots_->showEvaluation(id)) return;
+  const QString prefix = navigator_->prefix(navigator_->depth());
+  for (const QString& id : navigator_->currentScene()->selectedNodeIds())
+    if (plots_->showEvaluation(prefix + id)) return;
 }
 
 // ---------------------------------------------------------------------------------------------- exports
@@ -1052,9 +1335,14 @@ bool MainWindow::exportReport(const QString& path) {
   return true;
 }
 
+void MainWindow::exportPlotAs(const QString& format) {
+  const QString p = exportPath("Export plot", "plot." + format, format.toUpper() + " (*." + format + ")");
+  if (!p.isEmpty()) exportPlot(p);
+}
+
 bool MainWindow::exportPlot(const QString& path) {
   QString error;
-  if (!plots_->exportPng(path, &error)) {
+  if (!plots_->exportVisible(path, &error)) {
     showError("Export plot", error);
     return false;
   }

@@ -4,11 +4,13 @@
 #pragma once
 #include <QMainWindow>
 #include <QMessageBox>
+#include <QPointer>
 #include <QSet>
 #include <QTimer>
 #include <functional>
 
 #include "gpunodes/core/graph_document.h"
+#include "gpunodes/core/subgraph.h"
 #include "gpunodes/core/validation.h"
 #include "process_run.h"
 
@@ -34,6 +36,7 @@ class InspectorPanel;
 class PalettePanel;
 class PlotsPanel;
 class RunController;
+class SubgraphNavigator;
 class TimelineView;
 
 class MainWindow : public QMainWindow {
@@ -68,20 +71,39 @@ class MainWindow : public QMainWindow {
   bool offerRecovery();
   void setAutosaveIntervalMs(int ms);
 
-  // Runs.
+  // Runs. runGraph (Run, F5) reuses the outputs of nodes whose cache key did not change; runAll (Run all,
+  // Shift+Ctrl+F5) runs every node; runToHere (F6, and a node's context menu) runs the nodes and what they
+  // need, reusing the cache.
   bool runGraph();
+  bool runAll();
+  bool runToHere(const QStringList& nodeIds);
+  // The run cache's bound in bytes, kept in the settings ("run/cacheLimitBytes"); empties beyond it.
+  void setCacheLimit(qint64 bytes);
+  void clearRunCache();
   // The same on several processes under mpirun (Run ▸ Run on processes…, which asks for the options first);
   // its events reach the plots, timeline, canvas and log as a local run's do.
   bool runOnProcesses(const ProcessRunOptions& options);
   bool runOnProcessesDialog();
   void cancelRun();
   core::ValidationReport validateNow();
+  // Subgraphs, on the graph level being edited (core/subgraph.h): group the selection (Ctrl+G; returns the
+  // new node's id), ungroup the selected subgraphs (Ctrl+Shift+G; returns the inner nodes' ids), save a
+  // subgraph to the user's library under a name (the instance then refers to the block), and update an
+  // instance from its block's current file.
+  QString groupSelection();
+  QStringList ungroupSelection();
+  bool saveToLibrary(const QString& nodeId, const QString& name);
+  // Adds an instance of a library block to the level being edited at `at` (the palette's double-click and
+  // drop); refused, saying why, inside an instance of that block. Returns the new node's id.
+  QString addBlock(const core::subgraph::LibraryBlock& block, QPointF at);
+  bool updateFromLibrary(const QString& nodeId);
+  SubgraphNavigator* navigator() const { return navigator_; }
 
   // Exports (from the last run).
   bool exportTrace(const QString& path);
   bool exportMetricsCsv(const QString& path);
   bool exportReport(const QString& path);
-  bool exportPlot(const QString& path);
+  bool exportPlot(const QString& path);  // the visible plot tab: SVG for a path ending in .svg, else PNG
 
   core::GraphDocument* document() { return &doc_; }
   GraphEditor* editor() const { return editor_; }
@@ -117,22 +139,30 @@ class MainWindow : public QMainWindow {
   void setDocumentFrom(core::GraphDocument& loaded, const QString& file);
   void logProblems(const QString& fileName);
   void logNewIssues(const QSet<QString>& before, const core::ValidationReport& report);
-  bool startRun(const ProcessRunOptions* processes);  // null: in this process
+  // processes null: in this process, with the run cache (reuse) and, when given, only the targets.
+  bool startRun(const ProcessRunOptions* processes, bool reuse = true, const QStringList& targets = {});
+  void updateCacheLabel();
   void onBatch(const QList<core::RunEvent>& events);
   void onRunFinished(bool ok, bool cancelled, const QString& message);
   void onSelectionChanged();
   void showSelectedEvaluation();
   void updateRunActions();
+  // The signals of a canvas (the root's, or an inner level's as it opens) reach the window.
+  void connectView(GraphView* view);
+  // The Edit, Node and View menus' canvas entries: the actions of the canvas on screen.
+  void showCanvasActions();
   QMessageBox::StandardButton ask(QMessageBox::Icon icon, const QString& title, const QString& text,
                                   QMessageBox::StandardButtons buttons);
   void showError(const QString& title, const QString& text);
   QString exportPath(const QString& title, const QString& suffix, const QString& filter);
+  void exportPlotAs(const QString& format);  // "png" or "svg": asks where, then exportPlot()
 
   const core::NodeTypeRegistry* registry_;
   core::GraphDocument doc_;
   GraphEditor* editor_;
   GraphScene* scene_;
   GraphView* view_;
+  SubgraphNavigator* navigator_;
   PalettePanel* palette_;
   InspectorPanel* inspector_;
   PlotsPanel* plots_;
@@ -142,11 +172,14 @@ class MainWindow : public QMainWindow {
   RunController* run_;
   QList<QDockWidget*> docks_;
 
-  QAction *runAction_, *processRunAction_, *cancelAction_, *fitAction_;
+  QAction *runAction_, *runAllAction_, *runToHereAction_, *processRunAction_, *cancelAction_, *fitAction_;
   QComboBox* schedule_;
   QSpinBox* cpuDevices_;
-  QMenu *recentMenu_, *examplesMenu_, *viewMenu_;
-  QLabel *stateLabel_, *wallLabel_, *devicesLabel_;
+  QMenu *recentMenu_, *examplesMenu_, *viewMenu_, *editMenu_, *nodeMenu_;
+  QMenu* arrangeMenu_ = nullptr;         // the current canvas's, in the Edit menu
+  QAction* canvasActionsEnd_ = nullptr;  // the Edit menu's canvas entries go before it
+  QList<QPointer<QAction>> canvasMenuActions_;  // the entries showCanvasActions put in the menus
+  QLabel *stateLabel_, *wallLabel_, *devicesLabel_, *cacheLabel_;
   QProgressBar* progress_;
 
   QString file_;

@@ -5,6 +5,7 @@
 #include <QMimeData>
 #include <QVBoxLayout>
 
+#include "canvas.h"
 #include "gpunodes/core/registry.h"
 #include "style.h"
 
@@ -13,16 +14,23 @@ namespace gn::editor {
 namespace {
 constexpr int kTypeRole = Qt::UserRole;
 constexpr int kSearchRole = Qt::UserRole + 1;
+constexpr int kBlockRole = Qt::UserRole + 2;      // a "My blocks" entry: the block's index in blocks_
+constexpr int kBlockPathRole = Qt::UserRole + 3;  // and its file, which a drop reads
+const QString kBlocksCategory = QStringLiteral("My blocks");
 }  // namespace
 
 QStringList PaletteTree::mimeTypes() const {
-  return {"application/x-gpunodes-node-type"};
+  return {kNodeTypeMime, kBlockMime};
 }
 
 QMimeData* PaletteTree::mimeData(const QList<QTreeWidgetItem*>& items) const {
-  if (items.isEmpty() || items.first()->data(0, kTypeRole).toString().isEmpty()) return nullptr;
+  if (items.isEmpty()) return nullptr;
+  const QString type = items.first()->data(0, kTypeRole).toString();
+  const QString block = items.first()->data(0, kBlockPathRole).toString();
+  if (type.isEmpty() && block.isEmpty()) return nullptr;
   auto* mime = new QMimeData;
-  mime->setData("application/x-gpunodes-node-type", items.first()->data(0, kTypeRole).toString().toUtf8());
+  if (!type.isEmpty()) mime->setData(kNodeTypeMime, type.toUtf8());
+  if (!block.isEmpty()) mime->setData(kBlockMime, block.toUtf8());
   return mime;
 }
 
@@ -46,13 +54,74 @@ PalettePanel::PalettePanel(const core::NodeTypeRegistry* registry, QWidget* pare
   connect(tree_, &QTreeWidget::itemDoubleClicked, this, [this](QTreeWidgetItem* item) {
     const QString type = item->data(0, kTypeRole).toString();
     if (!type.isEmpty()) emit addRequested(type);
+    const QVariant block = item->data(0, kBlockRole);
+    if (block.isValid() && block.toInt() < blocks_.size()) emit blockRequested(blocks_[block.toInt()]);
   });
+  // The library folder: a block saved, changed or removed, here or by another gpunodes.
+  watcher_.addPath(core::subgraph::libraryDir());
+  connect(&watcher_, &QFileSystemWatcher::directoryChanged, this, [this] { reloadBlocks(); });
+  connect(&watcher_, &QFileSystemWatcher::fileChanged, this, [this] { reloadBlocks(); });
   reload();
+}
+
+void PalettePanel::reloadBlocks() {
+  QStringList errors;
+  blocks_ = core::subgraph::listLibrary(&errors);
+  delete blocksItem_;
+  blocksItem_ = new QTreeWidgetItem(tree_, {kBlocksCategory});
+  blocksItem_->setFlags(Qt::ItemIsEnabled);
+  blocksItem_->setForeground(0, style::categoryColor(core::subgraph::kType).lighter(170));
+  QFont f = blocksItem_->font(0);
+  f.setBold(true);
+  blocksItem_->setFont(0, f);
+  blocksItem_->setToolTip(0, QStringLiteral("Subgraphs saved with Edit ▸ Save Subgraph to Library, in %1")
+                                 .arg(core::subgraph::libraryDir().toHtmlEscaped()));
+  for (int i = 0; i < blocks_.size(); ++i) {
+    const core::subgraph::LibraryBlock& b = blocks_[i];
+    const core::Subgraph& sub = core::subgraph::of(b.node);
+    auto* item = new QTreeWidgetItem(blocksItem_, {b.name});
+    item->setData(0, kBlockRole, i);
+    item->setData(0, kBlockPathRole, b.path);
+    item->setData(0, kSearchRole, (b.name + " " + kBlocksCategory + " subgraph block").toLower());
+    item->setToolTip(
+        0, QStringLiteral("<b>%1</b><br>%2 nodes, %3 inputs, %4 outputs<br>%5<br><i>Drag onto the canvas or "
+                          "double-click to add</i>")
+               .arg(b.name.toHtmlEscaped())
+               .arg(sub.nodes.size())
+               .arg(sub.inputs.size())
+               .arg(sub.outputs.size())
+               .arg(b.path.toHtmlEscaped()));
+    item->setFlags(Qt::ItemIsEnabled | Qt::ItemIsSelectable | Qt::ItemIsDragEnabled);
+  }
+  // Unreadable files are listed too, so a broken block is not silently missing.
+  for (const QString& e : errors) {
+    auto* item = new QTreeWidgetItem(blocksItem_, {QStringLiteral("⚠ ") + e.section(u'/', -1)});
+    item->setToolTip(0, e.toHtmlEscaped());
+    item->setData(0, kSearchRole, kBlocksCategory.toLower());
+    item->setFlags(Qt::ItemIsEnabled);
+  }
+  for (const core::subgraph::LibraryBlock& b : blocks_)
+    if (!watcher_.files().contains(b.path)) watcher_.addPath(b.path);
+  blocksItem_->setExpanded(true);
+  filter(search_->text());
+  emit libraryChanged();
+}
+
+QTreeWidgetItem* PalettePanel::itemForBlock(const QString& name) const {
+  for (int i = 0; blocksItem_ && i < blocksItem_->childCount(); ++i)
+    if (blocksItem_->child(i)->data(0, kBlockRole).isValid() && blocksItem_->child(i)->text(0) == name)
+      return blocksItem_->child(i);
+  return nullptr;
 }
 
 void PalettePanel::reload() {
   tree_->clear();
-  if (!registry_) return;
+  blocksItem_ = nullptr;
+  if (registry_) addTypes();
+  reloadBlocks();
+}
+
+void PalettePanel::addTypes() {
   QMap<QString, QTreeWidgetItem*> categories;
   for (const core::NodeTypePtr& t : registry_->types()) {
     const core::NodeTypeSpec& s = t->spec();
@@ -75,7 +144,6 @@ void PalettePanel::reload() {
     item->setFlags(Qt::ItemIsEnabled | Qt::ItemIsSelectable | Qt::ItemIsDragEnabled);
   }
   tree_->expandAll();
-  filter(search_->text());
 }
 
 QTreeWidgetItem* PalettePanel::itemForType(const QString& type) const {

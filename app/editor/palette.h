@@ -1,8 +1,13 @@
 // The node catalogue: every type the loaded plugins provide, grouped by category, with a search field.
-// Drag an entry onto the canvas or double-click it to add the node.
+// Drag an entry onto the canvas or double-click it to add the node. Under "My blocks", the subgraphs saved
+// to the user's library (core/subgraph.h), added the same two ways; the list follows the library folder as
+// files come and go.
 #pragma once
+#include <QFileSystemWatcher>
 #include <QTreeWidget>
 #include <QWidget>
+
+#include "gpunodes/core/subgraph.h"
 
 class QLineEdit;
 
@@ -29,15 +34,26 @@ class PalettePanel : public QWidget {
   QLineEdit* searchField() const { return search_; }
   QTreeWidget* tree() const { return tree_; }
   QTreeWidgetItem* itemForType(const QString& type) const;
+  // The library as last read, and its "My blocks" entry for a block (null when there is none).
+  const QList<core::subgraph::LibraryBlock>& blocks() const { return blocks_; }
+  QTreeWidgetItem* itemForBlock(const QString& name) const;
+  // Reads the library again (also done when its folder or one of its files changes).
+  void reloadBlocks();
 
  signals:
   void addRequested(const QString& type);
+  void blockRequested(const core::subgraph::LibraryBlock& block);
+  void libraryChanged();
 
  private:
   void filter(const QString& text);
+  void addTypes();
   const core::NodeTypeRegistry* registry_;
   QLineEdit* search_;
   PaletteTree* tree_;
+  QTreeWidgetItem* blocksItem_ = nullptr;
+  QList<core::subgraph::LibraryBlock> blocks_;
+  QFileSystemWatcher watcher_;
 };
 
 }  // namespace gn::editor

@@ -291,10 +291,16 @@ void ProcessRun::track(const core::RunEvent& e) {
       nodes_[e.node].insert("status", "ok");
       nodes_[e.node].insert("wall_ms", e.value);
       break;
+    case K::NodeCached:
+      nodes_[e.node].insert("status", "ok");
+      nodes_[e.node].insert("cached", true);
+      break;
     case K::NodeFailed: {
-      const QString status = e.message.startsWith("skipped") ? "skipped"
-                             : e.message == "cancelled"      ? "cancelled"
-                                                             : "failed";
+      // Bypassed and muted nodes say so as their whole message (the executor's report statuses).
+      const QString status = e.message.startsWith("skipped")                   ? "skipped"
+                             : e.message == "cancelled"                        ? "cancelled"
+                             : e.message == "bypassed" || e.message == "muted" ? e.message
+                                                                               : "failed";
       nodes_[e.node].insert("status", status);
       nodes_[e.node].insert("error", e.message);
       break;

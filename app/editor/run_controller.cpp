@@ -18,7 +18,8 @@ RunController::~RunController() {
   // A job under mpirun is stopped by the ProcessRun's destructor, which waits for it.
 }
 
-bool RunController::start(const core::GraphDocument& doc, core::ValidationReport* validation, QString* why) {
+bool RunController::start(const core::GraphDocument& doc, core::ValidationReport* validation, QString* why,
+                          bool reuse, const QStringList& targets) {
   if (active_) {
     if (why) *why = "A run is already going: cancel it or wait for it to finish before starting another.";
     return false;
@@ -28,7 +29,7 @@ bool RunController::start(const core::GraphDocument& doc, core::ValidationReport
   exec_ = std::make_unique<core::Executor>(*registry_);
   const core::RunSettings settings = core::RunSettings::fromGraph(doc.settings());
   core::ValidationReport report;
-  if (!exec_->start(doc, settings, &report)) {
+  if (!exec_->start(doc, settings, &report, {.cache = &cache_, .reuse = reuse, .targets = targets})) {
     if (validation) *validation = report;
     if (why) {
       const QList<core::Issue> errors = report.errors();

@@ -3,6 +3,10 @@
 // a run is going is refused (not queued): the caller shows why. startProcesses() runs it under mpirun
 // instead (process_run.h): rank 0's event stream goes out through the same batches, so the plots, timeline,
 // canvas and log cannot tell the two apart.
+//
+// Local runs share one run cache (run_cache.h), kept for as long as the controller: the outputs of the last
+// runs stay in memory, bounded in bytes, least recently used out first, so the next run executes only the
+// nodes whose key changed. Runs under mpirun are other processes and use no cache.
 #pragma once
 #include <QElapsedTimer>
 #include <QJsonObject>
@@ -11,6 +15,7 @@
 #include <memory>
 
 #include "gpunodes/core/executor.h"
+#include "gpunodes/core/run_cache.h"
 #include "process_run.h"
 
 namespace gn::core {
@@ -26,8 +31,11 @@ class RunController : public QObject {
   explicit RunController(const core::NodeTypeRegistry* registry, QObject* parent = nullptr);
   ~RunController() override;
 
-  // False when a run is going (why says so) or validation fails (the issues are in *validation).
-  bool start(const core::GraphDocument& doc, core::ValidationReport* validation, QString* why);
+  // False when a run is going (why says so) or validation fails (the issues are in *validation). reuse:
+  // take unchanged nodes' outputs from the cache (Run) or run everything (Run all). targets: run only these
+  // nodes and what they need (Run to here); empty runs the whole graph.
+  bool start(const core::GraphDocument& doc, core::ValidationReport* validation, QString* why,
+             bool reuse = true, const QStringList& targets = {});
   // The same on options.processes processes under mpirun. Validation runs here first, as for a local run;
   // with a host file its errors only warn (the other machines' devices are not this one's), and rank 0's
   // own validation decides.
@@ -45,6 +53,7 @@ class RunController : public QObject {
   qsizetype droppedSpans() const { return droppedSpans_; }  // older spans not kept
   const QList<core::MemorySampleEvent>& memory() const { return memory_; }
   int runCount() const { return runs_; }
+  core::RunCache& cache() { return cache_; }
   // The last run's number of processes: 0 for a run in this process, N for one under mpirun.
   int worldSize() const { return proc_ ? proc_->worldSize() : 0; }
   const ProcessRun* processRun() const { return proc_.get(); }
@@ -63,6 +72,7 @@ class RunController : public QObject {
   // Keeps the run's spans and memory samples; returns whether `events` hold its RunFinished.
   bool keep(const QList<core::RunEvent>& events, bool* ok, QString* message);
   const core::NodeTypeRegistry* registry_;
+  core::RunCache cache_;  // before exec_: a run going fills it until the executor is gone
   std::unique_ptr<core::Executor> exec_;
   std::unique_ptr<ProcessRun> proc_;  // the last run, when it ran under mpirun (then exec_ is null)
   QTimer timer_;

@@ -27,6 +27,12 @@ MemoryStats Allocator::stats() const {
   return stats_;
 }
 
+void Allocator::reset_peak() {
+  std::lock_guard lock(stats_mutex_);
+  stats_.allocated_bytes.peak = stats_.allocated_bytes.current;
+  stats_.reserved_bytes.peak = stats_.reserved_bytes.current;
+}
+
 void Allocator::note_alloc(int64_t bytes, int64_t reserved_delta) {
   MemorySample sample;
   {

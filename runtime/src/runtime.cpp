@@ -67,6 +67,10 @@ Allocator& Runtime::allocator(Device d) {
   return *it->second;
 }
 
+void Runtime::reset_peak_memory() {
+  for (auto& [device, allocator] : allocators_) allocator->reset_peak();
+}
+
 Backend& Runtime::backend(Device d) {
   if (d.is_cuda()) {
     if (!cuda_backend_) throw Error("no CUDA backend for " + d.str());

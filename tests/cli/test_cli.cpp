@@ -331,8 +331,8 @@ class CliTest : public QObject {
          ": nodes[0].position: expected [x, y] (node a)"},
         {write(dir_, "format.json", R"({"format": "something-else", "version": 1})"),
          ": format: \"something-else\" is not a gpunodes graph"},
-        {write(dir_, "future.json", R"({"format": "gpunodes-graph", "version": 2})"),
-         ": version 2 is newer than this build (1)"},
+        {write(dir_, "future.json", R"({"format": "gpunodes-graph", "version": 3})"),
+         ": version 3 is newer than this build (2)"},
         {write(dir_, "latin1.json", nonUtf8), ": line 1, column 56: invalid UTF-8 (byte 0xe9)"},
         {write(dir_, "deep.json",
                R"({"format": "gpunodes-graph", "version": 1, "x": )" + QByteArray(100000, '[') +

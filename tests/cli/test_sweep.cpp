@@ -391,6 +391,35 @@ class SweepTest : public QObject {
 #endif
   }
 
+  void pointsShareTheRunCacheSoAnUnchangedDatasetLoadsOnce() {
+#ifndef GN_NODES_PLUGIN
+    QSKIP("the GPU node set is not built");
+#else
+    const QString graph = write(dir_, "cached.json", kTrainGraph), out = dir_.filePath("cached-sweep");
+    const Result r = gpunodes({"sweep", graph, "--grid", "train.lr=0.01,0.5,0.1", "--out", out});
+    EXPECT_EXIT(r, 0);
+    const QJsonArray points = readJson(QDir(out).filePath("summary.json")).value("points").toArray();
+    QCOMPARE(points.size(), 3);
+    for (int i = 0; i < 3; ++i) {
+      const QJsonObject nodes = readJson(QDir(out).filePath(points[i].toObject().value("report").toString()))
+                                    .value("nodes")
+                                    .toObject();
+      // The grid changes the Train only: the device, the data and the model come from the first point.
+      for (const char* id : {"cpu", "data", "net"}) {
+        const QJsonObject n = nodes.value(id).toObject();
+        QCOMPARE(n.value("status").toString(), QString("ok"));
+        QVERIFY2(n.value("cached").toBool() == (i > 0), id);
+      }
+      const QJsonObject data = nodes.value("data").toObject();
+      QCOMPARE(data.value("train_samples").toInt(), 200);  // what the load reported, reused with its outputs
+      if (i > 0) QCOMPARE(data.value("wall_ms").toDouble(), 0.0);
+      QVERIFY(!nodes.value("train").toObject().value("cached").toBool());
+      QVERIFY(!nodes.value("eval").toObject().value("cached").toBool());
+      QVERIFY(points[i].toObject().value("metrics").toObject().value("eval.accuracy").isDouble());
+    }
+#endif
+  }
+
   void twoRanksUnderMpirunShareThePoints() {
 #ifndef GN_MPIRUN
     QSKIP("built without MPI");

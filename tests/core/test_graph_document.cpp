@@ -1,5 +1,6 @@
 // GraphDocument: readable ids, edits and their signals, and the node-type helpers.
 #include <QElapsedTimer>
+#include <QJsonArray>
 #include <QSignalSpy>
 #include <QtTest>
 
@@ -93,6 +94,30 @@ class GraphDocumentTest : public QObject {
     QVERIFY(!doc.removeNode("c1"));
     QVERIFY(!doc.removeConnection(wire("c1.out", "a1.a")));
     QVERIFY(changed.count() > before);
+  }
+
+  void connectionExtraIsReplacedInPlace() {
+    GraphDocument doc;
+    doc.addNode(makeNode("c1", "TestConst"));
+    doc.addNode(makeNode("a1", "TestAdd"));
+    doc.addNode(makeNode("a2", "TestAdd"));
+    QVERIFY(doc.addConnection(wire("c1.out", "a1.a")));
+    QVERIFY(doc.addConnection(wire("c1.out", "a2.a")));
+    QSignalSpy changedWire(&doc, &GraphDocument::connectionChanged), changed(&doc, &GraphDocument::changed),
+        added(&doc, &GraphDocument::connectionAdded), removed(&doc, &GraphDocument::connectionRemoved);
+    const QJsonObject extra{{"points", QJsonArray{QJsonArray{10, 20}}}};
+    QVERIFY(doc.setConnectionExtra(wire("c1.out", "a1.a"), extra));
+    QCOMPARE(doc.connections().at(0).extra, extra);
+    // The wire keeps its place in the list (the file's order), and it is a change, not a remove and an add.
+    QCOMPARE(doc.connections().at(0).to.node, QString("a1"));
+    QCOMPARE(changedWire.count(), 1);
+    QCOMPARE(changedWire.at(0).at(0).value<GraphConnection>().extra, extra);
+    QCOMPARE(changed.count(), 1);
+    QCOMPARE(added.count() + removed.count(), 0);
+    QVERIFY(doc.setConnectionExtra(wire("c1.out", "a1.a"), extra));  // the same: no signal
+    QCOMPARE(changedWire.count(), 1);
+    QVERIFY(!doc.setConnectionExtra(wire("a1.out", "a2.b"), extra));  // no such wire
+    QVERIFY(doc.connections().at(1).extra.isEmpty());
   }
 
   void replaceAllAndClearEmitOneReset() {

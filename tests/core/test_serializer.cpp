@@ -55,6 +55,26 @@ class SerializerTest : public QObject {
   Q_OBJECT
 
  private slots:
+  void bypassAndMuteAreSavedOnlyWhenSet() {
+    GraphDocument doc;
+    QString error;
+    QVERIFY2(
+        ser::load(graph(R"([{"id": "a", "type": "T", "bypass": true}, {"id": "b", "type": "T", "mute": true},
+                                  {"id": "c", "type": "T", "mute": false}])"),
+                  doc, &error),
+        qPrintable(error));
+    QVERIFY(doc.node("a")->bypassed && !doc.node("a")->muted);
+    QVERIFY(doc.node("b")->muted && !doc.node("b")->bypassed);
+    QVERIFY(!doc.node("c")->muted && doc.node("c")->extra.isEmpty());
+    const QJsonArray nodes = QJsonDocument::fromJson(ser::save(doc)).object()["nodes"].toArray();
+    QCOMPARE(nodes[0].toObject()["bypass"], QJsonValue(true));
+    QVERIFY(!nodes[0].toObject().contains("mute"));
+    QCOMPARE(nodes[1].toObject()["mute"], QJsonValue(true));
+    QVERIFY(!nodes[2].toObject().contains("mute") && !nodes[2].toObject().contains("bypass"));
+    QCOMPARE(loadError(graph(R"([{"id": "a", "type": "T", "mute": "yes"}])")),
+             QString("nodes[0].mute: expected true or false, got \"yes\" (node a)"));
+  }
+
   void loadsTheDesignExample() {
     GraphDocument doc;
     QString error;
@@ -203,7 +223,7 @@ class SerializerTest : public QObject {
              QStringLiteral("format: \"other\" is not a gpunodes graph (expected \"gpunodes-graph\")"));
     QCOMPARE(loadError(R"({"format": "gpunodes-graph"})"), QStringLiteral("version: missing"));
     QCOMPARE(loadError(R"({"format": "gpunodes-graph", "version": 7})"),
-             QStringLiteral("version 7 is newer than this build (1); update gpunodes to open it"));
+             QStringLiteral("version 7 is newer than this build (2); update gpunodes to open it"));
     QCOMPARE(loadError(R"({"format": "gpunodes-graph", "version": "1"})"),
              QStringLiteral("version: expected an integer, got \"1\""));
     QCOMPARE(loadError(R"({"format": "gpunodes-graph", "version": 1.5})"),

@@ -52,6 +52,41 @@ class ValidationTest : public QObject {
   Q_OBJECT
 
  private slots:
+  void aNodeThatCannotBeBypassedIsAnErrorNamingNodeAndPort() {
+    GraphDocument doc;
+    baseGraph(doc);
+    doc.addNode(makeNode("a2", "TestAdd"));
+    doc.addConnection(wire("a1.out", "a2.a"));
+    // TestConst has no inputs: nothing to pass on to its out, which a1 needs.
+    doc.setBypassed("c1", true);
+    ValidationReport r = check(doc);
+    QVERIFY(!r.ok());
+    const QList<Issue> errors = r.forNode("c1");
+    QVERIFY2(errors.size() == 1, qPrintable(texts(r).join("\n")));
+    QCOMPARE(errors[0].field, QString("outputs.out"));
+    QCOMPARE(errors[0].message,
+             QString("cannot be bypassed: output out (Scalar) has no input of that type to "
+                     "pass on"));
+    // A bypassed TestAdd passes a on; with a open there is nothing to pass.
+    doc.setBypassed("c1", false);
+    doc.removeConnection(wire("c1.out", "a1.a"));
+    doc.setBypassed("a1", true);
+    r = check(doc);
+    QVERIFY2(r.forNode("a1").size() == 1, qPrintable(texts(r).join("\n")));
+    QCOMPARE(
+        r.forNode("a1")[0].text(),
+        QString("a1: outputs.out: cannot be bypassed: output out passes on input a, which is not connected"));
+    // Wired, it validates: a2 takes c1's value.
+    doc.addConnection(wire("c1.out", "a1.a"));
+    r = check(doc);
+    QVERIFY2(r.ok(), qPrintable(texts(r).join("\n")));
+    // Muted nodes and their dependents are not validated: they do not run.
+    doc.setParam("a2", "repeat", -5);
+    QVERIFY(!check(doc).ok());
+    doc.setMuted("a2", true);
+    QVERIFY2(check(doc).ok(), qPrintable(texts(check(doc)).join("\n")));
+  }
+
   void aValidGraphHasNoIssues() {
     GraphDocument doc;
     baseGraph(doc);

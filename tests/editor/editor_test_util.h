@@ -76,6 +76,14 @@ inline QString loadPlugin(core::NodeTypeRegistry& registry, const QString& path)
   return why;
 }
 
+// A shown main window that answers every question with Discard, as the suites that run graphs want it.
+inline std::unique_ptr<editor::MainWindow> discardingWindow(const core::NodeTypeRegistry* registry) {
+  auto w = std::make_unique<editor::MainWindow>(registry);
+  w->setPromptHandler([](auto...) { return QMessageBox::Discard; });
+  w->show();
+  return w;
+}
+
 // A shown main window whose questions never open a dialog: each one's text is added to `prompts`, and it is
 // answered with `*answer` (Discard when null), read at the time of the question.
 inline std::unique_ptr<editor::MainWindow> promptRecordingWindow(

@@ -10,6 +10,7 @@
 #include <QUndoStack>
 
 #include "editor_test_util.h"
+#include "find_bar.h"
 #include "fake_nodes.h"
 #include "gpunodes/core/registry.h"
 #include "graph_editor.h"
@@ -433,6 +434,365 @@ class TestCanvas : public QObject {
     QTest::keyClick(vp(), Qt::Key_Delete);
     QVERIFY(ed()->comments().isEmpty());
     QCOMPARE(doc()->nodes().size(), 2);
+  }
+
+  void findCyclesThroughMatches() {
+    // No other action of the window answers Ctrl+F.
+    int findShortcuts = 0;
+    for (QAction* a : w_->findChildren<QAction*>())
+      for (const QKeySequence& k : a->shortcuts()) findShortcuts += k == QKeySequence(Qt::CTRL | Qt::Key_F);
+    QCOMPARE(findShortcuts, 1);
+
+    const QString dev = add("Device", {0, 0});
+    const QString t1 = add("Tensor", {300, 0});
+    const QString t2 = add("Tensor", {2600, 1800});
+    const QString mm = add("MatMul", {-1500, 900});
+    ed()->setParam(t2, "shape", QJsonArray{128, 7});
+    ed()->setParam(mm, "repeat", 17);
+    ed()->setParam(t1, "init", "zeros");
+    editor::FindBar* bar = view()->findBar();
+    QVERIFY(!bar->isVisible());
+    view()->setFocus();
+    QTest::keyClick(vp(), Qt::Key_F, Qt::ControlModifier);
+    QVERIFY(bar->isVisible());
+    QVERIFY(bar->field()->hasFocus());
+
+    // "7" is in t2's shape (128×7) and mm's repeat (17), not in an id or a type: both, in document order.
+    QTest::keyClicks(bar->field(), "7");
+    QCOMPARE(bar->matches(), (QStringList{t2, mm}));
+    QCOMPARE(bar->countText(), QString("1 of 2"));
+    QCOMPARE(w_->scene()->selectedNodeIds(), QStringList{t2});
+    auto centred = [this](const QString& id) {
+      const QPointF c = view()->mapToScene(vp()->rect().center());
+      return QLineF(c, w_->scene()->nodeItem(id)->sceneBoundingRect().center()).length() < 2;
+    };
+    QVERIFY(centred(t2));
+    QTest::keyClick(bar->field(), Qt::Key_Return);
+    QCOMPARE(bar->countText(), QString("2 of 2"));
+    QCOMPARE(w_->scene()->selectedNodeIds(), QStringList{mm});
+    QVERIFY(centred(mm));
+    QTest::keyClick(bar->field(), Qt::Key_Return);  // wraps to the first
+    QCOMPARE(bar->countText(), QString("1 of 2"));
+    QVERIFY(centred(t2));
+    QTest::keyClick(bar->field(), Qt::Key_Return, Qt::ShiftModifier);  // and back
+    QCOMPARE(bar->countText(), QString("2 of 2"));
+    QCOMPARE(w_->scene()->selectedNodeIds(), QStringList{mm});
+
+    // Types, case-insensitively; a default value ("uniform", t2's init) counts, an overridden one does not
+    // (t1 says zeros); ids.
+    QCOMPARE(editor::findNodes(ed(), "tENSor"), (QStringList{t1, t2}));
+    QCOMPARE(editor::findNodes(ed(), "uniform"), QStringList{t2});
+    QCOMPARE(editor::findNodes(ed(), "zeros"), QStringList{t1});
+    QCOMPARE(editor::findNodes(ed(), dev), QStringList{dev});
+    QCOMPARE(editor::findNodes(ed(), "[128,7]"), QStringList{t2});  // a shape as the file writes it
+    QVERIFY(editor::findNodes(ed(), "  ").isEmpty());
+    bar->field()->selectAll();
+    QTest::keyClicks(bar->field(), "nothing-like-this");
+    QCOMPARE(bar->countText(), QString("no matches"));
+    QTest::keyClick(bar->field(), Qt::Key_Return);  // nothing to step to
+    QCOMPARE(bar->current(), -1);
+    // An edit that makes a node match shows at once; the node shown stays the current one.
+    ed()->setParam(t2, "init", "ones");
+    bar->field()->setText("ones");
+    QCOMPARE(bar->matches(), QStringList{t2});
+    ed()->setParam(t1, "init", "ones");
+    QCOMPARE(bar->matches(), (QStringList{t1, t2}));
+    QCOMPARE(bar->countText(), QString("2 of 2"));
+    ed()->undoStack()->undo();
+    QCOMPARE(bar->countText(), QString("1 of 1"));
+    QTest::keyClick(bar->field(), Qt::Key_Escape);
+    QVERIFY(!bar->isVisible());
+    QVERIFY(view()->hasFocus());
+  }
+
+  void alignAndDistributeAreOneStepEach() {
+    // Different widths and heights: a Tensor, a MatMul and a Device are not the same size once renamed.
+    const QString a = add("MatMul", {0, 0}), b = add("Tensor", {410, 130}), c = add("Device", {980, -70});
+    ed()->setParam(b, "shape", QJsonArray{4000, 4000});
+    QTest::qWait(10);
+    QHash<QString, QRectF> r;
+    for (const QString& id : {a, b, c}) r[id] = w_->scene()->nodeItem(id)->sceneBodyRect();
+    QCOMPARE(r[a].topLeft(), QPointF(0, 0));
+    QList<QAction*> acts = view()->arrangeActions();
+    QCOMPARE(acts.size(), 6);
+    w_->scene()->selectNodes({a, b});
+    QVERIFY(acts[0]->isEnabled());
+    QVERIFY(!acts[4]->isEnabled());  // distributing needs three
+    w_->scene()->selectNodes({a, b, c});
+    QVERIFY(acts[4]->isEnabled());
+
+    const QByteArray start = testing::normalized(*doc());
+    auto pos = [this](const QString& id) { return doc()->node(id)->position; };
+    auto check = [&](int action, const QHash<QString, QPointF>& expected) {
+      const int steps = ed()->undoStack()->index();
+      acts[action]->trigger();
+      for (auto it = expected.begin(); it != expected.end(); ++it) QCOMPARE(pos(it.key()), it.value());
+      QCOMPARE(ed()->undoStack()->index(), steps + 1);
+      QCOMPARE(ed()->undoStack()->text(steps), acts[action]->text());
+      ed()->undoStack()->undo();
+      QCOMPARE(testing::normalized(*doc()), start);
+    };
+    // Left edges on the leftmost (a at 0), tops on the topmost (c at -70).
+    check(0, {{a, {0, 0}}, {b, {0, 130}}, {c, {0, -70}}});
+    check(1, {{a, {0, -70}}, {b, {410, -70}}, {c, {980, -70}}});
+    // Centres on the selection's centre line: x from 0 to c's right edge, y from -70 to b's bottom.
+    const qreal cx = (0 + r[c].right()) / 2, cy = (-70 + r[b].bottom()) / 2;
+    check(2, {{a, {cx - r[a].width() / 2, 0}},
+              {b, {cx - r[b].width() / 2, 130}},
+              {c, {cx - r[c].width() / 2, -70}}});
+    check(3, {{a, {0, cy - r[a].height() / 2}},
+              {b, {410, cy - r[b].height() / 2}},
+              {c, {980, cy - r[c].height() / 2}}});
+    // Distributed left to right: a and c stay, b goes where the two gaps are equal.
+    const qreal gap = (r[c].right() - 0 - r[a].width() - r[b].width() - r[c].width()) / 2;
+    check(4, {{a, {0, 0}}, {b, {r[a].width() + gap, 130}}, {c, {980, -70}}});
+    // Top to bottom: c (-70) and b (130) stay; a goes between with equal gaps.
+    const qreal vgap = (r[b].bottom() - (-70) - r[a].height() - r[b].height() - r[c].height()) / 2;
+    check(5, {{c, {980, -70}}, {a, {0, -70 + r[c].height() + vgap}}, {b, {410, 130}}});
+
+    // Two named steps in a row stay two steps, unlike two drags of the same nodes.
+    const int steps = ed()->undoStack()->index();
+    acts[0]->trigger();
+    acts[1]->trigger();
+    QCOMPARE(ed()->undoStack()->index(), steps + 2);
+    // The pure function agrees with the actions and leaves too small a selection where it is.
+    const QHash<QString, QPointF> one = editor::arrange({{a, r[a]}}, editor::Arrangement::AlignLeft);
+    QCOMPARE(one.value(a), r[a].topLeft());
+  }
+
+  void rerouteWires() {
+    const QString t = add("Tensor", {0, 0}), mm = add("MatMul", {600, 300});
+    QVERIFY(ed()->connect({t, "out"}, {mm, "a"}));
+    const core::GraphConnection c{{t, "out"}, {mm, "a"}, {}};
+    editor::WireItem* w = w_->scene()->wireItem(c);
+    QVERIFY(w);
+    QTest::qWait(10);
+    // Double-click the wire halfway: a point there. The middle of the drawn curve, from its end points.
+    const QPointF from = w->fromNode()->portScenePos(true, 0), to = w->toNode()->portScenePos(false, 0);
+    const QPointF mid = editor::WireItem::bezier(from, to).pointAtPercent(0.5);
+    const int steps = ed()->undoStack()->count();
+    QTest::mouseDClick(vp(), Qt::LeftButton, {}, testing::viewPoint(view(), mid));
+    QCOMPARE(ed()->undoStack()->count(), steps + 1);
+    QList<QPointF> points = editor::GraphEditor::reroutePoints(doc()->connections().first());
+    QCOMPARE(points.size(), 1);
+    QVERIFY(QLineF(points[0], mid).length() < 2);
+    QCOMPARE(w_->scene()->wireItem(c)->points(), points);
+    // The wire now passes through it, and the point is a dot that drags.
+    QVERIFY(w_->scene()->wireItem(c)->shape().contains(points[0]));
+    const QPoint dot = testing::viewPoint(view(), points[0]);
+    testing::drag(vp(), dot, dot + QPoint(0, -120));
+    points = editor::GraphEditor::reroutePoints(doc()->connections().first());
+    QVERIFY(QLineF(points[0], mid + QPointF(0, -120)).length() < 2);
+    QCOMPARE(ed()->undoStack()->count(), steps + 2);
+    // A second point, between the first and the input: it goes after the first.
+    const QPointF second = editor::WireItem::bezier(points[0], to).pointAtPercent(0.5);
+    QTest::mouseDClick(vp(), Qt::LeftButton, {}, testing::viewPoint(view(), second));
+    points = editor::GraphEditor::reroutePoints(doc()->connections().first());
+    QCOMPARE(points.size(), 2);
+    QVERIFY(QLineF(points[1], second).length() < 2);
+
+    // Saved on the connection as "points" and loaded back; an older reader keeps the field as an extra.
+    core::GraphDocument loaded;
+    QString error;
+    const QByteArray bytes = core::serializer::save(*doc());
+    QVERIFY(bytes.contains("\"points\""));
+    QVERIFY2(core::serializer::load(bytes, loaded, &error), qPrintable(error));
+    QCOMPARE(editor::GraphEditor::reroutePoints(loaded.connections().first()), points);
+    QCOMPARE(core::serializer::save(loaded), bytes);
+
+    // Moving both ends moves the points by as much, one undo step with the move; moving one end does not.
+    w_->scene()->selectNodes({t, mm});
+    const QPoint title = nodeTitle(t);
+    const int beforeMove = ed()->undoStack()->count();
+    testing::drag(vp(), title, title + QPoint(70, 30));
+    const QPointF moved = doc()->node(t)->position;
+    QCOMPARE(moved, QPointF(70, 30));
+    const QList<QPointF> shifted = editor::GraphEditor::reroutePoints(doc()->connections().first());
+    QCOMPARE(shifted, (QList<QPointF>{points[0] + moved, points[1] + moved}));
+    QCOMPARE(w_->scene()->wireItem(c)->points(), shifted);
+    QCOMPARE(ed()->undoStack()->count(), beforeMove + 1);
+    ed()->undoStack()->undo();
+    QCOMPARE(editor::GraphEditor::reroutePoints(doc()->connections().first()), points);
+    QCOMPARE(doc()->node(t)->position, QPointF(0, 0));
+    w_->scene()->selectNodes({t});
+    testing::drag(vp(), title, title + QPoint(0, 50));
+    QCOMPARE(editor::GraphEditor::reroutePoints(doc()->connections().first()), points);
+
+    // Pasting a copy of both nodes moves the copy's points with the copy.
+    const QList<QPointF> kept = editor::GraphEditor::reroutePoints(doc()->connections().first());
+    const QStringList pasted = ed()->paste(ed()->copy({t, mm}), QPointF(1000, 1000));
+    QCOMPARE(pasted.size(), 2);
+    const QPointF offset = doc()->node(pasted[0])->position - doc()->node(t)->position;
+    QCOMPARE(editor::GraphEditor::reroutePoints(doc()->connections().last()),
+             (QList<QPointF>{kept[0] + offset, kept[1] + offset}));
+    ed()->undoStack()->undo();
+
+    // Double-clicking a point removes it; undo brings it back.
+    const QPointF first = editor::GraphEditor::reroutePoints(doc()->connections().first())[0];
+    QTest::mouseDClick(vp(), Qt::LeftButton, {}, testing::viewPoint(view(), first));
+    QCOMPARE(editor::GraphEditor::reroutePoints(doc()->connections().first()).size(), 1);
+    ed()->undoStack()->undo();
+    QCOMPARE(editor::GraphEditor::reroutePoints(doc()->connections().first()).size(), 2);
+    // Deleting the wire and undoing brings the points back with it.
+    ed()->disconnect(c);
+    ed()->undoStack()->undo();
+    QCOMPARE(w_->scene()->wireItem(c)->points().size(), 2);
+  }
+
+  void cuttingRemovesTheCrossedWires() {
+    const QString dev = add("Device", {0, 0});
+    const QString t1 = add("Tensor", {300, 0}), t2 = add("Tensor", {300, 700});
+    const QString mm = add("MatMul", {900, 0});
+    QVERIFY(ed()->connect({dev, "device"}, {t1, "device"}));
+    QVERIFY(ed()->connect({dev, "device"}, {t2, "device"}));
+    QVERIFY(ed()->connect({t1, "out"}, {mm, "a"}));
+    QVERIFY(ed()->connect({t2, "out"}, {mm, "b"}));
+    view()->setZoom(0.5);
+    view()->centerOn(550, 350);
+    QTest::qWait(10);
+    // A short vertical cut between t1's output and mm's input, at the height of that wire: t1 → mm.a lies
+    // level there (both ports at the top of their nodes); t2's wire crosses that x far lower down.
+    const QPointF out1 = w_->scene()->nodeItem(t1)->portScenePos(true, 0);
+    const QPointF inA = w_->scene()->nodeItem(mm)->portScenePos(false, 0);
+    const qreal x = (out1.x() + inA.x()) / 2;
+    const QPointF wire2At = editor::WireItem::bezier(w_->scene()->nodeItem(t2)->portScenePos(true, 0),
+                                                     w_->scene()->nodeItem(mm)->portScenePos(false, 1))
+                                .pointAtPercent(0.5);
+    QVERIFY(wire2At.y() > out1.y() + 150);
+    const QPoint p0 = testing::viewPoint(view(), {x, out1.y() - 40}),
+                 p1 = testing::viewPoint(view(), {x, out1.y() + 40});
+    const int steps = ed()->undoStack()->count();
+    testing::sendMouse(vp(), QEvent::MouseButtonPress, p0, Qt::RightButton, Qt::RightButton,
+                       Qt::ControlModifier);
+    for (int i = 1; i <= 4; ++i)
+      testing::sendMouse(vp(), QEvent::MouseMove, p0 + (p1 - p0) * i / 4, Qt::NoButton, Qt::RightButton,
+                         Qt::ControlModifier);
+    testing::sendMouse(vp(), QEvent::MouseButtonRelease, p1, Qt::RightButton, Qt::NoButton,
+                       Qt::ControlModifier);
+    QVERIFY(!connected(t1 + ".out", mm + ".a"));
+    QVERIFY(connected(t2 + ".out", mm + ".b"));
+    QCOMPARE(doc()->connections().size(), 3);
+    QCOMPARE(ed()->undoStack()->count(), steps + 1);
+    ed()->undoStack()->undo();
+    QCOMPARE(doc()->connections().size(), 4);
+
+    // A long cut across both Device wires (left of the Tensors) and nothing else: exactly those two, one
+    // step.
+    const qreal xd = (w_->scene()->nodeItem(dev)->portScenePos(true, 0).x() + 300) / 2;
+    QCOMPARE(w_->scene()->wiresCrossing(QLineF(xd, -100, xd, 900)),
+             (QList<core::GraphConnection>{{{dev, "device"}, {t1, "device"}, {}},
+                                           {{dev, "device"}, {t2, "device"}, {}}}));
+    const QPoint q0 = testing::viewPoint(view(), {xd, -100}), q1 = testing::viewPoint(view(), {xd, 900});
+    testing::sendMouse(vp(), QEvent::MouseButtonPress, q0, Qt::RightButton, Qt::RightButton,
+                       Qt::ControlModifier);
+    testing::sendMouse(vp(), QEvent::MouseMove, q1, Qt::NoButton, Qt::RightButton, Qt::ControlModifier);
+    testing::sendMouse(vp(), QEvent::MouseButtonRelease, q1, Qt::RightButton, Qt::NoButton,
+                       Qt::ControlModifier);
+    QCOMPARE(doc()->connections().size(), 2);
+    QVERIFY(connected(t1 + ".out", mm + ".a") && connected(t2 + ".out", mm + ".b"));
+    QCOMPARE(ed()->undoStack()->undoText(), QString("Cut 2 wires"));
+    ed()->undoStack()->undo();
+    QCOMPARE(doc()->connections().size(), 4);
+    // A cut that crosses nothing changes nothing.
+    const int before = ed()->undoStack()->count();
+    testing::sendMouse(vp(), QEvent::MouseButtonPress, QPoint(5, 5), Qt::RightButton, Qt::RightButton,
+                       Qt::ControlModifier);
+    testing::sendMouse(vp(), QEvent::MouseButtonRelease, QPoint(6, 30), Qt::RightButton, Qt::NoButton,
+                       Qt::ControlModifier);
+    QCOMPARE(ed()->undoStack()->count(), before);
+  }
+
+  void collapseToTitleBar() {
+    const QString t = add("Tensor", {0, 0}), mm = add("MatMul", {400, 0});
+    QVERIFY(ed()->connect({t, "out"}, {mm, "b"}));
+    QTest::qWait(10);
+    editor::NodeItem* item = w_->scene()->nodeItem(mm);
+    const qreal fullHeight = item->sceneBodyRect().height();
+    QVERIFY(fullHeight > 60);
+    w_->scene()->selectNodes({mm});
+    view()->setFocus();
+    const int steps = ed()->undoStack()->count();
+    QTest::keyClick(vp(), Qt::Key_H);
+    QVERIFY(ed()->isCollapsed(mm));
+    QVERIFY(item->collapsed());
+    QCOMPARE(item->sceneBodyRect().height(), 26.0);  // the title bar alone
+    // The wire meets the bar's left end, halfway down.
+    QCOMPARE(item->portScenePos(false, 1), QPointF(400, 13));
+    QCOMPARE(ed()->undoStack()->count(), steps + 1);
+    // Saved in the file's view state, and collapsed again when loaded.
+    const QByteArray bytes = core::serializer::save(*doc());
+    core::GraphDocument loaded;
+    QVERIFY(core::serializer::load(bytes, loaded, nullptr));
+    QCOMPARE(loaded.view().value("collapsed").toArray(), QJsonArray{mm});
+    ed()->undoStack()->undo();
+    QVERIFY(!item->collapsed());
+    QCOMPARE(item->sceneBodyRect().height(), fullHeight);
+    doc()->replaceAll(loaded);
+    QVERIFY(w_->scene()->nodeItem(mm)->collapsed());
+    QVERIFY(!w_->scene()->nodeItem(t)->collapsed());
+    // Saving from the window keeps the list next to the zoom and centre.
+    const QString path = env_.dir.filePath("collapsed.json");
+    QVERIFY(w_->saveFile(path));
+    core::GraphDocument saved;
+    QVERIFY(core::serializer::loadFile(path, saved, nullptr));
+    QCOMPARE(saved.view().value("collapsed").toArray(), QJsonArray{mm});
+    QVERIFY(saved.view().contains("zoom"));
+
+    // The title bar's toggle expands it again, as one undo step.
+    item = w_->scene()->nodeItem(mm);
+    const QPoint toggle = testing::viewPoint(view(), item->mapToScene(item->collapseToggleRect().center()));
+    QTest::mouseClick(vp(), Qt::LeftButton, {}, toggle);
+    QVERIFY(!ed()->isCollapsed(mm));
+    QTest::qWait(QApplication::doubleClickInterval() + 50);  // two clicks, not a double-click
+    QTest::mouseClick(vp(), Qt::LeftButton, {}, toggle);
+    QVERIFY(ed()->isCollapsed(mm));
+    QCOMPARE(doc()->node(mm)->position, QPointF(400, 0));  // a click on the toggle does not move it
+    // Deleting a collapsed node takes it off the list (a later node with its id starts expanded); undo puts
+    // both back.
+    ed()->remove({mm});
+    QVERIFY(!doc()->view().contains("collapsed"));
+    ed()->undoStack()->undo();
+    QVERIFY(w_->scene()->nodeItem(mm)->collapsed());
+  }
+
+  void commentFrameColourAndContents() {
+    const QString a = add("Tensor", {0, 0}), b = add("MatMul", {300, 100});
+    QVERIFY(ed()->connect({a, "out"}, {b, "a"}));
+    const QString outside = add("Device", {1200, 0});
+    const QString id = ed()->addComment(QRectF(-40, -70, 600, 400), "Block");
+    QCOMPARE(ed()->comments().first().color, editor::GraphEditor::commentColors().first().second);
+    const QColor green = editor::GraphEditor::commentColors()[1].second;
+    ed()->setCommentColor(id, green);
+    QCOMPARE(ed()->comments().first().color, green);
+    QCOMPARE(ed()->undoStack()->undoText(), QString("Colour comment frame"));
+    // Saved and loaded.
+    core::GraphDocument loaded;
+    QVERIFY(core::serializer::load(core::serializer::save(*doc()), loaded, nullptr));
+    QCOMPARE(loaded.extra().value("comments").toArray().first().toObject().value("color").toString(),
+             green.name());
+    ed()->undoStack()->undo();
+    QCOMPARE(ed()->comments().first().color, editor::GraphEditor::commentColors().first().second);
+    ed()->undoStack()->redo();
+    // Dragging the frame carries the nodes inside it and the bends of the wire between them; the node
+    // outside stays.
+    const core::GraphConnection c{{a, "out"}, {b, "a"}, {}};
+    ed()->setReroutePoints(c, {QPointF(250, 60)}, "Add reroute point");
+    w_->scene()->clearSelection();
+    QTest::qWait(10);
+    const QPoint title = testing::viewPoint(view(), QPointF(200, -60));
+    testing::drag(vp(), title, title + QPoint(30, 20));
+    QTRY_COMPARE(ed()->comments().first().rect.topLeft(), QPointF(-10, -50));
+    QCOMPARE(ed()->comments().first().color, green);
+    QCOMPARE(doc()->node(a)->position, QPointF(30, 20));
+    QCOMPARE(doc()->node(b)->position, QPointF(330, 120));
+    QCOMPARE(doc()->node(outside)->position, QPointF(1200, 0));
+    QCOMPARE(editor::GraphEditor::reroutePoints(doc()->connections().first()),
+             QList<QPointF>{QPointF(280, 80)});
+    ed()->undoStack()->undo();
+    QCOMPARE(doc()->node(a)->position, QPointF(0, 0));
+    QCOMPARE(editor::GraphEditor::reroutePoints(doc()->connections().first()),
+             QList<QPointF>{QPointF(250, 60)});
+    QCOMPARE(ed()->comments().first().rect.topLeft(), QPointF(-40, -70));
   }
 
   void logClickSelectsNode() {

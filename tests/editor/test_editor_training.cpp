@@ -1,6 +1,6 @@
 // Training through the editor's run path, offscreen, with the real GPU node set on the CPU: a shrunk
 // mlp-fashion-mnist run streams its loss and accuracy series into the Plots dock's Training tab while it
-// runs.
+// runs, each kind of series in its own pane.
 #include <qcustomplot.h>
 
 #include <QDockWidget>
@@ -24,12 +24,7 @@ class TestEditorTraining : public QObject {
   std::unique_ptr<MainWindow> w_;
 
   // The graph a curve shows, by its series name; null when there is none.
-  QCPGraph* curve(const QString& series) const {
-    QCustomPlot* p = w_->plots()->metricsPlot();
-    for (int i = 0; i < p->graphCount(); ++i)
-      if (p->graph(i)->name() == series) return p->graph(i);
-    return nullptr;
-  }
+  QCPGraph* curve(const QString& series) const { return w_->plots()->metricGraph(series); }
 
  private slots:
   void initTestCase() {
@@ -42,9 +37,7 @@ class TestEditorTraining : public QObject {
   }
 
   void init() {
-    w_ = std::make_unique<MainWindow>(&registry_);
-    w_->setPromptHandler([](auto...) { return QMessageBox::Discard; });
-    w_->show();
+    w_ = testing::discardingWindow(&registry_);
   }
   void cleanup() {
     w_.reset();
@@ -105,15 +98,28 @@ class TestEditorTraining : public QObject {
       QCOMPARE(g->dataCount(), (batches - 1) / 20 + 1);
       QCOMPARE(g->data()->at(g->dataCount() - 1)->key, 1.0);
     }
-    for (const QString series : {"train.test_acc", "train.epoch_seconds"}) {
+    for (const QString series : {"train.test_acc", "train.epoch_seconds", "train.images_per_second"}) {
       QCPGraph* g = curve(series);
       QVERIFY2(g, qPrintable("no curve for " + series));
-      QCOMPARE(g->dataCount(), 1);
+      QCOMPARE(g->dataCount(), series.endsWith("images_per_second") ? (batches - 1) / 20 + 1 : 1);
     }
     QVERIFY(curve("test.accuracy") && curve("untrained.accuracy"));
-    // Accuracies go on the right axis (0..1), the loss on the left.
-    QCOMPARE(curve("train.test_acc")->valueAxis(), plots->metricsPlot()->yAxis2);
-    QCOMPARE(curve("train.loss")->valueAxis(), plots->metricsPlot()->yAxis);
+    // One pane per kind: the loss, the accuracies (train and test on one 0-1 axis) and images/s, each on its
+    // own scale, so thousands of images/s leave the loss readable. The rate is constant: no pane.
+    QCOMPARE(plots->trainingPanes(), (QStringList{"loss", "accuracy", "images/s"}));
+    QCPAxisRect* accuracy = plots->paneRect(editor::MetricPane::Accuracy);
+    for (const QString series : {"train.train_acc", "train.test_acc", "test.accuracy", "untrained.accuracy"})
+      QCOMPARE(curve(series)->valueAxis(), accuracy->axis(QCPAxis::atLeft));
+    QCOMPARE(accuracy->axis(QCPAxis::atLeft)->range(), QCPRange(0, 1));
+    QCPAxis* lossAxis = plots->paneRect(editor::MetricPane::Loss)->axis(QCPAxis::atLeft);
+    QCOMPARE(curve("train.loss")->valueAxis(), lossAxis);
+    bool found = false;
+    const QCPRange losses = curve("train.loss")->data()->valueRange(found);
+    QVERIFY(lossAxis->range().lower <= losses.lower && lossAxis->range().upper >= losses.upper);
+    QVERIFY(lossAxis->range().upper < losses.upper * 1.5 + 1);
+    QCOMPARE(curve("train.images_per_second")->valueAxis(),
+             plots->paneRect(editor::MetricPane::Throughput)->axis(QCPAxis::atLeft));
+    QVERIFY(!curve("train.lr"));
     // The plot holds what the run's report holds.
     const double acc = curve("train.test_acc")->data()->at(0)->value;
     QCOMPARE(nodes["train"].toObject()["test_acc"].toDouble(), acc);

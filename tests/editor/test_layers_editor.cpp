@@ -89,9 +89,7 @@ class TestLayersEditor : public QObject {
   }
 
   void init() {
-    w_ = std::make_unique<MainWindow>(&registry_);
-    w_->setPromptHandler([](auto...) { return QMessageBox::Discard; });
-    w_->show();
+    w_ = testing::discardingWindow(&registry_);
     w_->activateWindow();
     QVERIFY(QTest::qWaitForWindowExposed(w_.get()));
   }

@@ -117,9 +117,7 @@ class TestProcessRun : public QObject {
   }
 
   void init() {
-    w_ = std::make_unique<MainWindow>(&registry_);
-    w_->setPromptHandler([](auto...) { return QMessageBox::Discard; });
-    w_->show();
+    w_ = testing::discardingWindow(&registry_);
   }
   void cleanup() {
     w_.reset();

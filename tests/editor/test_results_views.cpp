@@ -1,8 +1,8 @@
 // The Confusion and Mistakes tabs after a run of a shrunk mlp-fashion-mnist (two Evaluate nodes: the trained
 // model and the untrained one), offscreen, with the real GPU node set on the CPU: the heatmap's cells, counts
 // and axis names against the report, which evaluation shows (the last to finish, or the selected one), the
-// grid of mistakes in the report's order, a click that shows the top 5; and the Training plot's epoch marks
-// and learning-rate axis.
+// grid of mistakes in the report's order, a click that shows the top 5; and the Training panes' epoch marks
+// and learning-rate pane (a cosine schedule).
 #include <qcustomplot.h>
 
 #include <QDockWidget>
@@ -76,6 +76,7 @@ class TestResultsViews : public QObject {
       doc->setParam("data", "name", "synthetic");
     doc->setParam("train", "epochs", 2);
     doc->setParam("train", "log_every", 5);
+    doc->setParam("train", "schedule", "cosine");
     doc->setParam("untrained", "mistakes_shown", 20);
     auto c =
         connect(w_->runner(), &editor::RunController::batch, this, [this](const QList<core::RunEvent>& ev) {
@@ -216,18 +217,19 @@ class TestResultsViews : public QObject {
     editor::PlotsPanel* plots = w_->plots();
     QCOMPARE(plots->epochMarks(), (QList<double>{1.0, 2.0}));
     QCustomPlot* p = plots->metricsPlot();
-    QCPGraph* lr = nullptr;
-    for (int i = 0; i < p->graphCount(); ++i)
-      if (p->graph(i)->name() == "train.lr") lr = p->graph(i);
+    // The cosine schedule varies the rate: it gets a pane of its own, from zero to above its start (0.1).
+    QCOMPARE(plots->trainingPanes(), (QStringList{"loss", "accuracy", "images/s", "learning rate"}));
+    QCPGraph* lr = plots->metricGraph("train.lr");
     QVERIFY2(lr, "no curve for train.lr");
     QCOMPARE(lr->valueAxis(), plots->learningRateAxis());
-    QVERIFY(plots->learningRateAxis() != p->yAxis2 && plots->learningRateAxis() != p->yAxis);
-    QCOMPARE(plots->learningRateAxis()->axisType(), QCPAxis::atRight);
+    QCOMPARE(plots->learningRateAxis()->axisRect(), plots->paneRect(editor::MetricPane::LearningRate));
     QVERIFY(plots->learningRateAxis()->visible());
     QCOMPARE(plots->learningRateAxis()->range().lower, 0.0);
     QVERIFY(plots->learningRateAxis()->range().upper >= 0.1);
-    // One faint line and one label per epoch.
-    QCOMPARE(p->itemCount(), 4);
+    bool found = false;
+    QVERIFY(lr->data()->valueRange(found).lower < 0.1);  // it did fall
+    // One faint line per epoch in each of the four panes, and one label per epoch.
+    QCOMPARE(p->itemCount(), 2 * 4 + 2);
   }
 };
 

@@ -1,5 +1,6 @@
 // Runs through the editor with the real GPU node set on CPU devices: statuses, plots, timeline, a refused
 // second run, Cancel, exports, and the device-mismatch fix.
+#include <QAction>
 #include <QElapsedTimer>
 #include <QFile>
 #include <QJsonArray>
@@ -13,6 +14,7 @@
 #include "main_window.h"
 #include "plots.h"
 #include "run_controller.h"
+#include "subgraph_navigator.h"
 #include "timeline.h"
 
 using namespace gn;
@@ -48,9 +50,7 @@ class TestRun : public QObject {
   }
 
   void init() {
-    w_ = std::make_unique<MainWindow>(&registry_);
-    w_->setPromptHandler([](auto...) { return QMessageBox::Discard; });
-    w_->show();
+    w_ = testing::discardingWindow(&registry_);
   }
   void cleanup() {
     w_.reset();
@@ -115,6 +115,37 @@ class TestRun : public QObject {
     QCOMPARE(csv.readLine().trimmed(), QByteArray("series,t,value"));
     QVERIFY(w_->exportPlot(dir.filePath("p.png")));
     QVERIFY(QFileInfo(dir.filePath("p.png")).size() > 1000);
+    // A path ending in .svg gets SVG; the File ▸ Export menu offers both.
+    QVERIFY(w_->exportPlot(dir.filePath("p.svg")));
+    QFile svg(dir.filePath("p.svg"));
+    QVERIFY(svg.open(QIODevice::ReadOnly));
+    QVERIFY(svg.readAll().contains("<svg"));
+    QStringList exportActions;
+    for (QAction* a : w_->findChildren<QAction*>()) exportActions << a->text();
+    QVERIFY(exportActions.contains("Visible plot as PNG…") && exportActions.contains("Visible plot as SVG…"));
+  }
+
+  void aRunShowsOnSubgraphsAndInside() {
+    openShrunk("two-device-parallel.json", 96, 3);
+    w_->scene()->selectNodes({"x1", "mm1"});
+    QCOMPARE(w_->groupSelection(), QString("block1"));
+    QVERIFY2(w_->runGraph(), qPrintable(w_->lastMessage()));
+    QTRY_VERIFY_WITH_TIMEOUT(!w_->runner()->isRunning(), 60000);
+    QCOMPARE(w_->runStateText(), QString("Done"));
+    // The block's time is its nodes' times in the report, summed.
+    const QJsonObject nodes = w_->runner()->report().value("nodes").toObject();
+    const double inner = nodes.value("block1/x1").toObject().value("wall_ms").toDouble() +
+                         nodes.value("block1/mm1").toObject().value("wall_ms").toDouble();
+    editor::NodeItem* block = w_->scene()->nodeItem("block1");
+    QCOMPARE(block->runStatus(), RunStatus::Done);
+    QVERIFY(inner > 0);
+    QCOMPARE(block->runTimeMs(), inner);
+    QVERIFY(w_->navigator()->enter("block1"));
+    for (const QString id : {"x1", "mm1"}) {
+      editor::NodeItem* item = w_->navigator()->currentScene()->nodeItem(id);
+      QCOMPARE(item->runStatus(), RunStatus::Done);
+      QCOMPARE(item->runTimeMs(), nodes.value("block1/" + id).toObject().value("wall_ms").toDouble());
+    }
   }
 
   void cancelStopsALongRun() {

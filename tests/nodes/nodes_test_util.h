@@ -110,10 +110,11 @@ struct RunResult {
 };
 
 inline RunResult runGraph(const GraphDocument& doc, std::optional<RunSettings> settings = std::nullopt,
-                          const std::function<void(Executor&)>& whileRunning = {}) {
+                          const std::function<void(Executor&)>& whileRunning = {},
+                          const RunOptions& options = {}) {
   Executor executor(registry());
   RunResult r;
-  r.started = executor.start(doc, settings.value_or(settingsOf(doc)), &r.validation);
+  r.started = executor.start(doc, settings.value_or(settingsOf(doc)), &r.validation, options);
   if (r.started && whileRunning) whileRunning(executor);
   executor.wait();
   r.events = executor.events().drain();

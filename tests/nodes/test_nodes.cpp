@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "gpunodes/core/run_cache.h"
 #include "nodes_test_util.h"
 
 using namespace nodes_test;
@@ -467,6 +468,39 @@ class NodesTest : public QObject {
     QCOMPARE(e[1].toObject()["values"], e1[e1.size() - 1].toObject()["values"]);
   }
 
+  void inspect_samples_a_2d_tensor_for_its_heatmap() {
+    Harness h(RunSettings{});
+    // Small: every row and column. Large: 16 evenly spaced of each, floor(i * n / 16), the first included.
+    auto small = h.execute("small", "Tensor",
+                           {{"shape", QJsonArray{2, 3}}, {"init", "arange"}, {"start", 1}, {"step", 2}}, {});
+    auto big = h.execute("big", "Tensor", {{"shape", QJsonArray{100, 37}}, {"init", "arange"}}, {});
+    auto line = h.execute("line", "Tensor", {{"shape", QJsonArray{50}}, {"init", "arange"}}, {});
+    auto showSmall = h.execute("ss", "Inspect", {}, {{"in", small->outputs["out"]}});
+    const QJsonObject sg = showSmall->fields["inspect"].toArray()[0].toObject()["heatmap"].toObject();
+    QCOMPARE(sg["rows"].toArray(), (QJsonArray{0, 1}));
+    QCOMPARE(sg["cols"].toArray(), (QJsonArray{0, 1, 2}));
+    QCOMPARE(sg["values"].toArray(), (QJsonArray{1, 3, 5, 7, 9, 11}));
+    auto showBig = h.execute("sb", "Inspect", {{"max_values", 2}}, {{"in", big->outputs["out"]}});
+    const QJsonObject bg = showBig->fields["inspect"].toArray()[0].toObject()["heatmap"].toObject();
+    const QJsonArray rows = bg["rows"].toArray(), cols = bg["cols"].toArray(),
+                     values = bg["values"].toArray();
+    QCOMPARE(rows.size(), 16);
+    QCOMPARE(cols.size(), 16);
+    QCOMPARE(values.size(), 256);
+    for (int i = 0; i < 16; ++i) {
+      QCOMPARE(rows[i].toInt(), i * 100 / 16);
+      QCOMPARE(cols[i].toInt(), i * 37 / 16);
+    }
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 16; ++j)
+        QCOMPARE(values[i * 16 + j].toDouble(), double((i * 100 / 16) * 37 + j * 37 / 16));
+    // A 1-d tensor has no heatmap, and max_values 0 reads nothing at all.
+    auto showLine = h.execute("sl", "Inspect", {}, {{"in", line->outputs["out"]}});
+    QVERIFY(!showLine->fields["inspect"].toArray()[0].toObject().contains("heatmap"));
+    auto showNone = h.execute("sn", "Inspect", {{"max_values", 0}}, {{"in", big->outputs["out"]}});
+    QVERIFY(!showNone->fields["inspect"].toArray()[0].toObject().contains("heatmap"));
+  }
+
   void environment_is_a_device_table_with_try_gpu() {
     RunSettings s;
     s.cpuDevices = 2;
@@ -506,6 +540,64 @@ class NodesTest : public QObject {
     QVERIFY(fields.contains("settings.memory_limit.cpu"));
     QVERIFY(fields.contains("settings.use_cuda"));
     QVERIFY_THROWS_EXCEPTION(std::exception, plugin()->createSession(settingsOf(doc)));
+  }
+
+  // The run cache across runs of the GPU node set: a cached tensor feeds the next run's MatMul on the same
+  // runtime (the plugin lends it again while the devices' settings stay the same), on a timeline that starts
+  // with that run; other devices' settings run everything again.
+  void cached_values_feed_the_next_run_on_the_same_runtime() {
+    GraphDocument doc;
+    doc.addNode(makeNode("x", "Tensor", {{"shape", QJsonArray{4, 4}}, {"init", "ones"}}));
+    doc.addNode(makeNode("mm", "MatMul"));
+    wire(doc, "x.out", "mm.a");
+    wire(doc, "x.out", "mm.b");
+    addInspect(doc, "show", "mm.out");
+    RunCache cache;
+    auto run = [&](const RunSettings& settings) { return runGraph(doc, settings, {}, {.cache = &cache}); };
+    const RunResult first = run(settingsOf(doc));
+    QVERIFY2(first.failures().isEmpty(), qPrintable(first.failures().join("\n")));
+    QVERIFY(!first.node("x")["cached"].toBool());
+    QTest::qWait(300);  // so that a timeline not restarted per run would show it
+    const RunResult second = run(settingsOf(doc));
+    QVERIFY2(second.failures().isEmpty(), qPrintable(second.failures().join("\n")));
+    QVERIFY(second.node("x")["cached"].toBool());
+    QVERIFY(!second.node("mm")["cached"].toBool());  // a measurement: it always runs
+    QVERIFY(second.node("mm")["calls"].toInt() > 0);
+    // The same product as the run that made the tensor: the cached ones are what they were.
+    QCOMPARE(first.inspected("show").size(), size_t(16));
+    QCOMPARE(second.inspected("show"), first.inspected("show"));
+    QVERIFY(!second.spans.isEmpty());
+    for (const TraceSpan& span : second.spans) {
+      QVERIFY2(span.node != "x", "a cached node has no span");
+      QVERIFY2(span.startUs >= 0 && span.startUs < 250000, qPrintable(QString::number(span.startUs)));
+    }
+    RunSettings two = settingsOf(doc);
+    two.cpuDevices = 2;
+    const RunResult third = run(two);
+    QVERIFY2(third.failures().isEmpty(), qPrintable(third.failures().join("\n")));
+    QVERIFY(!third.node("x")["cached"].toBool());
+  }
+
+  // A runtime that serves several runs reports each run's own peak: 8 kept 256x256 products in one run, then
+  // one, on the same runtime with the input cached.
+  void each_run_reports_its_own_peak_memory() {
+    GraphDocument doc;
+    doc.addNode(makeNode("x", "Tensor", {{"shape", QJsonArray{256, 256}}, {"init", "ones"}}));
+    doc.addNode(makeNode("mm", "MatMul", {{"repeat", 8}, {"keep", "all"}}));
+    wire(doc, "x.out", "mm.a");
+    wire(doc, "x.out", "mm.b");
+    RunCache cache;
+    auto peak = [&] {
+      const RunResult r = runGraph(doc, std::nullopt, {}, {.cache = &cache});
+      return r.report["memory"].toObject()["cpu"].toObject()["peak_bytes"].toDouble();
+    };
+    const double product = 256.0 * 256 * 4;
+    const double eight = peak();
+    QVERIFY2(eight >= 8 * product, qPrintable(QString::number(eight)));
+    doc.setParam("mm", "repeat", 1);
+    const double one = peak();
+    // The cached input and one product; not the earlier run's eight.
+    QVERIFY2(one >= 2 * product && one < 4 * product, qPrintable(QString::number(one)));
   }
 };
 

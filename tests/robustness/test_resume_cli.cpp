@@ -148,6 +148,60 @@ class ResumeCliTest : public QObject {
     QVERIFY2(r.err.contains("train") && r.err.contains("resume") && r.err.contains("checkpoint_dir"),
              qPrintable(r.describe()));
   }
+
+  void resumeReachesTrainNodesInsideSubgraphs() {
+    // The Train node sits two subgraphs deep, and the outer one promotes its resume param with "off" set:
+    // --resume still turns it on, so the run is refused for the missing checkpoint_dir, on the inner path.
+    QTemporaryDir tmp;
+    QJsonObject doc = QJsonDocument::fromJson(graph(QString(), tmp.filePath("x.params"))).object();
+    QJsonArray top, innerNodes;
+    for (const QJsonValue& n : doc["nodes"].toArray()) (n["id"] == "train" ? innerNodes : top).append(n);
+    const QJsonObject inner{
+        {"id", "inner"},
+        {"type", "Subgraph"},
+        {"subgraph",
+         QJsonObject{
+             {"nodes", innerNodes},
+             {"inputs", QJsonArray{QJsonObject{{"name", "model"}, {"to", QJsonArray{"train.model"}}},
+                                   QJsonObject{{"name", "data"}, {"to", QJsonArray{"train.data"}}},
+                                   QJsonObject{{"name", "devices"}, {"to", QJsonArray{"train.devices"}}}}},
+             {"outputs", QJsonArray{QJsonObject{{"name", "model"}, {"from", "train.model"}}}},
+             {"promoted", QJsonArray{QJsonObject{{"name", "resume"}, {"param", "train.resume"}}}}}}};
+    top.append(QJsonObject{
+        {"id", "block1"},
+        {"type", "Subgraph"},
+        {"params", QJsonObject{{"resume", "off"}}},
+        {"subgraph",
+         QJsonObject{
+             {"nodes", QJsonArray{inner}},
+             {"inputs", QJsonArray{QJsonObject{{"name", "model"}, {"to", QJsonArray{"inner.model"}}},
+                                   QJsonObject{{"name", "data"}, {"to", QJsonArray{"inner.data"}}},
+                                   QJsonObject{{"name", "devices"}, {"to", QJsonArray{"inner.devices"}}}}},
+             {"outputs", QJsonArray{QJsonObject{{"name", "model"}, {"from", "inner.model"}}}},
+             {"promoted", QJsonArray{QJsonObject{{"name", "resume"}, {"param", "inner.resume"}}}}}}});
+    doc["nodes"] = top;
+    doc["version"] = 2;
+    doc["connections"] = QJsonArray{QJsonObject{{"from", "dev.device"}, {"to", "net.device"}},
+                                    QJsonObject{{"from", "net.model"}, {"to", "block1.model"}},
+                                    QJsonObject{{"from", "data.data"}, {"to", "block1.data"}},
+                                    QJsonObject{{"from", "dev.device"}, {"to", "block1.devices"}},
+                                    QJsonObject{{"from", "block1.model"}, {"to", "save.model"}}};
+    const QString file = tmp.filePath("nested.json");
+    {
+      QFile f(file);
+      QVERIFY(f.open(QIODevice::WriteOnly));
+      f.write(QJsonDocument(doc).toJson());
+    }
+    // Without --resume the graph is valid (checked, not run: that would train).
+    const Run valid = runProcess(GN_GPUNODES, {"validate", file}, environment());
+    QVERIFY2(valid.exitCode == 0, qPrintable(valid.describe()));
+    const Run r = runProcess(GN_GPUNODES, {"run", file, "--resume"}, environment());
+    QCOMPARE(r.exitCode, 1);
+    QVERIFY2(
+        r.err.contains("block1/inner/train") && r.err.contains("resume") && r.err.contains("checkpoint_dir"),
+        qPrintable(r.describe()));
+    QVERIFY2(!r.err.contains("no Train node"), qPrintable(r.describe()));
+  }
 };
 
 QTEST_GUILESS_MAIN(ResumeCliTest)

@@ -15,6 +15,8 @@
 
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/registry.h"
+#include "gpunodes/core/run_cache.h"
+#include "gpunodes/core/run_graph.h"
 
 namespace gn::core {
 
@@ -39,7 +41,8 @@ QString withoutNode(const Issue& issue) {
 }
 
 bool terminal(const QString& status) {
-  return status == "ok" || status == "failed" || status == "skipped" || status == "cancelled";
+  return status == "ok" || status == "failed" || status == "skipped" || status == "cancelled" ||
+         status == "muted" || status == "bypassed";
 }
 
 struct NodeState {
@@ -47,7 +50,9 @@ struct NodeState {
   QString status = QStringLiteral("pending");
   QString error;
   QStringList warnings;
-  QJsonObject fields;  // from NodeContext::reportField
+  QJsonObject fields;   // from NodeContext::reportField
+  bool cached = false;  // its outputs came from the run cache
+  bool notRun = false;  // bypassed, muted or a muted node's dependent: not run, as asked
   qint64 calls = 0, bytes = 0;
   double timeUs = 0, flops = 0, peakGflops = 0;
   QStringList devices;
@@ -82,9 +87,10 @@ struct RunShared {
   QString firstError;
 
   // Under the lock. Idempotent: the first outcome of a node stands.
-  void completeLocked(int i, const QString& error, const QString& skippedStatus = {}) {
+  void completeLocked(int i, const QString& error, const QString& skippedStatus = {}, bool cached = false) {
     NodeState& n = nodes[i];
     if (terminal(n.status) || closed) return;
+    n.cached = cached;
     n.wallMs = n.status == "running"
                    ? std::chrono::duration<double, std::milli>(Clock::now() - n.started).count()
                    : 0;
@@ -101,7 +107,9 @@ struct RunShared {
     }
     ++done;
     QList<RunEvent> out;
-    if (n.status == "ok") {
+    if (cached) {
+      out.append(event(RunEvent::Kind::NodeCached, n.id));
+    } else if (n.status == "ok") {
       RunEvent e = event(RunEvent::Kind::NodeFinished, n.id);
       e.value = n.wallMs;
       out.append(e);
@@ -160,6 +168,7 @@ class Context : public NodeContext {
   void metric(const QString& series, double t, double value) override {
     std::lock_guard lock(shared_->mutex);
     if (shared_->closed) return;
+    points_.append({series, t, value});
     shared_->metrics[series].append({t, value});
     RunEvent e = event(RunEvent::Kind::Metric, id_);
     e.series = series;
@@ -171,6 +180,7 @@ class Context : public NodeContext {
     std::lock_guard lock(shared_->mutex);
     if (shared_->closed) return;
     shared_->nodes[index_].warnings.append(message);
+    runWarnings_.append(message);
     shared_->events->push(event(RunEvent::Kind::NodeWarning, id_, message));
   }
   void reportField(const QString& key, const QJsonValue& value) override {
@@ -188,6 +198,25 @@ class Context : public NodeContext {
     std::lock_guard lock(valuesMutex_);
     return outputs_.value(port);
   }
+  // What the run cache keeps of the node. Under shared_->mutex, after the run (points_ and runWarnings_
+  // are written under it).
+  CachedNode cacheEntryLocked(const QString& plugin, const QStringList& devices) const {
+    CachedNode entry;
+    entry.plugin = plugin;
+    {
+      std::lock_guard lock(valuesMutex_);
+      entry.outputs = outputs_;
+    }
+    entry.fields = shared_->nodes[index_].fields;
+    entry.warnings = runWarnings_;
+    entry.metrics = points_;
+    entry.devices = devices;
+    // One value may sit on two outputs: counted once.
+    QSet<const PortValue*> seen;
+    for (const PortValuePtr& v : std::as_const(entry.outputs))
+      if (v && !seen.contains(v.get())) seen.insert(v.get()), entry.bytes += v->bytes();
+    return entry;
+  }
   void dropValues() {
     std::lock_guard lock(valuesMutex_);
     inputs_.clear();
@@ -202,6 +231,8 @@ class Context : public NodeContext {
   RunSession* session_ = nullptr;
   mutable std::mutex valuesMutex_;
   QHash<QString, PortValuePtr> inputs_, outputs_;
+  QList<CachedNode::Point> points_;  // under shared_->mutex
+  QStringList runWarnings_;          // under shared_->mutex; validation's warnings are not the node's own
 };
 
 }  // namespace
@@ -218,6 +249,9 @@ struct Executor::Run {
   QList<NodeTypePtr> types;
   QList<NodeSetPlugin*> plugins;  // per node
   QList<int> order;               // topological
+  RunOptions options;
+  QByteArray settingsKey;  // settingsCacheKey(settings)
+  QList<QByteArray> keys;  // per node: its cache key, empty when it has none this run
 
   std::mutex sessionMutex;  // cancel() from the controlling thread vs. creation and teardown here
   std::map<NodeSetPlugin*, std::unique_ptr<RunSession>> sessions;
@@ -227,6 +261,9 @@ struct Executor::Run {
 
   void execute(const std::atomic<bool>& cancelled);
   void executeNode(int i);
+  QByteArray keyOf(int i);
+  bool reuse(int i, const QByteArray& key);
+  void keepInCache();
   void pump();  // only the pump thread calls it while the run goes, and the executor thread after
   void startPump();
   void stopPumpThread();
@@ -346,6 +383,8 @@ void Executor::Run::executeNode(int i) {
 
   RunSession* session = sessionOf(i);
   ctx.setSession(session);
+  keys[i] = keyOf(i);
+  if (!keys[i].isEmpty() && options.reuse && reuse(i, keys[i])) return;
   {
     std::lock_guard lock(shared->mutex);
     shared->nodes[i].status = QStringLiteral("running");
@@ -396,6 +435,71 @@ void Executor::Run::executeNode(int i) {
   }
 }
 
+QByteArray Executor::Run::keyOf(int i) {
+  if (!options.cache) return {};
+  const QJsonObject& params = contexts[i]->params();
+  QByteArray identity;
+  try {
+    if (!types[i]->reusable(params)) return {};
+    identity = types[i]->cacheIdentity(params, sessionOf(i));
+  } catch (...) {
+    return {};  // a plugin that cannot say what its node depends on: the node runs
+  }
+  QList<CacheKeyInput> inputs;
+  for (int w : wiresIn[i]) {
+    const GraphConnection& c = connections[w];
+    const QByteArray& upstream = keys[shared->index.value(c.from.node)];
+    if (upstream.isEmpty()) return {};  // fed by a node that always runs: this one must run too
+    inputs.append({c.to.port, upstream, c.from.port});
+  }
+  return cacheKey(types[i]->spec().name, nodes[i].id, params, identity, settingsKey, std::move(inputs));
+}
+
+bool Executor::Run::reuse(int i, const QByteArray& key) {
+  const std::shared_ptr<const CachedNode> hit = options.cache->find(key);
+  if (!hit) return false;
+  // An entry that lacks a wired output (a plugin that changed what it sets) is no hit.
+  for (int w : wiresOut[i])
+    if (!hit->outputs.value(connections[w].from.port)) return false;
+  Context& ctx = *contexts[i];
+  for (auto it = hit->outputs.begin(); it != hit->outputs.end(); ++it) ctx.setOutput(it.key(), it.value());
+  std::lock_guard lock(shared->mutex);
+  NodeState& n = shared->nodes[i];
+  QList<RunEvent> replay;
+  for (auto it = hit->fields.begin(); it != hit->fields.end(); ++it) n.fields.insert(it.key(), it.value());
+  for (const QString& w : hit->warnings) {
+    n.warnings.append(w);
+    replay.append(event(RunEvent::Kind::NodeWarning, n.id, w));
+  }
+  for (const CachedNode::Point& p : hit->metrics) {
+    shared->metrics[p.series].append({p.t, p.value});
+    RunEvent e = event(RunEvent::Kind::Metric, n.id);
+    e.series = p.series;
+    e.t = p.t;
+    e.value = p.value;
+    replay.append(e);
+  }
+  n.devices = hit->devices;
+  shared->events->push(std::move(replay));
+  shared->completeLocked(i, {}, {}, true);
+  return true;
+}
+
+void Executor::Run::keepInCache() {
+  if (!options.cache) return;
+  QList<QPair<QByteArray, CachedNode>> entries;
+  {
+    std::lock_guard lock(shared->mutex);
+    for (int i = 0; i < nodes.size(); ++i) {
+      const NodeState& n = shared->nodes[i];
+      if (keys[i].isEmpty() || n.cached || n.status != "ok") continue;
+      entries.append({keys[i], contexts[i]->cacheEntryLocked(plugins[i]->setName(), n.devices)});
+    }
+  }
+  // Outside the lock: inserting may evict, and an evicted value may be the last to hold a plugin's runtime.
+  for (auto& [key, entry] : entries) options.cache->insert(key, std::move(entry));
+}
+
 void Executor::Run::execute(const std::atomic<bool>& cancelled) {
   QString runError;
   try {
@@ -418,6 +522,8 @@ void Executor::Run::execute(const std::atomic<bool>& cancelled) {
         continue;
       }
       QJsonArray devices = session ? session->devices() : QJsonArray();
+      if (options.cache)
+        options.cache->useScope(plugin->setName(), session ? session->valueScope() : QString());
       std::lock_guard lock(sessionMutex);
       if (session && cancelled.load()) session->cancel();  // cancel() came before this session existed
       sessions[plugin] = std::move(session);
@@ -476,7 +582,7 @@ void Executor::Run::execute(const std::atomic<bool>& cancelled) {
       }
     }
     bool allOk = runError.isEmpty() && !wasCancelled;
-    for (const NodeState& n : shared->nodes) allOk = allOk && n.status == "ok";
+    for (const NodeState& n : shared->nodes) allOk = allOk && (n.status == "ok" || n.notRun);
     if (shared->firstError.isEmpty() && !runError.isEmpty()) shared->firstError = runError;
     shared->ok = allOk;
     shared->finished = true;
@@ -490,6 +596,7 @@ void Executor::Run::execute(const std::atomic<bool>& cancelled) {
     shared->events->push(e);
     shared->closed = true;  // late callbacks and context calls from here on do nothing
   }
+  keepInCache();
   // Values may hold the sessions' tensors, which need their runtime: drop them first.
   for (auto& c : contexts) c->dropValues();
   contexts.clear();
@@ -504,7 +611,8 @@ Executor::~Executor() {
   wait();
 }
 
-bool Executor::start(const GraphDocument& doc, const RunSettings& settings, ValidationReport* validation) {
+bool Executor::start(const GraphDocument& doc, const RunSettings& settings, ValidationReport* validation,
+                     const RunOptions& options) {
   if (running_.load()) {
     if (validation) {
       *validation = ValidationReport();
@@ -514,7 +622,8 @@ bool Executor::start(const GraphDocument& doc, const RunSettings& settings, Vali
   }
   if (thread_.joinable()) thread_.join();
 
-  const ValidationReport report = validate(doc, registry_, settings);
+  const RunGraph graph = runGraph(doc, registry_, options.targets);
+  const ValidationReport report = validate(graph, registry_, settings);
   if (validation) *validation = report;
 
   auto run = std::make_unique<Run>();
@@ -532,7 +641,8 @@ bool Executor::start(const GraphDocument& doc, const RunSettings& settings, Vali
     else if (!firstError.contains(issue.node))
       firstError.insert(issue.node, withoutNode(issue));
   }
-  for (const GraphNode& n : doc.nodes()) {
+  const GraphDocument& runnable = graph.graph();
+  for (const GraphNode& n : runnable.nodes()) {
     NodeState s;
     s.id = n.id;
     s.type = n.type;
@@ -540,10 +650,24 @@ bool Executor::start(const GraphDocument& doc, const RunSettings& settings, Vali
     if (!shared.index.contains(n.id)) shared.index.insert(n.id, int(shared.nodes.size()));
     shared.nodes.append(s);
   }
+  // After the nodes that run, so that those keep their document order and index.
+  for (const RunGraph::NotRun& r : graph.notRun) {
+    NodeState s;
+    s.id = r.id;
+    s.type = r.type;
+    s.status = r.status;
+    s.error = r.message;
+    s.notRun = true;
+    s.warnings = warnings.value(r.id);
+    if (!shared.index.contains(r.id)) shared.index.insert(r.id, int(shared.nodes.size()));
+    shared.nodes.append(s);
+    ++shared.done;
+  }
 
   if (!report.ok()) {
     // Nothing runs, but the report says why, per node: the editor and --report show it.
     for (NodeState& n : shared.nodes) {
+      if (n.notRun) continue;
       n.error = firstError.value(n.id);
       n.status = registry_.find(n.type) ? QStringLiteral("invalid") : QStringLiteral("missing");
     }
@@ -555,10 +679,13 @@ bool Executor::start(const GraphDocument& doc, const RunSettings& settings, Vali
     return false;
   }
 
-  run->nodes = doc.nodes();
-  run->connections = doc.connections();
+  run->nodes = runnable.nodes();
+  run->connections = runnable.connections();
   run->settings = settings;
+  run->options = options;
+  run->settingsKey = settingsCacheKey(settings);
   const int n = int(run->nodes.size());
+  run->keys.resize(n);
   for (int i = 0; i < n; ++i) {
     const GraphNode& node = run->nodes[i];
     NodeTypePtr type = registry_.find(node.type);
@@ -593,6 +720,8 @@ bool Executor::start(const GraphDocument& doc, const RunSettings& settings, Vali
 
   QList<RunEvent> first{event(RunEvent::Kind::RunStarted, {}, doc.name())};
   for (int i : run->order) first.append(event(RunEvent::Kind::NodeQueued, run->nodes[i].id));
+  for (const RunGraph::NotRun& r : graph.notRun)
+    first.append(event(RunEvent::Kind::NodeFailed, r.id, r.message.isEmpty() ? r.status : r.message));
   for (const Issue& issue : report.issues())
     if (issue.severity == Issue::Severity::Warning)
       first.append(event(RunEvent::Kind::NodeWarning, issue.node,
@@ -643,6 +772,7 @@ QJsonObject Executor::report() const {
     QJsonObject o = n.fields;
     o.insert("type", n.type);
     o.insert("status", n.status);
+    o.insert("cached", n.cached);
     o.insert("device", n.devices.join(", "));
     o.insert("calls", n.calls);
     o.insert("time_ms", n.timeUs / 1000.0);

@@ -167,6 +167,36 @@ bool GraphDocument::setParams(const QString& id, const QJsonObject& params) {
   return true;
 }
 
+bool GraphDocument::setBypassed(const QString& id, bool on) {
+  const int i = indexOf(id);
+  if (i < 0) return false;
+  if (nodes_[i].bypassed == on) return true;
+  nodes_[i].bypassed = on;
+  emit runModeChanged(id);
+  emit changed();
+  return true;
+}
+
+bool GraphDocument::setMuted(const QString& id, bool on) {
+  const int i = indexOf(id);
+  if (i < 0) return false;
+  if (nodes_[i].muted == on) return true;
+  nodes_[i].muted = on;
+  emit runModeChanged(id);
+  emit changed();
+  return true;
+}
+
+bool GraphDocument::setSubgraph(const QString& id, std::shared_ptr<const Subgraph> subgraph) {
+  const int i = indexOf(id);
+  if (i < 0) return false;
+  if (nodes_[i].subgraph == subgraph) return true;
+  nodes_[i].subgraph = std::move(subgraph);
+  emit subgraphChanged(id);
+  emit changed();
+  return true;
+}
+
 bool GraphDocument::addConnection(const GraphConnection& c) {
   // The same cache idea as indexOf: a scan per added wire made pasting or building 100,000 wires quadratic.
   if (!wiresValid_) {
@@ -190,6 +220,17 @@ bool GraphDocument::removeConnection(const GraphConnection& c) {
   const GraphConnection removed = connections_.takeAt(i);
   wiresValid_ = false;
   emit connectionRemoved(removed);
+  emit changed();
+  return true;
+}
+
+bool GraphDocument::setConnectionExtra(const GraphConnection& c, const QJsonObject& extra) {
+  const qsizetype i = connections_.indexOf(c);
+  if (i < 0) return false;
+  if (connections_[i].extra == extra) return true;
+  connections_[i].extra = extra;
+  const GraphConnection updated = connections_[i];  // a slot may edit the list
+  emit connectionChanged(updated);
   emit changed();
   return true;
 }

@@ -43,6 +43,7 @@ constexpr std::pair<RunEvent::Kind, const char*> kKinds[] = {
     {RunEvent::Kind::NodeStarted, "NodeStarted"},
     {RunEvent::Kind::NodeFinished, "NodeFinished"},
     {RunEvent::Kind::NodeFailed, "NodeFailed"},
+    {RunEvent::Kind::NodeCached, "NodeCached"},
     {RunEvent::Kind::NodeWarning, "NodeWarning"},
     {RunEvent::Kind::Progress, "Progress"},
     {RunEvent::Kind::Metric, "Metric"},
@@ -97,6 +98,7 @@ QJsonObject eventToJson(const RunEvent& e) {
       break;
     case K::NodeQueued:
     case K::NodeStarted:
+    case K::NodeCached:
       break;
   }
   return o;

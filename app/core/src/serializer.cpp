@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <functional>
 
 #include "gpunodes/core/graph_document.h"
+#include "gpunodes/core/subgraph.h"
 
 namespace gn::core::serializer {
 
@@ -144,6 +146,47 @@ QJsonArray positionJson(QPointF p) {
   return QJsonArray{p.x(), p.y()};
 }
 
+QJsonObject nodeJson(const GraphNode& n);
+QJsonObject connectionJson(const GraphConnection& c);
+
+QJsonObject subgraphJson(const Subgraph& sub) {
+  QJsonObject o = sub.extra;
+  QJsonArray nodes, connections, inputs, outputs, promoted;
+  for (const GraphNode& n : sub.nodes) nodes.append(nodeJson(n));
+  for (const GraphConnection& c : sub.connections) connections.append(connectionJson(c));
+  for (const SubgraphInput& in : sub.inputs) {
+    QJsonArray targets;
+    for (const Endpoint& e : in.targets) targets.append(e.str());
+    QJsonObject p = in.extra;
+    p.insert("name", in.name);
+    p.insert("to", targets);
+    inputs.append(p);
+  }
+  for (const SubgraphOutput& out : sub.outputs) {
+    QJsonObject p = out.extra;
+    p.insert("name", out.name);
+    p.insert("from", out.source.str());
+    outputs.append(p);
+  }
+  for (const PromotedParam& pp : sub.promoted) {
+    QJsonObject p = pp.extra;
+    p.insert("name", pp.name);
+    p.insert("param", pp.node + u'.' + pp.param);
+    promoted.append(p);
+  }
+  o.insert("nodes", nodes);
+  o.insert("connections", connections);
+  o.insert("inputs", inputs);
+  o.insert("outputs", outputs);
+  if (!promoted.isEmpty()) o.insert("promoted", promoted);
+  if (!sub.block.name.isEmpty()) {
+    QJsonObject b{{"name", sub.block.name}};
+    if (!sub.block.hash.isEmpty()) b.insert("hash", sub.block.hash);
+    o.insert("block", b);
+  }
+  return o;
+}
+
 // Known keys first in a fixed order, then the unknown ones in key order.
 QJsonObject nodeJson(const GraphNode& n) {
   QJsonObject o = n.extra;
@@ -151,6 +194,10 @@ QJsonObject nodeJson(const GraphNode& n) {
   o.insert("type", n.type);
   o.insert("position", positionJson(n.position));
   o.insert("params", n.params);
+  // Written only when set, so files without them stay as they were.
+  if (n.bypassed) o.insert("bypass", true);
+  if (n.muted) o.insert("mute", true);
+  if (subgraph::isSubgraph(n)) o.insert("subgraph", subgraphJson(subgraph::of(n)));
   return o;
 }
 
@@ -182,8 +229,68 @@ void writeOrdered(QByteArray& out, const QJsonObject& o, const QStringList& orde
 
 const QStringList kTopKeys = {"format",   "version", "name",        "description",
                               "settings", "nodes",   "connections", "view"};
-const QStringList kNodeKeys = {"id", "type", "position", "params"};
+const QStringList kNodeKeys = {"id", "type", "position", "params", "bypass", "mute"};
 const QStringList kConnectionKeys = {"from", "to"};
+
+const QStringList kSubgraphKeys = {"inputs", "outputs", "promoted", "block", "nodes", "connections"};
+
+void writeSubgraphBlock(QByteArray& out, const QJsonObject& sub, int indent);
+
+// A node on one line; a subgraph node's inner graph follows on lines of its own, indented, so that nested
+// graphs read and diff as well as the top level.
+void writeNode(QByteArray& out, const QJsonObject& node, int indent) {
+  const QJsonValue sub = node.value("subgraph");
+  if (!sub.isObject()) {
+    writeOrdered(out, node, kNodeKeys);
+    return;
+  }
+  QJsonObject rest = node;
+  rest.remove("subgraph");
+  QByteArray head;
+  writeOrdered(head, rest, kNodeKeys);
+  head.chop(1);  // its closing brace: the subgraph comes last
+  out += head;
+  out += ", \"subgraph\": ";
+  writeSubgraphBlock(out, sub.toObject(), indent);
+  out += '}';
+}
+
+void writeSubgraphBlock(QByteArray& out, const QJsonObject& sub, int indent) {
+  const QByteArray pad(indent, ' ');
+  out += "{\n";
+  bool first = true;
+  auto field = [&](const QString& key, const QJsonValue& value) {
+    if (!first) out += ",\n";
+    first = false;
+    out += pad + "  ";
+    writeString(out, key);
+    out += ": ";
+    const bool lines = key == "nodes" || key == "connections";
+    const QJsonArray items = value.toArray();
+    if (!lines || items.isEmpty()) {
+      writeValue(out, value);
+      return;
+    }
+    out += "[\n";
+    for (qsizetype i = 0; i < items.size(); ++i) {
+      out += pad + "    ";
+      if (key == "nodes")
+        writeNode(out, items[i].toObject(), indent + 4);
+      else
+        writeOrdered(out, items[i].toObject(), kConnectionKeys);
+      out += i + 1 < items.size() ? ",\n" : "\n";
+    }
+    out += pad + "  ]";
+  };
+  const QList<QPair<QString, QJsonValue>> all = members(sub);
+  for (const QString& key : kSubgraphKeys)
+    for (const auto& [k, value] : all)
+      if (k == key) field(k, value);
+  for (const auto& [key, value] : all)
+    if (!kSubgraphKeys.contains(key)) field(key, value);
+  out += "\n" + pad + "}";
+}
+
 
 // ---- reading -----------------------------------------------------------------------------------------
 
@@ -312,12 +419,213 @@ std::optional<QPointF> readPosition(const QJsonValue& v) {
   return QPointF(x, y);
 }
 
+// Declared here, defined after the node and connection readers it calls (subgraphs nest).
+bool readSubgraph(const QJsonValue& value, GraphNode& node, const QString& where, int depth, int version,
+                  QString* error);
+
+bool readNodes(const QJsonValue& nodesValue, const QString& prefix, int depth, int version,
+               QList<GraphNode>& nodes, QString* error) {
+  if (!nodesValue.isUndefined() && !nodesValue.isArray())
+    return setError(error,
+                    QStringLiteral("%1nodes: expected an array, got %2").arg(prefix, quoted(nodesValue)));
+  const QJsonArray nodesArray = nodesValue.toArray();
+  nodes.reserve(nodesArray.size());
+  for (qsizetype i = 0; i < nodesArray.size(); ++i) {
+    const QString where = QStringLiteral("%1nodes[%2]").arg(prefix).arg(i);
+    if (!nodesArray[i].isObject())
+      return setError(error,
+                      QStringLiteral("%1: expected an object, got %2").arg(where, quoted(nodesArray[i])));
+    QJsonObject o = nodesArray[i].toObject();
+    GraphNode n;
+    for (const char* key : {"id", "type"}) {
+      const QJsonValue s = o.value(key);
+      if (s.isUndefined()) return setError(error, QStringLiteral("%1.%2: missing").arg(where, key));
+      if (!s.isString())
+        return setError(error, QStringLiteral("%1.%2: expected a string, got %3").arg(where, key, quoted(s)));
+    }
+    n.id = o.take("id").toString();
+    n.type = o.take("type").toString();
+    if (o.contains("position")) {
+      const std::optional<QPointF> p = readPosition(o.value("position"));
+      if (!p)
+        return setError(error,
+                        QStringLiteral("%1.position: expected [x, y] (node %2)").arg(where, clip(n.id)));
+      n.position = *p;
+      o.remove("position");
+    }
+    if (o.contains("params")) {
+      const QJsonValue p = o.take("params");
+      if (!p.isObject())
+        return setError(error, QStringLiteral("%1.params: expected an object, got %2 (node %3)")
+                                   .arg(where, quoted(p), clip(n.id)));
+      n.params = p.toObject();
+    }
+    for (const auto& [key, flag] : {std::pair{"bypass", &n.bypassed}, std::pair{"mute", &n.muted}}) {
+      if (!o.contains(key)) continue;
+      const QJsonValue v = o.take(key);
+      if (!v.isBool())
+        return setError(error, QStringLiteral("%1.%2: expected true or false, got %3 (node %4)")
+                                   .arg(where, QLatin1String(key), quoted(v), clip(n.id)));
+      *flag = v.toBool();
+    }
+    if (o.contains("subgraph") || n.type == subgraph::kType) {
+      if (!readSubgraph(o.take("subgraph"), n, where, depth, version, error)) return false;
+    }
+    n.extra = o;
+    nodes.append(std::move(n));
+  }
+  return true;
+
+}
+
+bool readConnections(const QJsonValue& connValue, const QString& prefix, QList<GraphConnection>& connections,
+                     QString* error) {
+  if (!connValue.isUndefined() && !connValue.isArray())
+    return setError(error, QStringLiteral("%1connections: expected an array, got %2")
+                               .arg(prefix, quoted(connValue)));
+  const QJsonArray connArray = connValue.toArray();
+  connections.reserve(connArray.size());
+  for (qsizetype i = 0; i < connArray.size(); ++i) {
+    const QString where = QStringLiteral("%1connections[%2]").arg(prefix).arg(i);
+    if (!connArray[i].isObject())
+      return setError(error,
+                      QStringLiteral("%1: expected an object, got %2").arg(where, quoted(connArray[i])));
+    QJsonObject o = connArray[i].toObject();
+    GraphConnection c;
+    for (const char* key : {"from", "to"}) {
+      const QJsonValue s = o.take(key);
+      if (s.isUndefined()) return setError(error, QStringLiteral("%1.%2: missing").arg(where, key));
+      const std::optional<Endpoint> e = s.isString() ? Endpoint::parse(s.toString()) : std::nullopt;
+      if (!e)
+        return setError(error,
+                        QStringLiteral("%1.%2: expected \"node.port\", got %3").arg(where, key, quoted(s)));
+      (qstrcmp(key, "from") == 0 ? c.from : c.to) = *e;
+    }
+    c.extra = o;
+    connections.append(std::move(c));
+  }
+  return true;
+}
+
+// Each entry of a subgraph's port or promoted list: an object with a string "name" and one endpoint field
+// (`key`), "node.port" or, for inputs, a list of them. Other fields are kept in `extra`.
+bool readBoundary(const QJsonValue& listValue, const QString& where, const char* key, bool many,
+                  const std::function<void(QString, QList<Endpoint>, QJsonObject)>& add, QString* error) {
+  if (listValue.isUndefined()) return true;
+  if (!listValue.isArray())
+    return setError(error, QStringLiteral("%1: expected an array, got %2").arg(where, quoted(listValue)));
+  const QJsonArray list = listValue.toArray();
+  for (qsizetype i = 0; i < list.size(); ++i) {
+    const QString at = QStringLiteral("%1[%2]").arg(where).arg(i);
+    if (!list[i].isObject())
+      return setError(error, QStringLiteral("%1: expected an object, got %2").arg(at, quoted(list[i])));
+    QJsonObject o = list[i].toObject();
+    const QJsonValue name = o.take("name");
+    if (!name.isString())
+      return setError(error, QStringLiteral("%1.name: expected a string, got %2").arg(at, quoted(name)));
+    const QJsonValue ends = o.take(QLatin1String(key));
+    QList<Endpoint> endpoints;
+    const QJsonArray items = many && ends.isArray() ? ends.toArray() : QJsonArray{ends};
+    for (const QJsonValue& e : items) {
+      const std::optional<Endpoint> parsed = e.isString() ? Endpoint::parse(e.toString()) : std::nullopt;
+      if (!parsed)
+        return setError(error, QStringLiteral("%1.%2: expected %3, got %4")
+                                   .arg(at, QLatin1String(key),
+                                        many ? QStringLiteral("a list of \"node.port\"")
+                                             : QStringLiteral("\"node.port\""),
+                                        quoted(e)));
+      endpoints.append(*parsed);
+    }
+    add(name.toString(), endpoints, o);
+  }
+  return true;
+}
+
+bool readSubgraph(const QJsonValue& value, GraphNode& node, const QString& where, int depth, int version,
+                  QString* error) {
+  const QString at = where + QStringLiteral(".subgraph");
+  if (node.type != subgraph::kType)
+    return setError(error, QStringLiteral("%1: only a node of type %2 has one (node %3 is a %4)")
+                               .arg(at, subgraph::kType, clip(node.id), clip(node.type)));
+  if (value.isUndefined())
+    return setError(error,
+                    QStringLiteral("%1: missing (node %2 is a %3)").arg(at, clip(node.id), subgraph::kType));
+  if (version < kSubgraphFormatVersion)
+    return setError(error, QStringLiteral("%1: subgraphs need format version %2, the file says %3")
+                               .arg(at)
+                               .arg(kSubgraphFormatVersion)
+                               .arg(version));
+  if (!value.isObject())
+    return setError(error, QStringLiteral("%1: expected an object, got %2 (node %3)")
+                               .arg(at, quoted(value), clip(node.id)));
+  if (depth + 1 > subgraph::kMaxDepth)
+    return setError(error, QStringLiteral("%1: subgraphs nested more than %2 deep (node %3)")
+                               .arg(at)
+                               .arg(subgraph::kMaxDepth)
+                               .arg(clip(node.id)));
+  QJsonObject o = value.toObject();
+  auto sub = std::make_shared<Subgraph>();
+  const QString prefix = at + u'.';
+  if (!readNodes(o.take("nodes"), prefix, depth + 1, version, sub->nodes, error)) return false;
+  if (!readConnections(o.take("connections"), prefix, sub->connections, error)) return false;
+  if (!readBoundary(o.take("inputs"), prefix + QStringLiteral("inputs"), "to", true,
+                    [&](QString name, QList<Endpoint> ends, QJsonObject extra) {
+                      sub->inputs.append({std::move(name), std::move(ends), std::move(extra)});
+                    },
+                    error))
+    return false;
+  if (!readBoundary(o.take("outputs"), prefix + QStringLiteral("outputs"), "from", false,
+                    [&](QString name, QList<Endpoint> ends, QJsonObject extra) {
+                      sub->outputs.append({std::move(name), ends.first(), std::move(extra)});
+                    },
+                    error))
+    return false;
+  if (!readBoundary(o.take("promoted"), prefix + QStringLiteral("promoted"), "param", false,
+                    [&](QString name, QList<Endpoint> ends, QJsonObject extra) {
+                      const Endpoint& target = ends.first();
+                      sub->promoted.append({std::move(name), target.node, target.port, std::move(extra)});
+                    },
+                    error))
+    return false;
+  const QJsonValue block = o.take("block");
+  if (!block.isUndefined()) {
+    const QJsonObject b = block.toObject();
+    const QJsonValue hash = b.value("hash");
+    if (!block.isObject() || !b.value("name").isString() || (!hash.isUndefined() && !hash.isString()))
+      return setError(error,
+                      QStringLiteral("%1block: expected {\"name\": \"...\", \"hash\": \"...\"}, got %2")
+                          .arg(prefix, quoted(block)));
+    sub->block = {b.value("name").toString(), b.value("hash").toString()};
+  }
+  sub->extra = o;
+  node.subgraph = std::move(sub);
+  return true;
+}
+
 }  // namespace
+
+QString versionProblem(const QJsonValue& version, int newest) {
+  if (version.isUndefined()) return QStringLiteral("version: missing");
+  const double v = version.toDouble(-1);
+  if (!version.isDouble() || v != std::floor(v))
+    return QStringLiteral("version: expected an integer, got %1").arg(quoted(version));
+  if (v > newest)
+    return QStringLiteral("version %1 is newer than this build (%2); update gpunodes to open it")
+        .arg(v, 0, 'g', 17)
+        .arg(newest);
+  if (v < kFirstFormatVersion)
+    return QStringLiteral("version %1 is not a version this build reads (%2 to %3)")
+        .arg(v, 0, 'g', 17)
+        .arg(kFirstFormatVersion)
+        .arg(newest);
+  return {};
+}
 
 QJsonObject toJson(const GraphDocument& doc) {
   QJsonObject o = doc.extra();
   o.insert("format", kFormat);
-  o.insert("version", kFormatVersion);
+  // Version 2 only when the file needs it: a graph without subgraphs stays readable by a version-1 build.
+  o.insert("version", subgraph::hasSubgraphs(doc) ? kSubgraphFormatVersion : kFirstFormatVersion);
   if (!doc.name().isEmpty()) o.insert("name", doc.name());
   if (!doc.description().isEmpty()) o.insert("description", doc.description());
   if (!doc.settings().isEmpty()) o.insert("settings", doc.settings());
@@ -349,7 +657,10 @@ QByteArray save(const GraphDocument& doc) {
     out += "[\n";
     for (qsizetype i = 0; i < items.size(); ++i) {
       out += "    ";
-      writeOrdered(out, items[i].toObject(), order);
+      if (order == kNodeKeys)
+        writeNode(out, items[i].toObject(), 4);
+      else
+        writeOrdered(out, items[i].toObject(), order);
       out += i + 1 < items.size() ? ",\n" : "\n";
     }
     out += "  ]";
@@ -383,19 +694,9 @@ bool fromJson(const QJsonObject& json, GraphDocument& into, QString* error) {
         error,
         QStringLiteral("format: %1 is not a gpunodes graph (expected \"%2\")").arg(quoted(format), kFormat));
   const QJsonValue version = json.value("version");
-  if (version.isUndefined()) return setError(error, QStringLiteral("version: missing"));
-  const double v = version.toDouble(-1);
-  if (!version.isDouble() || v != std::floor(v))
-    return setError(error, QStringLiteral("version: expected an integer, got %1").arg(quoted(version)));
-  if (v > kFormatVersion)
-    return setError(error,
-                    QStringLiteral("version %1 is newer than this build (%2); update gpunodes to open it")
-                        .arg(version.toDouble(), 0, 'g', 17)
-                        .arg(kFormatVersion));
-  if (v < kFormatVersion)
-    return setError(error, QStringLiteral("version %1 is not a version this build reads (%2)")
-                               .arg(version.toDouble(), 0, 'g', 17)
-                               .arg(kFormatVersion));
+  const QString versionError = versionProblem(version);
+  if (!versionError.isEmpty()) return setError(error, versionError);
+  const int v = version.toInt();
 
   for (const char* key : {"name", "description"}) {
     const QJsonValue s = json.value(key);
@@ -409,70 +710,9 @@ bool fromJson(const QJsonObject& json, GraphDocument& into, QString* error) {
   }
 
   QList<GraphNode> nodes;
-  const QJsonValue nodesValue = json.value("nodes");
-  if (!nodesValue.isUndefined() && !nodesValue.isArray())
-    return setError(error, QStringLiteral("nodes: expected an array, got %1").arg(quoted(nodesValue)));
-  const QJsonArray nodesArray = nodesValue.toArray();
-  nodes.reserve(nodesArray.size());
-  for (qsizetype i = 0; i < nodesArray.size(); ++i) {
-    const QString where = QStringLiteral("nodes[%1]").arg(i);
-    if (!nodesArray[i].isObject())
-      return setError(error,
-                      QStringLiteral("%1: expected an object, got %2").arg(where, quoted(nodesArray[i])));
-    QJsonObject o = nodesArray[i].toObject();
-    GraphNode n;
-    for (const char* key : {"id", "type"}) {
-      const QJsonValue s = o.value(key);
-      if (s.isUndefined()) return setError(error, QStringLiteral("%1.%2: missing").arg(where, key));
-      if (!s.isString())
-        return setError(error, QStringLiteral("%1.%2: expected a string, got %3").arg(where, key, quoted(s)));
-    }
-    n.id = o.take("id").toString();
-    n.type = o.take("type").toString();
-    if (o.contains("position")) {
-      const std::optional<QPointF> p = readPosition(o.value("position"));
-      if (!p)
-        return setError(error,
-                        QStringLiteral("%1.position: expected [x, y] (node %2)").arg(where, clip(n.id)));
-      n.position = *p;
-      o.remove("position");
-    }
-    if (o.contains("params")) {
-      const QJsonValue p = o.take("params");
-      if (!p.isObject())
-        return setError(error, QStringLiteral("%1.params: expected an object, got %2 (node %3)")
-                                   .arg(where, quoted(p), clip(n.id)));
-      n.params = p.toObject();
-    }
-    n.extra = o;
-    nodes.append(std::move(n));
-  }
-
+  if (!readNodes(json.value("nodes"), QString(), 0, int(v), nodes, error)) return false;
   QList<GraphConnection> connections;
-  const QJsonValue connValue = json.value("connections");
-  if (!connValue.isUndefined() && !connValue.isArray())
-    return setError(error, QStringLiteral("connections: expected an array, got %1").arg(quoted(connValue)));
-  const QJsonArray connArray = connValue.toArray();
-  connections.reserve(connArray.size());
-  for (qsizetype i = 0; i < connArray.size(); ++i) {
-    const QString where = QStringLiteral("connections[%1]").arg(i);
-    if (!connArray[i].isObject())
-      return setError(error,
-                      QStringLiteral("%1: expected an object, got %2").arg(where, quoted(connArray[i])));
-    QJsonObject o = connArray[i].toObject();
-    GraphConnection c;
-    for (const char* key : {"from", "to"}) {
-      const QJsonValue s = o.take(key);
-      if (s.isUndefined()) return setError(error, QStringLiteral("%1.%2: missing").arg(where, key));
-      const std::optional<Endpoint> e = s.isString() ? Endpoint::parse(s.toString()) : std::nullopt;
-      if (!e)
-        return setError(error,
-                        QStringLiteral("%1.%2: expected \"node.port\", got %3").arg(where, key, quoted(s)));
-      (qstrcmp(key, "from") == 0 ? c.from : c.to) = *e;
-    }
-    c.extra = o;
-    connections.append(std::move(c));
-  }
+  if (!readConnections(json.value("connections"), QString(), connections, error)) return false;
 
   GraphDocument loaded;
   loaded.setName(json.value("name").toString());

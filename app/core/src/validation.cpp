@@ -12,6 +12,8 @@
 #include "gpunodes/core/node_type.h"
 #include "gpunodes/core/plugin.h"
 #include "gpunodes/core/registry.h"
+#include "gpunodes/core/run_graph.h"
+#include "gpunodes/core/subgraph.h"
 
 namespace gn::core {
 
@@ -307,7 +309,27 @@ ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& regi
 
 ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& registry,
                           const RunSettings& settings) {
+  return validate(runGraph(doc, registry), registry, settings);
+}
+
+ValidationReport validate(const RunGraph& run, const NodeTypeRegistry& registry,
+                          const RunSettings& settings) {
+  const GraphDocument& doc = run.graph();
   ValidationReport report;
+  for (const Issue& issue : run.issues) {
+    if (issue.severity == Issue::Severity::Warning)
+      report.warning(issue.node, issue.field, issue.message);
+    else
+      report.error(issue.node, issue.field, issue.message);
+  }
+  // In a flattened graph the inner nodes' ids are paths, each step a valid id; a '/' inside an id of the
+  // document itself was reported while flattening.
+  const auto validId = [&](const QString& id) {
+    if (!run.flattened) return GraphDocument::isValidId(id);
+    for (const QString& step : id.split(subgraph::kPathSeparator))
+      if (!GraphDocument::isValidId(step)) return false;
+    return true;
+  };
   checkSettings(settings.all, report);
 
   // Ids: valid and unique. A duplicate is reported once, naming where both sit in the file.
@@ -316,7 +338,7 @@ ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& regi
   QSet<QString> reportedIds;
   for (int i = 0; i < doc.nodes().size(); ++i) {
     const QString& id = doc.nodes()[i].id;
-    if (!GraphDocument::isValidId(id))
+    if (!validId(id))
       report.error(
           id, QStringLiteral("nodes[%1].id").arg(i),
           QStringLiteral("invalid id \"%1\": use 1-64 letters, digits, '_' or '-'").arg(clip(id, 40)));
@@ -414,7 +436,7 @@ ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& regi
                          .arg(sources.size() > 5 ? sources.mid(0, 5).join(", ") + QStringLiteral(", ...")
                                                  : sources.join(", ")));
       // A node with an invalid id cannot be wired to ("mm.1.a" is no endpoint): its id is the problem.
-      else if (all.isEmpty() && in.required && GraphDocument::isValidId(n.id))
+      else if (all.isEmpty() && in.required && validId(n.id))
         report.error(n.id, QStringLiteral("inputs.%1").arg(in.name),
                      QStringLiteral("required input is not connected (%1)").arg(portTypeName(in.type)));
     }

@@ -41,6 +41,9 @@ class Allocator {
   virtual void empty_cache() {}
 
   MemoryStats stats() const;
+  // Starts the peaks again from what is allocated now (torch.cuda.reset_peak_memory_stats): a runtime that
+  // serves several runs reports each run's own peak.
+  void reset_peak();
   // A cap below the physical size: simulates a small card and makes OOM testable anywhere. 0 = none.
   void set_limit(int64_t bytes) { limit_ = bytes; }
   int64_t limit() const { return limit_; }

@@ -50,6 +50,7 @@ class Runtime {
   Allocator& allocator(Device d);
   Backend& backend(Device d);
   MemoryStats memory_stats(Device d) { return allocator(d).stats(); }
+  void reset_peak_memory();  // every device's, see Allocator::reset_peak
 
  private:
   RuntimeOptions options_;

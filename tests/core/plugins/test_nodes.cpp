@@ -24,9 +24,11 @@ namespace {
 
 class ScalarValue : public PortValue {
  public:
-  explicit ScalarValue(double v) : value(v) {}
+  explicit ScalarValue(double v, qint64 size = 0) : value(v), size(size) {}
   QString summary() const override { return QStringLiteral("Scalar %1").arg(value); }
+  qint64 bytes() const override { return size; }
   double value;
+  qint64 size;  // what it claims to hold, for the run cache's bound
 };
 
 double scalarOf(const PortValuePtr& p) {
@@ -184,6 +186,7 @@ class TestConst : public NodeType {
                      .doc = "how long its work takes"}};
   }
   const NodeTypeSpec& spec() const override { return spec_; }
+  bool reusable(const QJsonObject&) const override { return true; }
   void execute(NodeContext& ctx) const override {
     const double v = ctx.params().value("value").toDouble();
     ctx.setOutput("out", std::make_shared<ScalarValue>(v));
@@ -245,18 +248,19 @@ class TestAdd : public NodeType {
     if (params.value("shape").toArray().size() > 4) return {QStringLiteral("shape: at most 4 dimensions")};
     return {};
   }
+  bool reusable(const QJsonObject&) const override { return true; }
   void execute(NodeContext& ctx) const override {
     const QJsonObject& p = ctx.params();
     if (p.value("throw").toBool()) throw std::runtime_error("TestAdd threw as asked");
     const double sum = scalarOf(ctx.input("a")) + scalarOf(ctx.input("b"));
     const double v = p.value("mode").toString() == "mul" ? sum * p.value("value").toDouble()
                                                          : sum + p.value("value").toDouble();
-    ctx.setOutput("out", std::make_shared<ScalarValue>(v));
+    double elements = 1;
+    for (const QJsonValue& d : p.value("shape").toArray()) elements *= d.toDouble();
+    ctx.setOutput("out", std::make_shared<ScalarValue>(v, qint64(8 * elements)));
     ctx.reportField("value", v);
     ctx.metric("test.value", 0.0, v);
     if (p.value("label").toString() == "warn") ctx.warning(QStringLiteral("asked to warn"));
-    double elements = 1;
-    for (const QJsonValue& d : p.value("shape").toArray()) elements *= d.toDouble();
     auto* session = dynamic_cast<TestSession*>(ctx.session());
     const int repeat = p.value("repeat").toInt();
     for (int i = 0; i < repeat; ++i) {
@@ -266,6 +270,49 @@ class TestAdd : public NodeType {
                         .flops = elements});
       ctx.progress(double(i + 1) / repeat);
     }
+  }
+
+ private:
+  NodeTypeSpec spec_;
+};
+
+// a passed on, timed: a measurement, which always runs (not reusable), like MatMul.
+class TestMeasure : public NodeType {
+ public:
+  TestMeasure() {
+    spec_.name = QStringLiteral("TestMeasure");
+    spec_.category = QStringLiteral("Test");
+    spec_.description = QStringLiteral("Passes a on; always runs");
+    spec_.inputs = {{.name = "a", .type = PortType::Scalar, .required = true, .doc = "the value"}};
+    spec_.outputs = {{.name = "out", .type = PortType::Scalar, .doc = "a"}};
+  }
+  const NodeTypeSpec& spec() const override { return spec_; }
+  void execute(NodeContext& ctx) const override {
+    ctx.setOutput("out", std::make_shared<ScalarValue>(scalarOf(ctx.input("a"))));
+    if (auto* s = dynamic_cast<TestSession*>(ctx.session())) s->enqueue({.bytes = 8});
+  }
+
+ private:
+  NodeTypeSpec spec_;
+};
+
+// A device whose identity (what the device is) comes from the environment variable GN_TEST_DEVICE_NAME, so
+// tests can play a GPU that vanished between two runs. Its output carries the name's length.
+class TestDevice : public NodeType {
+ public:
+  TestDevice() {
+    spec_.name = QStringLiteral("TestDevice");
+    spec_.category = QStringLiteral("Test");
+    spec_.description = QStringLiteral("A device named by GN_TEST_DEVICE_NAME");
+    spec_.outputs = {{.name = "device", .type = PortType::Device, .doc = "the device"}};
+  }
+  const NodeTypeSpec& spec() const override { return spec_; }
+  bool reusable(const QJsonObject&) const override { return true; }
+  QByteArray cacheIdentity(const QJsonObject&, RunSession*) const override {
+    return qgetenv("GN_TEST_DEVICE_NAME");
+  }
+  void execute(NodeContext& ctx) const override {
+    ctx.setOutput("device", std::make_shared<ScalarValue>(qgetenv("GN_TEST_DEVICE_NAME").size()));
   }
 
  private:
@@ -282,7 +329,8 @@ class TestNodesPlugin : public QObject, public NodeSetPlugin {
  public:
   QString setName() const override { return QStringLiteral("test-nodes"); }
   QList<NodeTypePtr> nodeTypes() const override {
-    return {std::make_shared<TestConst>(), std::make_shared<TestAdd>()};
+    return {std::make_shared<TestConst>(), std::make_shared<TestAdd>(), std::make_shared<TestMeasure>(),
+            std::make_shared<TestDevice>()};
   }
   std::unique_ptr<RunSession> createSession(const RunSettings& settings) override {
     return std::make_unique<TestSession>(settings);

@@ -303,6 +303,68 @@ layers_variant("layers-cycle.json", "two layers that read each other", "cycle",
 layers_variant("layers-tensor-into-layer.json", "a Tensor wired into a layer's input", "type",
                lambda g: (add_node(g, "t", "Tensor", {"shape": [2, 2]}), rewire(g, "flat.in", "t.out")))
 
+# --- subgraphs (format version 2): nesting, no inputs, cycles through one, a block that contains itself,
+# nesting bombs, ports that name what is not there; each names the inner node by its path
+def sub_node(id, nodes, connections, inputs=(), outputs=(), block=None, x=220):
+    inner = {"nodes": nodes, "connections": connections,
+             "inputs": [{"name": n, "to": list(t)} for n, t in inputs],
+             "outputs": [{"name": n, "from": f} for n, f in outputs]}
+    if block:
+        inner["block"] = {"name": block, "hash": "0123456789abcdef"}
+    return {"id": id, "type": "Subgraph", "position": [x, 0], "params": {}, "subgraph": inner}
+
+
+def sub_graph(nodes, connections):
+    g = copy.deepcopy(BASE)
+    g["version"] = 2
+    g["nodes"], g["connections"] = nodes, connections
+    return g
+
+
+DEV = {"id": "dev0", "type": "Device", "position": [0, 0], "params": {"kind": "cpu", "index": 0}}
+
+
+def tensor(id, shape=(4, 4)):
+    return {"id": id, "type": "Tensor", "position": [0, 0], "params": {"shape": list(shape), "init": "uniform", "seed": 1}}
+
+
+def matmul(id):
+    return {"id": id, "type": "MatMul", "position": [200, 0], "params": {"repeat": 1}}
+
+
+# Three deep: block1 > inner > core, whose MatMul has input b left open.
+core = sub_node("core", [matmul("mm1")], [], [("a", ["mm1.a"])], [("out", "mm1.out")])
+inner = sub_node("inner", [core], [], [("a", ["core.a"])], [("out", "core.out")])
+outer = sub_node("block1", [inner], [], [("a", ["inner.a"])], [("out", "inner.out")])
+emit("subgraph-nested-3-deep.json", "subgraphs nested 3 deep with an input left open at the bottom",
+     "block1/inner/core/mm1", sub_graph([DEV, tensor("x1"), outer],
+                                        [{"from": "dev0.device", "to": "x1.device"}, {"from": "x1.out", "to": "block1.a"}]))
+emit("subgraph-no-inputs.json", "a subgraph with no inputs, holding a tensor of a negative size", "block1/x1",
+     sub_graph([DEV, sub_node("block1", [tensor("x1", (4, -4))], [], [], [("out", "x1.out")]), matmul("mm1")],
+               [{"from": "block1.out", "to": "mm1.a"}, {"from": "block1.out", "to": "mm1.b"}]))
+emit("subgraph-cycle.json", "a cycle through a subgraph: its output feeds what feeds it", "cycle",
+     sub_graph([DEV, tensor("x1"), matmul("mm1"),
+                sub_node("block1", [matmul("mm2")], [], [("a", ["mm2.a"]), ("b", ["mm2.b"])], [("out", "mm2.out")],
+                         x=440)],
+               [{"from": "dev0.device", "to": "x1.device"}, {"from": "x1.out", "to": "mm1.b"},
+                {"from": "mm1.out", "to": "block1.a"}, {"from": "x1.out", "to": "block1.b"},
+                {"from": "block1.out", "to": "mm1.a"}]))
+selfish = sub_node("block1", [sub_node("again", [tensor("x1")], [], [], [("out", "x1.out")], block="Conv")], [],
+                   [], [("out", "again.out")], block="Conv")
+emit("subgraph-self-block.json", "a library block that contains an instance of itself", "itself",
+     sub_graph([DEV, selfish], []))
+bomb = {"id": "x1", "type": "Tensor", "position": [0, 0], "params": {"shape": [2, 2]}}
+for level in range(40):
+    bomb = sub_node("s%d" % level, [bomb], [], [], [])
+emit("subgraph-nesting-bomb.json", "subgraphs nested 40 deep", "nested", sub_graph([DEV, bomb], []))
+emit("subgraph-missing-inner-node.json", "a boundary port naming an inner node that does not exist", "ghost",
+     sub_graph([DEV, sub_node("block1", [tensor("x2"), matmul("mm1")],
+                              [{"from": "x2.out", "to": "mm1.a"}, {"from": "x2.out", "to": "mm1.b"}],
+                              [("device", ["x2.device", "ghost.device"])], [("out", "mm1.out")])],
+               [{"from": "dev0.device", "to": "block1.device"}]))
+emit("subgraph-in-version-1.json", "a subgraph in a file that says version 1", "version 2",
+     dict(sub_graph([DEV, sub_node("block1", [tensor("x1")], [], [], [])], []), version=1))
+
 # --- encodings, again
 emit("bom-wrong-format.json", "a BOM, then a file of the wrong format", "format",
      b"\xef\xbb\xbf" + text.replace("gpunodes-graph", "other-graph").encode())

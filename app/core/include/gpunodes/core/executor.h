@@ -5,13 +5,19 @@
 //
 // start/cancel/wait/report are called from one controlling thread (the UI thread, the CLI's main loop).
 // A node whose input comes from a failed, skipped or cancelled node is skipped ("skipped: input a (x1.out)
-// failed"). Node statuses in the report: pending, running, ok, failed, skipped, cancelled; after a refused
-// start (validation failed): invalid, or missing for a node whose type no plugin provides.
+// failed"). Node statuses in the report: pending, running, ok, failed, skipped, cancelled, muted, bypassed;
+// after a refused start (validation failed): invalid, or missing for a node whose type no plugin provides.
+//
+// What runs is runGraph(doc) (run_graph.h): bypassed and muted nodes, and a muted node's dependents
+// ("skipped: input a (m1.out) is muted"), do not run, and count as intended: the run is still ok. With a
+// run cache (run_cache.h) a node whose key is in the cache is not run: its outputs and what it reported come
+// from there, the report says "cached": true and no span is recorded for it.
 #pragma once
 #include <QByteArray>
 #include <QJsonObject>
 #include <QList>
 #include <QString>
+#include <QStringList>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -26,6 +32,14 @@ namespace gn::core {
 class GraphDocument;
 class NodeTypeRegistry;
 
+class RunCache;
+
+struct RunOptions {
+  RunCache* cache = nullptr;  // null: nothing is reused or kept. Must outlive the run.
+  bool reuse = true;          // false ("Run all"): every node runs; the cache is still filled
+  QStringList targets;        // "Run to here": only these nodes and their ancestors run; empty: all
+};
+
 class Executor {
  public:
   explicit Executor(const NodeTypeRegistry& registry);
@@ -33,15 +47,16 @@ class Executor {
 
   // Validates a snapshot of doc and starts it. Returns false, running nothing, when validation fails or a
   // run is already going (*validation then holds the issues, or one graph-level error).
-  bool start(const GraphDocument& doc, const RunSettings& settings, ValidationReport* validation = nullptr);
+  bool start(const GraphDocument& doc, const RunSettings& settings, ValidationReport* validation = nullptr,
+             const RunOptions& options = {});
   void cancel();  // returns at once; the run ends within a second
   void wait();    // until the run has finished
   bool isRunning() const { return running_.load(); }
   bool wasCancelled() const { return cancelled_.load(); }
   EventChannel& events() { return events_; }
 
-  // {graph, ok, cancelled, running, wall_ms, devices[], nodes{id: {type, status, device, calls, time_ms,
-  // gflops, pct_peak, bytes, flops, wall_ms, error, warnings?, ...fields the node reported}},
+  // {graph, ok, cancelled, running, wall_ms, devices[], nodes{id: {type, status, cached, device, calls,
+  // time_ms, gflops, pct_peak, bytes, flops, wall_ms, error, warnings?, ...fields the node reported}},
   // metrics{series: [[t, v]...]}, memory{device: {peak_bytes, current_bytes}}, validation?: [issues]}.
   // calls, time_ms, bytes and flops add up the node's trace spans; pct_peak is null when the session does
   // not know the device's peak. Partial while running or after cancel; empty before the first start().

@@ -9,16 +9,25 @@
 #include <QPointF>
 #include <QSet>
 #include <QString>
+#include <memory>
 #include <optional>
 
 namespace gn::core {
+
+struct Subgraph;  // subgraph.h
 
 struct GraphNode {
   QString id;    // "mm1": unique in the document, addressable from scripts (--set mm1.repeat=5)
   QString type;  // "MatMul"
   QPointF position;
   QJsonObject params;  // only the params the file sets; defaults come from the node type
+  // Bypassed: the node does not run and each output passes on its first input of the same type. Muted: the
+  // node does not run, nor does anything that needs it. Both are applied by runGraph() (run_graph.h).
+  bool bypassed = false, muted = false;
   QJsonObject extra;   // fields this version does not know, kept for the next save
+  // The inner graph of a node of type "Subgraph" (subgraph.h), null for every other node. Shared and never
+  // changed in place: an edit makes a new one (setSubgraph), so copies of a document stay independent.
+  std::shared_ptr<const Subgraph> subgraph;
 };
 
 struct Endpoint {
@@ -66,8 +75,14 @@ class GraphDocument : public QObject {
   bool setPosition(const QString& id, QPointF pos);
   bool setParam(const QString& id, const QString& param, const QJsonValue& value);  // Undefined removes
   bool setParams(const QString& id, const QJsonObject& params);
+  bool setBypassed(const QString& id, bool on);
+  bool setMuted(const QString& id, bool on);
+  bool setSubgraph(const QString& id, std::shared_ptr<const Subgraph> subgraph);
   bool addConnection(const GraphConnection& c);  // refuses exact duplicates; no type checks here
   bool removeConnection(const GraphConnection& c);
+  // Replaces the extra fields of the wire equal to `c` (same ends), such as the editor's reroute points;
+  // false when there is no such wire.
+  bool setConnectionExtra(const GraphConnection& c, const QJsonObject& extra);
   QList<GraphConnection> connectionsTo(const QString& nodeId) const;
   QList<GraphConnection> connectionsFrom(const QString& nodeId) const;
   // Replaces everything (load, undo snapshots) with one reset() signal.
@@ -82,8 +97,11 @@ class GraphDocument : public QObject {
   void nodeRemoved(const QString& id);
   void nodeMoved(const QString& id);
   void paramsChanged(const QString& id);
+  void runModeChanged(const QString& id);  // bypassed or muted
+  void subgraphChanged(const QString& id);  // its inner graph, boundary ports or promoted params
   void connectionAdded(const gn::core::GraphConnection& c);
   void connectionRemoved(const gn::core::GraphConnection& c);
+  void connectionChanged(const gn::core::GraphConnection& c);  // its extra fields
   void metadataChanged();  // name, description, settings
   void reset();
   void changed();  // after any of the above

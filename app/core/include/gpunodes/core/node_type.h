@@ -1,6 +1,7 @@
 // The node-type interface a plugin implements, and what a node sees while it runs. QtCore only: the host
 // knows nothing about GPUs; values that flow on wires are opaque PortValues owned by the plugin.
 #pragma once
+#include <QByteArray>
 #include <QJsonObject>
 #include <QJsonValue>
 #include <QList>
@@ -56,6 +57,9 @@ class PortValue {
  public:
   virtual ~PortValue() = default;
   virtual QString summary() const = 0;  // for logs and tooltips: "3 x Tensor[100, 100] on cpu:1"
+  // The memory the value holds, device and host together: what keeping it in the run cache costs, counted
+  // against the cache's bound. 0 for values too small to matter (a device, a few numbers).
+  virtual qint64 bytes() const { return 0; }
 };
 using PortValuePtr = std::shared_ptr<const PortValue>;
 
@@ -91,6 +95,24 @@ class NodeType {
   // Enqueues work and returns; may block where the node means a sync (Synchronize, Inspect, a blocking
   // copy). Throws std::exception for a failure that belongs to this node.
   virtual void execute(NodeContext& ctx) const = 0;
+
+  // Whether a run may reuse this node's outputs from an earlier run with the same cache key (its type, id,
+  // params, inputs' keys, settings and cacheIdentity; run_cache.h) instead of executing it. Pure producers
+  // say yes. Measurements, whose timing is the point, and side effects (a file written, values read back to
+  // show) say no, which is the default: a node type that does not know about the cache always runs.
+  virtual bool reusable(const QJsonObject& params) const {
+    Q_UNUSED(params);
+    return false;
+  }
+  // What decides the outputs besides params, inputs and settings, as bytes for the cache key: the device a
+  // Device node resolves to (a GPU that vanished is a change), the size and time of a file a node reads.
+  // Called on the executor thread with the params filled with defaults and the run's session (null when
+  // the plugin has none); it must not throw.
+  virtual QByteArray cacheIdentity(const QJsonObject& params, RunSession* session) const {
+    Q_UNUSED(params);
+    Q_UNUSED(session);
+    return {};
+  }
 };
 using NodeTypePtr = std::shared_ptr<const NodeType>;
 

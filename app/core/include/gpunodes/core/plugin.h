@@ -44,6 +44,11 @@ class RunSession {
   virtual QJsonArray devices() const = 0;          // the report's "devices"
   virtual QJsonObject memorySummary() const = 0;   // {device: {peak_bytes, current_bytes}}
   virtual double peakGflops(const QString& device) const = 0;  // 0 when unknown
+  // What the values this session makes depend on beyond themselves, for the run cache: values made under
+  // one scope may be handed to nodes of a later session with the same scope. The GPU node set returns the
+  // identity of the runtime its tensors live in, which it keeps while the settings stay the same; when the
+  // scope changes, the cache drops this plugin's values. Empty: the values need nothing from the session.
+  virtual QString valueScope() const { return {}; }
 };
 
 class NodeSetPlugin {

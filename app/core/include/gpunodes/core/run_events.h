@@ -32,6 +32,7 @@ struct RunEvent {
     NodeStarted,
     NodeFinished,  // value: wall milliseconds from the node's start to the end of its work
     NodeFailed,    // message (also for a skipped or cancelled node)
+    NodeCached,    // the node's outputs came from the run cache: it did not run (run_cache.h)
     NodeWarning,   // message
     Progress,      // node, value in 0..1; an empty node is the whole run (nodes done / nodes)
     Metric,        // series, t, value

@@ -1,9 +1,10 @@
 // The one JSON serializer: files, undo snapshots and the clipboard all go through it.
-// Format "gpunodes-graph", version 1 (see docs/file-format.md). Unknown fields survive a load and save; the same
+// Format "gpunodes-graph", versions 1 and 2 (see docs/file-format.md). Unknown fields survive a load and save; the same
 // document always saves to the same bytes.
 #pragma once
 #include <QByteArray>
 #include <QJsonObject>
+#include <QJsonValue>
 #include <QPointF>
 #include <QString>
 #include <QStringList>
@@ -14,9 +15,17 @@ class GraphDocument;
 
 namespace serializer {
 
-constexpr int kFormatVersion = 1;
+// The newest format version this build reads. Version 2 added subgraphs; a file is written as version 2 only
+// when it holds one, so graphs without subgraphs stay readable by version-1 builds.
+constexpr int kFormatVersion = 2;
+constexpr int kFirstFormatVersion = 1;
+constexpr int kSubgraphFormatVersion = 2;
 // Graph files beyond this size are refused before they are read or parsed.
 constexpr qint64 kMaxFileBytes = 32LL * 1024 * 1024;
+
+// Why a file's "version" cannot be read by a build whose newest version is `newest`; empty when it can
+// ("version 3 is newer than this build (2); update gpunodes to open it").
+QString versionProblem(const QJsonValue& version, int newest = kFormatVersion);
 
 QJsonObject toJson(const GraphDocument& doc);
 QByteArray save(const GraphDocument& doc);

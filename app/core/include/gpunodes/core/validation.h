@@ -11,6 +11,7 @@ namespace gn::core {
 class GraphDocument;
 class NodeTypeRegistry;
 struct ParamSpec;
+struct RunGraph;
 struct RunSettings;
 
 struct Issue {
@@ -57,6 +58,9 @@ ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& regi
 // validateGraph sees these.
 ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& registry,
                           const RunSettings& settings);
+// The same on the graph a run sees (run_graph.h: bypass, mute, run to here), which the two above build
+// from the document first; its bypass errors come first.
+ValidationReport validate(const RunGraph& run, const NodeTypeRegistry& registry, const RunSettings& settings);
 
 // One param value against its spec: JSON type, finite, range, enum values, shape dimensions (each an
 // integer >= 0 within the spec's range, and a product that fits in 64 bits). Empty when the value is fine;
