@@ -15,8 +15,9 @@ namespace gn::editor {
 namespace {
 constexpr int kLabelW = 130, kRulerH = TimelineView::kRulerHeight, kSubRowH = 18, kLanePad = 4;
 
-double niceStep(double range) {
-  const double raw = range / 8;
+// A 1, 2 or 5 times a power of ten that cuts `range` into at most about `ticks` steps.
+double niceStep(double range, int ticks) {
+  const double raw = range / ticks;
   const double p = std::pow(10.0, std::floor(std::log10(raw)));
   for (double m : {1.0, 2.0, 5.0, 10.0})
     if (raw <= m * p) return m * p;
@@ -155,7 +156,8 @@ void TimelineView::paintEvent(QPaintEvent*) {
   const QFontMetrics fm(small);
 
   // Ruler and grid.
-  const double step = niceStep(t1_ - t0_);
+  // As many ticks as labels fit: a narrow dock gets fewer, so that "1.2 s" and "1.4 s" never run together.
+  const double step = niceStep(t1_ - t0_, qBound(2, (width() - kLabelW) / 80, 8));
   p.setPen(fg);
   for (double t = std::ceil(t0_ / step) * step; t <= t1_; t += step) {
     const int x = int(xOf(t));
