@@ -76,6 +76,17 @@ inline QString loadPlugin(core::NodeTypeRegistry& registry, const QString& path)
   return why;
 }
 
+// initTestCase of the suites that run the GPU node set: loads it, or skips the suite where it is not built.
+#ifdef GN_NODES_PLUGIN
+#define GN_REQUIRE_NODES_PLUGIN(registry)                                        \
+  do {                                                                           \
+    const QString failed = ::gn::testing::loadPlugin(registry, GN_NODES_PLUGIN); \
+    QVERIFY2(failed.isEmpty(), qPrintable(failed));                              \
+  } while (0)
+#else
+#define GN_REQUIRE_NODES_PLUGIN(registry) QSKIP("built without the gpunodes_nodes plugin target")
+#endif
+
 // A shown main window that answers every question with Discard, as the suites that run graphs want it.
 inline std::unique_ptr<editor::MainWindow> discardingWindow(const core::NodeTypeRegistry* registry) {
   auto w = std::make_unique<editor::MainWindow>(registry);

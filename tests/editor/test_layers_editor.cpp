@@ -80,12 +80,7 @@ class TestLayersEditor : public QObject {
 
  private slots:
   void initTestCase() {
-#ifdef GN_NODES_PLUGIN
-    const QString failed = testing::loadPlugin(registry_, GN_NODES_PLUGIN);
-    QVERIFY2(failed.isEmpty(), qPrintable(failed));
-#else
-    QSKIP("built without the gpunodes_nodes plugin target");
-#endif
+    GN_REQUIRE_NODES_PLUGIN(registry_);
   }
 
   void init() {

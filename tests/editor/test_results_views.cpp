@@ -57,12 +57,7 @@ class TestResultsViews : public QObject {
 
  private slots:
   void initTestCase() {
-#ifdef GN_NODES_PLUGIN
-    const QString failed = testing::loadPlugin(registry_, GN_NODES_PLUGIN);
-    QVERIFY2(failed.isEmpty(), qPrintable(failed));
-#else
-    QSKIP("built without the gpunodes_nodes plugin target");
-#endif
+    GN_REQUIRE_NODES_PLUGIN(registry_);
     w_ = std::make_unique<MainWindow>(&registry_);
     w_->setPromptHandler([](auto...) { return QMessageBox::Discard; });
     w_->resize(1400, 900);

@@ -39,12 +39,7 @@ class TestRun : public QObject {
 
  private slots:
   void initTestCase() {
-#ifdef GN_NODES_PLUGIN
-    const QString failed = testing::loadPlugin(registry_, GN_NODES_PLUGIN);
-    QVERIFY2(failed.isEmpty(), qPrintable(failed));
-#else
-    QSKIP("built without the gpunodes_nodes plugin target");
-#endif
+    GN_REQUIRE_NODES_PLUGIN(registry_);
     if (!QFile::exists(QString(GN_EXAMPLES_DIR) + "/two-device-parallel.json"))
       QSKIP("no two-device-parallel example");
   }
