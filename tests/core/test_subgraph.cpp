@@ -298,7 +298,8 @@ class SubgraphTest : public QObject {
     apply(doc, subgraph::group(doc, {"a1", "a2"}, "block1"));
     const auto ids = [&](const QStringList& targets) {
       QStringList out;
-      for (const GraphNode& n : runGraph(doc, testRegistry(), targets).graph().nodes()) out.append(n.id);
+      const RunGraph run = runGraph(doc, testRegistry(), targets);  // owns the graph the loop reads
+      for (const GraphNode& n : run.graph().nodes()) out.append(n.id);
       out.sort();
       return out;
     };
