@@ -1,6 +1,7 @@
 #include "gpunodes/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <iterator>
 #include <utility>
 
@@ -15,12 +16,16 @@ struct OpNode {
   Device device;
   StreamKind stream;
   OpInfo info;
+  StreamWorker* worker = nullptr;  // looked up once, at push
   // Guarded by the engine's mutex:
   int pending_deps = 0;
   bool done = false;
   std::vector<std::shared_ptr<OpNode>> dependents;
   std::exception_ptr error;
   bool error_from_input = false;  // skipped because something it reads had failed
+  // Set when the op becomes ready, under the engine's lock: the error stuck to what it reads, so that the
+  // worker learns it without taking the lock again.
+  std::exception_ptr input_error;
   // The serial of the last op pushed that depends on this one: a later op's dependencies are found once each
   // in constant time, where a search of the list so far made a writer after 20,000 readers quadratic.
   uint64_t depended_on_by = 0;
@@ -28,6 +33,32 @@ struct OpNode {
 
 namespace {
 std::atomic<uint64_t> next_op_serial{1};
+
+// How long a thread that ran out of work, or waits for an op, spins before it sleeps. Ops of a few
+// microseconds are common (a host loop of tiny ops, a read of one value), and putting a thread to sleep and
+// waking it costs more than that; a spin this short costs little when nothing comes.
+constexpr auto kSpin = std::chrono::microseconds(30);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Spins until done() or the deadline; returns done()'s last answer. After the first microsecond or so it
+// yields between looks, so that on a machine with more runnable threads than cores (OpenMP teams, other
+// processes) the spin gives its core to them rather than delaying what it waits for.
+template <class Done>
+bool spin_until(Done done, std::chrono::steady_clock::time_point deadline) {
+  for (int round = 0;; ++round) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+    if (round >= 4) std::this_thread::yield();
+  }
+}
 }  // namespace
 
 void OpContext::check_cancelled() const {
@@ -92,12 +123,12 @@ size_t Engine::max_queued() const {
   return max_queued_;
 }
 
-void Engine::push(OpFn fn, const std::vector<VarPtr>& reads, const std::vector<VarPtr>& writes, Device device,
+void Engine::push(OpFn fn, std::vector<VarPtr> reads, std::vector<VarPtr> writes, Device device,
                   StreamKind stream, OpInfo info) {
   auto op = std::make_shared<OpNode>();
   op->fn = std::move(fn);
-  op->reads = reads;
-  op->writes = writes;
+  op->reads = std::move(reads);
+  op->writes = std::move(writes);
   op->device = device;
   op->stream = stream;
   if (info.tag.empty()) info.tag = ScopedOpTag::current();
@@ -121,18 +152,18 @@ void Engine::push(OpFn fn, const std::vector<VarPtr>& reads, const std::vector<V
       ++op->pending_deps;
     };
     auto is_written = [&](const VarPtr& v) {
-      return std::find(writes.begin(), writes.end(), v) != writes.end();
+      return std::find(op->writes.begin(), op->writes.end(), v) != op->writes.end();
     };
     // Read after write: wait for the last writer.
-    for (const VarPtr& v : reads) depend_on(v->last_writer);
+    for (const VarPtr& v : op->reads) depend_on(v->last_writer);
     // Write after write and write after read: wait for the last writer and every reader since.
-    for (const VarPtr& v : writes) {
+    for (const VarPtr& v : op->writes) {
       depend_on(v->last_writer);
       for (const auto& r : v->readers_since_write) depend_on(r);
     }
     if (schedule_ == Schedule::Sequential) depend_on(last_pushed_);
 
-    for (const VarPtr& v : reads) {
+    for (const VarPtr& v : op->reads) {
       if (is_written(v)) continue;
       auto& readers = v->readers_since_write;
       if (readers.size() >= v->prune_readers_at) {
@@ -141,19 +172,25 @@ void Engine::push(OpFn fn, const std::vector<VarPtr>& reads, const std::vector<V
       }
       readers.push_back(op);
     }
-    for (const VarPtr& v : writes) {
+    for (const VarPtr& v : op->writes) {
       v->last_writer = op;
       v->readers_since_write.clear();
     }
     last_pushed_ = op;
     ++pending_;
     if (!op->info.tag.empty()) ++tags_[op->info.tag].pending;
+    op->worker = &worker_locked(device, stream);
     ready = op->pending_deps == 0;
+    if (ready) op->input_error = input_error_locked(*op);
   }
   if (ready) dispatch(op);
 }
 
 void Engine::dispatch(const std::shared_ptr<OpNode>& first) {
+  if (!cancel_flag_.load()) {
+    first->worker->enqueue(first);
+    return;
+  }
   // After a cancel, ops complete here without running, and each completion readies its dependents: a work
   // list, not recursion, so that a chain of a million queued ops (MatMul repeat) cannot overflow the stack.
   std::vector<std::shared_ptr<OpNode>> work{first};
@@ -161,7 +198,7 @@ void Engine::dispatch(const std::shared_ptr<OpNode>& first) {
     std::shared_ptr<OpNode> op = std::move(work.back());
     work.pop_back();
     if (!cancel_flag_.load()) {
-      worker(op->device, op->stream).enqueue(op);
+      op->worker->enqueue(op);
       continue;
     }
     op->error = std::make_exception_ptr(CancelledError());
@@ -172,8 +209,7 @@ void Engine::dispatch(const std::shared_ptr<OpNode>& first) {
   }
 }
 
-StreamWorker& Engine::worker(Device device, StreamKind stream) {
-  std::lock_guard lock(mutex_);
+StreamWorker& Engine::worker_locked(Device device, StreamKind stream) {
   auto key = std::make_pair(device, static_cast<int>(stream));
   auto it = workers_.find(key);
   if (it == workers_.end()) {
@@ -184,8 +220,7 @@ StreamWorker& Engine::worker(Device device, StreamKind stream) {
   return *it->second;
 }
 
-std::exception_ptr Engine::input_error(const OpNode& op) {
-  std::lock_guard lock(mutex_);
+std::exception_ptr Engine::input_error_locked(const OpNode& op) {
   for (const VarPtr& v : op.reads)
     if (v->error) return v->error;
   return nullptr;
@@ -211,10 +246,14 @@ std::vector<std::shared_ptr<OpNode>> Engine::finish(const std::shared_ptr<OpNode
     }
     if (op->error && !first_error_) first_error_ = op->error;
     for (auto& d : op->dependents)
-      if (--d->pending_deps == 0) ready.push_back(d);
+      if (--d->pending_deps == 0) {
+        d->input_error = input_error_locked(*d);
+        ready.push_back(d);
+      }
     op->dependents.clear();
     op->reads.clear();
     op->writes.clear();
+    ++completed_;
     if (auto it = tags_.find(op->info.tag); it != tags_.end()) {
       TagState& st = it->second;
       --st.pending;
@@ -267,15 +306,35 @@ void Engine::when_done(const std::string& tag, std::function<void(const TagOutco
   done(outcome);
 }
 
+template <class Pred>
+void Engine::wait_until(std::unique_lock<std::mutex>& lock, Pred pred) {
+  if (pred()) return;
+  // Spin a moment while ops complete, taking the lock only when one has: what the host waits for is often
+  // a tiny op that ends within microseconds. The spin is bounded in all, so that a host waiting for a long
+  // run sleeps and leaves the cores to the workers.
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  uint64_t seen = completed_.load(std::memory_order_acquire);
+  lock.unlock();
+  while (std::chrono::steady_clock::now() < deadline &&
+         spin_until([&] { return completed_.load(std::memory_order_acquire) != seen; }, deadline)) {
+    lock.lock();
+    if (pred()) return;
+    seen = completed_.load(std::memory_order_acquire);
+    lock.unlock();
+  }
+  lock.lock();
+  done_cv_.wait(lock, pred);
+}
+
 void Engine::wait(const VarPtr& var) {
   std::unique_lock lock(mutex_);
-  done_cv_.wait(lock, [&] { return !var->last_writer || var->last_writer->done; });
+  wait_until(lock, [&] { return !var->last_writer || var->last_writer->done; });
   if (var->error) std::rethrow_exception(var->error);
 }
 
 void Engine::wait_all() {
   std::unique_lock lock(mutex_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  wait_until(lock, [&] { return pending_ == 0; });
   if (auto e = std::exchange(first_error_, nullptr)) std::rethrow_exception(e);
 }
 
@@ -318,11 +377,14 @@ void StreamWorker::stop() {
 }
 
 void StreamWorker::enqueue(std::shared_ptr<OpNode> op) {
+  bool wake;
   {
     std::lock_guard lock(mutex_);
     queue_.push_back(std::move(op));
+    queued_.fetch_add(1, std::memory_order_release);
+    wake = sleeping_;
   }
-  cv_.notify_one();
+  if (wake) cv_.notify_one();
 }
 
 std::pair<double, double> StreamWorker::run_timed(const OpFn& fn, OpContext& ctx) {
@@ -340,20 +402,27 @@ void StreamWorker::loop() {
   }
   for (;;) {
     std::shared_ptr<OpNode> op;
+    spin_until([&] { return queued_.load(std::memory_order_acquire) > 0; },
+               std::chrono::steady_clock::now() + kSpin);
     {
       std::unique_lock lock(mutex_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty() && !stopping_) {
+        sleeping_ = true;
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        sleeping_ = false;
+      }
       if (queue_.empty()) break;  // stopping and drained
       op = std::move(queue_.front());
       queue_.pop_front();
+      queued_.fetch_sub(1, std::memory_order_relaxed);
     }
     OpContext ctx{device_, stream_, native_stream(), &engine_->cancel_flag_};
     if (init_error_) {
       op->error = init_error_;
     } else if (ctx.cancelled()) {
       op->error = std::make_exception_ptr(CancelledError());
-    } else if (auto e = engine_->input_error(*op)) {
-      op->error = e;
+    } else if (op->input_error) {
+      op->error = op->input_error;
       op->error_from_input = true;
     } else {
       try {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 
@@ -84,41 +85,54 @@ int64_t physical_memory() {
 }
 }  // namespace
 
+void Allocator::refuse_impossible(int64_t bytes) {
+  const int64_t limit = limit_.load(), all = capacity();
+  if (limit > 0 && bytes > limit) throw_oom(bytes, limit - stats().allocated_bytes.current, 0);
+  if (all > 0 && bytes > all)
+    throw_oom(bytes, std::max<int64_t>(all - stats().allocated_bytes.current, 0), 0);
+}
+
+int64_t CpuAllocator::capacity() const {
+  return physical_memory();
+}
+
+namespace {
+// What sits in front of each CPU block: where malloc's block starts, and the size counted for it.
+struct BlockHeader {
+  void* raw;
+  size_t size;
+};
+constexpr size_t kAlign = 64;
+}  // namespace
+
 void* CpuAllocator::allocate(size_t bytes, StreamKind) {
   if (bytes == 0) bytes = 1;
   // Sizes past int64 come from an overflowed computation; they would wrap in the rounding below.
-  if (bytes > static_cast<size_t>(std::numeric_limits<int64_t>::max() - 64))
+  if (bytes > static_cast<size_t>(std::numeric_limits<int64_t>::max() / 2))
     throw_oom(std::numeric_limits<int64_t>::max(), 0, 0);
-  size_t rounded = (bytes + 63) / 64 * 64;
-  int64_t limit = limit_.load();
-  int64_t in_use = stats().allocated_bytes.current;
-  if (limit > 0) {
-    if (in_use + static_cast<int64_t>(rounded) > limit) throw_oom(static_cast<int64_t>(bytes), limit - in_use, 0);
+  const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  refuse_impossible(static_cast<int64_t>(rounded));
+  if (const int64_t limit = limit_.load(); limit > 0) {
+    const int64_t in_use = stats().allocated_bytes.current;
+    if (in_use + static_cast<int64_t>(rounded) > limit)
+      throw_oom(static_cast<int64_t>(bytes), limit - in_use, 0);
   }
-  if (static_cast<int64_t>(rounded) > physical_memory())
-    throw_oom(static_cast<int64_t>(bytes), std::max<int64_t>(physical_memory() - in_use, 0), 0);
-  void* p = std::aligned_alloc(64, rounded);
-  if (!p) throw_oom(static_cast<int64_t>(bytes), 0, 0);
-  {
-    std::lock_guard lock(sizes_mutex_);
-    sizes_[p] = rounded;
-  }
+  // Plain malloc, aligned by hand: its per-thread caches serve the many small tensors of a training step
+  // much faster than aligned_alloc's separate path.
+  void* raw = std::malloc(rounded + kAlign + sizeof(BlockHeader));
+  if (!raw) throw_oom(static_cast<int64_t>(bytes), 0, 0);
+  const auto start = reinterpret_cast<uintptr_t>(raw) + sizeof(BlockHeader);
+  auto* p = reinterpret_cast<char*>((start + kAlign - 1) / kAlign * kAlign);
+  reinterpret_cast<BlockHeader*>(p)[-1] = {raw, rounded};
   note_alloc(static_cast<int64_t>(rounded), static_cast<int64_t>(rounded));
   return p;
 }
 
 void CpuAllocator::deallocate(void* ptr) {
   if (!ptr) return;
-  size_t size;
-  {
-    std::lock_guard lock(sizes_mutex_);
-    auto it = sizes_.find(ptr);
-    if (it == sizes_.end()) return;
-    size = it->second;
-    sizes_.erase(it);
-  }
-  std::free(ptr);
-  note_free(static_cast<int64_t>(size), static_cast<int64_t>(size));
+  const BlockHeader header = static_cast<BlockHeader*>(ptr)[-1];
+  std::free(header.raw);
+  note_free(static_cast<int64_t>(header.size), static_cast<int64_t>(header.size));
 }
 
 }  // namespace gn

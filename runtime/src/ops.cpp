@@ -7,8 +7,8 @@ namespace {
 
 // Enqueues `body` on the compute stream of `out`'s device: it reads `inputs` and writes `out`.
 void push_compute(const Tensor& out, std::vector<VarPtr> reads, OpInfo info, OpFn body) {
-  out.runtime().engine().push(std::move(body), reads, {out.var()}, out.device(), StreamKind::Compute,
-                              std::move(info));
+  out.runtime().engine().push(std::move(body), std::move(reads), {out.var()}, out.device(),
+                              StreamKind::Compute, std::move(info));
 }
 
 Tensor make_filled(Runtime& rt, const Shape& shape, Device device, const char* name,
@@ -27,10 +27,14 @@ void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
 
 const char* binary_name(BinaryOp op) {
   switch (op) {
-    case BinaryOp::Add: return "add";
-    case BinaryOp::Sub: return "sub";
-    case BinaryOp::Mul: return "mul";
-    case BinaryOp::Div: return "div";
+    case BinaryOp::Add:
+      return "add";
+    case BinaryOp::Sub:
+      return "sub";
+    case BinaryOp::Mul:
+      return "mul";
+    case BinaryOp::Div:
+      return "div";
   }
   return "binary";
 }
@@ -39,7 +43,9 @@ Tensor unary_op(UnaryOp op, const char* name, const Tensor& x, float alpha, floa
   Tensor y(x.runtime(), x.shape(), x.device());
   Backend* be = &x.runtime().backend(x.device());
   push_compute(y, {x.var()}, {name, "", 2 * x.bytes(), static_cast<double>(x.numel())},
-               [be, op, x, y, alpha, beta](OpContext& c) { be->unary(op, x.data(), y.data(), x.numel(), alpha, beta, c); });
+               [be, op, x, y, alpha, beta](OpContext& c) {
+                 be->unary(op, x.data(), y.data(), x.numel(), alpha, beta, c);
+               });
   return y;
 }
 
@@ -52,7 +58,9 @@ Tensor reduce_op(ReduceOp op, const char* name, const Tensor& x) {
 }
 
 // The device whose backend performs a transfer: the GPU end if there is one, else the source.
-Device transfer_owner(Device src, Device dst) { return src.is_cuda() || !dst.is_cuda() ? src : dst; }
+Device transfer_owner(Device src, Device dst) {
+  return src.is_cuda() || !dst.is_cuda() ? src : dst;
+}
 
 }  // namespace
 
@@ -60,17 +68,24 @@ void check_same_device(std::initializer_list<const Tensor*> tensors) {
   const Tensor* first = nullptr;
   for (const Tensor* t : tensors) {
     if (!t->defined()) throw Error("an input tensor is undefined");
-    if (!first) first = t;
-    else if (t->device() != first->device()) throw DeviceMismatchError(first->device(), t->device());
+    if (!first)
+      first = t;
+    else if (t->device() != first->device())
+      throw DeviceMismatchError(first->device(), t->device());
   }
 }
 
 Tensor full(Runtime& rt, const Shape& shape, Device device, float value) {
-  return make_filled(rt, shape, device, "fill",
-                     [value](Backend& be, const Tensor& t, OpContext& c) { be.fill(t.data(), t.numel(), value, c); });
+  return make_filled(rt, shape, device, "fill", [value](Backend& be, const Tensor& t, OpContext& c) {
+    be.fill(t.data(), t.numel(), value, c);
+  });
 }
-Tensor zeros(Runtime& rt, const Shape& shape, Device device) { return full(rt, shape, device, 0.0f); }
-Tensor ones(Runtime& rt, const Shape& shape, Device device) { return full(rt, shape, device, 1.0f); }
+Tensor zeros(Runtime& rt, const Shape& shape, Device device) {
+  return full(rt, shape, device, 0.0f);
+}
+Tensor ones(Runtime& rt, const Shape& shape, Device device) {
+  return full(rt, shape, device, 1.0f);
+}
 
 Tensor uniform(Runtime& rt, const Shape& shape, Device device, uint64_t seed, float lo, float hi) {
   return make_filled(rt, shape, device, "uniform", [=](Backend& be, const Tensor& t, OpContext& c) {
@@ -85,14 +100,15 @@ Tensor normal(Runtime& rt, const Shape& shape, Device device, uint64_t seed, flo
 }
 
 Tensor arange(Runtime& rt, int64_t n, Device device, float start, float step) {
-  return make_filled(rt, {n}, device, "arange",
-                     [=](Backend& be, const Tensor& t, OpContext& c) { be.arange(t.data(), t.numel(), start, step, c); });
+  return make_filled(rt, {n}, device, "arange", [=](Backend& be, const Tensor& t, OpContext& c) {
+    be.arange(t.data(), t.numel(), start, step, c);
+  });
 }
 
 Tensor from_values(Runtime& rt, const Shape& shape, Device device, std::vector<float> values) {
   if (checked_numel(shape) != static_cast<int64_t>(values.size()))
-    throw ShapeError("from_values: shape " + shape_str(shape) + " needs " + std::to_string(checked_numel(shape)) +
-                     " values, got " + std::to_string(values.size()));
+    throw ShapeError("from_values: shape " + shape_str(shape) + " needs " +
+                     std::to_string(checked_numel(shape)) + " values, got " + std::to_string(values.size()));
   Tensor t(rt, shape, device);
   Backend* be = &rt.backend(device);
   auto host = std::make_shared<std::vector<float>>(std::move(values));
@@ -127,7 +143,8 @@ Tensor to(const Tensor& t, Device device, bool non_blocking) {
 Tensor matmul(const Tensor& a, const Tensor& b, const MatMulOptions& o) {
   check_same_device({&a, &b});
   if (a.shape().size() != 2 || b.shape().size() != 2)
-    throw ShapeError("matmul needs 2-d tensors, got " + shape_str(a.shape()) + " and " + shape_str(b.shape()));
+    throw ShapeError("matmul needs 2-d tensors, got " + shape_str(a.shape()) + " and " +
+                     shape_str(b.shape()));
   const int64_t m = o.trans_a ? a.shape()[1] : a.shape()[0];
   const int64_t k = o.trans_a ? a.shape()[0] : a.shape()[1];
   const int64_t kb = o.trans_b ? b.shape()[1] : b.shape()[0];
@@ -167,22 +184,39 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   check_same_shape(binary_name(op), a, b);
   Tensor y(a.runtime(), a.shape(), a.device());
   Backend* be = &a.runtime().backend(a.device());
-  push_compute(y, {a.var(), b.var()}, {binary_name(op), "", 3 * a.bytes(), static_cast<double>(a.numel())},
-               [be, op, a, b, y](OpContext& c) { be->binary(op, a.data(), b.data(), y.data(), a.numel(), c); });
+  push_compute(
+      y, {a.var(), b.var()}, {binary_name(op), "", 3 * a.bytes(), static_cast<double>(a.numel())},
+      [be, op, a, b, y](OpContext& c) { be->binary(op, a.data(), b.data(), y.data(), a.numel(), c); });
   return y;
 }
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Add, a, b); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Sub, a, b); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Mul, a, b); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Div, a, b); }
-Tensor exp(const Tensor& x) { return unary_op(UnaryOp::Exp, "exp", x, 0, 0); }
-Tensor relu(const Tensor& x) { return unary_op(UnaryOp::Relu, "relu", x, 0, 0); }
+Tensor add(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::Add, a, b);
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::Sub, a, b);
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::Mul, a, b);
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::Div, a, b);
+}
+Tensor exp(const Tensor& x) {
+  return unary_op(UnaryOp::Exp, "exp", x, 0, 0);
+}
+Tensor relu(const Tensor& x) {
+  return unary_op(UnaryOp::Relu, "relu", x, 0, 0);
+}
 Tensor scale_shift(const Tensor& x, float scale, float shift) {
   return unary_op(UnaryOp::ScaleShift, "scale_shift", x, scale, shift);
 }
-Tensor sum(const Tensor& x) { return reduce_op(ReduceOp::Sum, "sum", x); }
-Tensor frobenius_norm(const Tensor& x) { return reduce_op(ReduceOp::FrobeniusNorm, "norm", x); }
+Tensor sum(const Tensor& x) {
+  return reduce_op(ReduceOp::Sum, "sum", x);
+}
+Tensor frobenius_norm(const Tensor& x) {
+  return reduce_op(ReduceOp::FrobeniusNorm, "norm", x);
+}
 
 std::vector<float> to_host(const Tensor& t) {
   if (!t.defined()) throw Error("to_host: the tensor is undefined");
@@ -192,7 +226,9 @@ std::vector<float> to_host(const Tensor& t) {
   VarPtr done = new_var();
   float* dst = out.data();
   rt.engine().push(
-      [be, t, dst](OpContext& c) { be->copy({dst, Device::cpu()}, {t.data(), t.device()}, t.bytes(), false, c); },
+      [be, t, dst](OpContext& c) {
+        be->copy({dst, Device::cpu()}, {t.data(), t.device()}, t.bytes(), false, c);
+      },
       {t.var()}, {done}, t.device(), StreamKind::Compute, {"read to host", "", t.bytes(), 0, true});
   rt.engine().wait(done);
   return out;

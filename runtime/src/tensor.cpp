@@ -5,11 +5,23 @@
 
 namespace gn {
 
-Storage::Storage(Runtime& rt, Device d, int64_t n, StreamKind stream) : runtime(rt), device(d), bytes(n) {
-  ptr = rt.allocator(d).allocate(static_cast<size_t>(n), stream);
+Storage::Storage(Runtime& rt, Device d, int64_t n, StreamKind stream)
+    : runtime(rt), device(d), bytes(n), stream_(stream) {
+  rt.allocator(d).refuse_impossible(n);
 }
 
-Storage::~Storage() { runtime.allocator(device).deallocate(ptr); }
+Storage::~Storage() {
+  if (void* p = ptr_.load(std::memory_order_acquire)) runtime.allocator(device).deallocate(p);
+}
+
+void* Storage::allocate() {
+  void* fresh = runtime.allocator(device).allocate(static_cast<size_t>(bytes), stream_);
+  void* expected = nullptr;
+  if (ptr_.compare_exchange_strong(expected, fresh, std::memory_order_acq_rel)) return fresh;
+  // Two readers of a tensor nothing wrote raced to allocate it: keep the first.
+  runtime.allocator(device).deallocate(fresh);
+  return expected;
+}
 
 Tensor::Tensor(Runtime& rt, Shape shape, Device device, StreamKind stream)
     : shape_(std::move(shape)), numel_(checked_numel(shape_)) {
@@ -17,8 +29,12 @@ Tensor::Tensor(Runtime& rt, Shape shape, Device device, StreamKind stream)
   storage_ = std::make_shared<Storage>(rt, device, bytes(), stream);
 }
 
-Device Tensor::device() const { return storage_->device; }
-Runtime& Tensor::runtime() const { return storage_->runtime; }
+Device Tensor::device() const {
+  return storage_->device;
+}
+Runtime& Tensor::runtime() const {
+  return storage_->runtime;
+}
 
 std::string Tensor::str() const {
   if (!defined()) return "Tensor(undefined)";

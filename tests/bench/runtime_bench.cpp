@@ -93,19 +93,22 @@ int main() {
       const int reps = n <= 512 ? 20 : 5;
       const double flops = 2.0 * n * n * n;
       Tensor a = uniform(rt, {n, n}, Device::cpu(), 1), b = uniform(rt, {n, n}, Device::cpu(), 2);
-      rt.engine().wait_all();
-      double ours = best_of(reps, [&] {
-        Tensor c = matmul(a, b);
-        rt.engine().wait(c.var());
-      });
       std::vector<float> ha = to_host(a), hb = to_host(b), hc(static_cast<size_t>(n) * n);
-      double peer = best_of(reps, [&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, ha.data(), n, hb.data(), n,
-                    0.0f, hc.data(), n);
-      });
+      // Ours and the peer take turns, so that both meet the same moments of a shared machine.
+      double ours = 1e30, peer = 1e30;
+      for (int r = 0; r < reps; ++r) {
+        ours = std::min(ours, best_of(1, [&] {
+                          Tensor c = matmul(a, b);
+                          rt.engine().wait(c.var());
+                        }));
+        peer = std::min(peer, best_of(1, [&] {
+                          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, ha.data(), n,
+                                      hb.data(), n, 0.0f, hc.data(), n);
+                        }));
+      }
       row(("matmul n=" + std::to_string(n) + " GFLOP/s vs cblas_sgemm").c_str(),
           fmt("%.1f", flops / ours / 1e9), fmt("%.1f", flops / peer / 1e9), fmt("%.2f", peer / ours),
-          n >= 1024 ? ">= 0.95" : "-");
+          ">= 0.95");
     }
   }
 
@@ -122,7 +125,7 @@ int main() {
     double torch_us = torch_tiny_op_us();
     row("engine overhead per tiny op (us) vs PyTorch", fmt("%.2f", us),
         torch_us > 0 ? fmt("%.2f", torch_us) : "n/a", torch_us > 0 ? fmt("%.2f", us / torch_us) : "-",
-        "<= 4 us");
+        "<= 2 us, < 1");
   }
 
   {

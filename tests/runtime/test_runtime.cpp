@@ -1,7 +1,10 @@
 // Runtime values against float64 references, copy semantics, errors and memory accounting (CPU devices).
 #include <QtTest>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include "gpunodes/errors.h"
 #include "gpunodes/ops.h"
@@ -236,11 +239,14 @@ class RuntimeTest : public QObject {
     QVERIFY(!rt.profiler().memory_samples().empty());
   }
 
+  // Memory is taken when an op first writes a tensor, so running short is that op's error: it sticks to the
+  // tensor and comes back where the tensor is read, as any op's error does.
   void out_of_memory_through_memory_limit() {
     Runtime rt({.memory_limits = {{Device::cpu(), 1 << 20}}});
-    Tensor fits = zeros(rt, {128 * 1024}, Device::cpu());  // 512 KiB
+    Tensor fits = zeros(rt, {128 * 1024}, Device::cpu());     // 512 KiB
+    Tensor too_big = zeros(rt, {256 * 1024}, Device::cpu());  // 1 MiB more: queued, fails when it runs
     try {
-      Tensor too_big = zeros(rt, {256 * 1024}, Device::cpu());  // 1 MiB more
+      (void)to_host(too_big);
       QFAIL("expected OutOfMemoryError");
     } catch (const OutOfMemoryError& e) {
       QString msg = e.what();
@@ -251,6 +257,36 @@ class RuntimeTest : public QObject {
     }
     QCOMPARE(rt.memory_stats(Device::cpu()).num_ooms, int64_t(1));
     QCOMPARE(to_host(fits).size(), size_t(128 * 1024));  // the runtime is still usable
+    QCOMPARE(rt.memory_stats(Device::cpu()).allocated_bytes.current, int64_t(512 * 1024));
+  }
+
+  // A size that could never fit is refused where the tensor is made, before anything is queued.
+  void a_tensor_larger_than_the_limit_is_refused_at_once() {
+    Runtime rt({.memory_limits = {{Device::cpu(), 1 << 20}}});
+    const size_t queued = rt.engine().pending();
+    QVERIFY_THROWS_EXCEPTION(OutOfMemoryError, zeros(rt, {512 * 1024}, Device::cpu()));
+    QCOMPARE(rt.engine().pending(), queued);
+    QCOMPARE(rt.memory_stats(Device::cpu()).num_allocs, int64_t(0));
+  }
+
+  // A tensor holds memory only from the moment its first op runs: ops queued behind a slow one hold none.
+  void memory_is_taken_when_the_op_runs_not_when_it_is_queued() {
+    Runtime rt;
+    std::atomic<bool> release{false};
+    Tensor gate = zeros(rt, {1}, Device::cpu());
+    rt.engine().wait_all();
+    const int64_t before = rt.memory_stats(Device::cpu()).allocated_bytes.current;
+    // Holds the compute stream until released.
+    rt.engine().push(
+        [&](OpContext&) {
+          while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        },
+        {}, {gate.var()}, Device::cpu(), StreamKind::Compute, {"hold", "", 0, 0});
+    Tensor queued = ones(rt, {1 << 20}, Device::cpu());  // 4 MiB, behind the held op
+    QCOMPARE(rt.memory_stats(Device::cpu()).allocated_bytes.current, before);
+    release = true;
+    QCOMPARE(to_host(queued)[12345], 1.0f);
+    QCOMPARE(rt.memory_stats(Device::cpu()).allocated_bytes.current - before, int64_t(4 << 20));
   }
 
   void overflowing_shape_is_refused_before_allocation() {

@@ -97,8 +97,8 @@ class Engine {
   // wait: the backlog waits on them. With the bound, an op may wait only for ops pushed before it, not
   // for the host or a later op (a multi-device all-reduce is one op for that reason): behind a full
   // backlog, the host could not push what it waits for. reads and writes may overlap or be empty.
-  void push(OpFn op, const std::vector<VarPtr>& reads, const std::vector<VarPtr>& writes, Device device,
-            StreamKind stream, OpInfo info);
+  void push(OpFn op, std::vector<VarPtr> reads, std::vector<VarPtr> writes, Device device, StreamKind stream,
+            OpInfo info);
 
   // Blocks until every op that writes var so far has run; rethrows the error stuck to var.
   void wait(const VarPtr& var);
@@ -132,8 +132,11 @@ class Engine {
   void complete(const std::shared_ptr<OpNode>& op);  // called by workers after running op
   // Marks op done and returns the dependents that became ready, without dispatching them.
   std::vector<std::shared_ptr<OpNode>> finish(const std::shared_ptr<OpNode>& op);
-  std::exception_ptr input_error(const OpNode& op);  // an error stuck to what op reads
-  StreamWorker& worker(Device device, StreamKind stream);
+  std::exception_ptr input_error_locked(const OpNode& op);  // an error stuck to what op reads
+  StreamWorker& worker_locked(Device device, StreamKind stream);
+  // done_cv_.wait(lock, pred), after a short spin.
+  template <class Pred>
+  void wait_until(std::unique_lock<std::mutex>& lock, Pred pred);
 
   Profiler& profiler_;
   WorkerFactory factory_;
@@ -146,6 +149,7 @@ class Engine {
   std::shared_ptr<OpNode> last_pushed_;  // sequential schedule chains every op after this one
   Schedule schedule_ = Schedule::Parallel;
   size_t pending_ = 0;
+  std::atomic<uint64_t> completed_{0};  // ops finished so far: what a spinning waiter watches
   size_t max_queued_ = kDefaultMaxQueued;
   std::exception_ptr first_error_;
   std::atomic<bool> cancel_flag_{false};
@@ -188,6 +192,8 @@ class StreamWorker {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<OpNode>> queue_;
+  std::atomic<size_t> queued_{0};  // queue_.size(), read without the lock by the spinning worker
+  bool sleeping_ = false;          // in cv_.wait: only then does enqueue pay for a notify
   bool stopping_ = false;
   std::exception_ptr init_error_;  // on_thread_start failed: every op fails with this
   std::thread thread_;

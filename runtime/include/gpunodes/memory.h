@@ -4,7 +4,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
-#include <unordered_map>
 
 #include "gpunodes/device.h"
 
@@ -39,6 +38,9 @@ class Allocator {
   virtual void deallocate(void* ptr) = 0;
   // Gives cached blocks back to the system (no-op where nothing is cached).
   virtual void empty_cache() {}
+  // Throws OutOfMemoryError for a request that can never be met here: larger than the limit or than the
+  // device's memory. Tensors check this when they are made; allocate() checks the rest when they are used.
+  void refuse_impossible(int64_t bytes);
 
   MemoryStats stats() const;
   // Starts the peaks again from what is allocated now (torch.cuda.reset_peak_memory_stats): a runtime that
@@ -55,6 +57,8 @@ class Allocator {
   void note_free(int64_t bytes, int64_t reserved_delta);
   void note_oom();
   [[noreturn]] void throw_oom(int64_t requested, int64_t free, int64_t cached);
+  // All the memory there is, or 0 where that is not known.
+  virtual int64_t capacity() const { return 0; }
 
   Device device_;
   Profiler* profiler_;
@@ -63,16 +67,16 @@ class Allocator {
   MemoryStats stats_;
 };
 
-// Host memory for CPU devices: 64-byte aligned, no cache (malloc is fast enough on the host).
+// Host memory for CPU devices: 64-byte aligned, no cache (malloc is fast enough on the host). Each block
+// carries its size in front of it, so a free needs no lookup and no lock of its own.
 class CpuAllocator final : public Allocator {
  public:
   using Allocator::Allocator;
   void* allocate(size_t bytes, StreamKind stream) override;
   void deallocate(void* ptr) override;
 
- private:
-  std::mutex sizes_mutex_;
-  std::unordered_map<void*, size_t> sizes_;
+ protected:
+  int64_t capacity() const override;
 };
 
 }  // namespace gn

@@ -1,5 +1,6 @@
 // A float32 tensor: shape, device and refcounted storage. Results of ops live on their inputs' device.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -12,19 +13,35 @@ namespace gn {
 
 class Runtime;
 
-// Memory on one device plus its engine variable. Freed when the last tensor and the last queued op
-// holding it let go, so a free never races an op still using it.
+// Memory on one device plus its engine variable. The memory is taken when it is first used: by the op
+// that writes the tensor first, on its worker, not when the op is queued. A host that runs steps ahead of
+// the devices therefore holds memory only for the ops that have run, and the peak follows what the work
+// needs at each moment. Freed when the last tensor and the last queued op holding it let go, so a free
+// never races an op still using it.
 struct Storage {
+  // Refuses at once a size that could never be allocated on `device` (past its memory or its limit), so
+  // that error is the caller's; a shortfall that depends on what else is allocated is the first op's.
   Storage(Runtime& rt, Device device, int64_t bytes, StreamKind stream);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
+  // The memory, allocated on the first call (throws OutOfMemoryError there).
+  void* data() {
+    void* p = ptr_.load(std::memory_order_acquire);
+    return p ? p : allocate();
+  }
+  bool allocated() const { return ptr_.load(std::memory_order_acquire) != nullptr; }
+
   Runtime& runtime;
   Device device;
   int64_t bytes;
-  void* ptr = nullptr;
   VarPtr var = new_var();
+
+ private:
+  void* allocate();
+  StreamKind stream_;
+  std::atomic<void*> ptr_{nullptr};
 };
 
 class Tensor {
@@ -40,7 +57,8 @@ class Tensor {
   static constexpr const char* dtype() { return "float32"; }
   Device device() const;
   Runtime& runtime() const;
-  float* data() const { return static_cast<float*>(storage_->ptr); }
+  // Allocates the storage on first use (see Storage): call it inside the op that writes or reads the tensor.
+  float* data() const { return static_cast<float*>(storage_->data()); }
   const VarPtr& var() const { return storage_->var; }
   // True when both tensors share storage: to() returning its input, for example.
   bool is_same(const Tensor& other) const { return storage_ == other.storage_; }

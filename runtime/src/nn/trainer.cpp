@@ -353,7 +353,8 @@ void Trainer::check_same_run_on_every_rank(const Dataset& train) {
 
 void Trainer::step(const HostBatchPtr& batch) {
   // A rank's shard of a short last batch may be empty: it still takes part in the all-reduce and the step.
-  if (!batch || (batch->size < 1 && !world_) || batch->global_size < batch->size)
+  // global_size 0 means the batch is not a shard: its size is the whole.
+  if (!batch || (batch->size < 1 && !world_) || (batch->global_size != 0 && batch->global_size < batch->size))
     throw Error("training step: empty batch");
   const int64_t whole = std::max(batch->global_size, batch->size);
   const std::vector<int64_t> sizes = split(batch->size);
