@@ -16,7 +16,7 @@
 #   --carried          (default when .gpu-carry/build/bin exists) no build. Runs, with GN_TEST_DEVICE=cuda:0 and
 #                      QT_QPA_PLATFORM=offscreen: `gpunodes devices` (cuda:0 must be there and try_gpu(0) =
 #                      cuda:0), cuda_kernels_check, the Qt Test suites test_nn_cuda, test_nn_layers,
-#                      test_nn_network, test_nn_models, test_runtime, test_engine, test_predict (a skipped test counts as a
+#                      test_nn_network, test_nn_models, test_nn_optim, test_runtime, test_engine, test_predict (a skipped test counts as a
 #                      failure on a GPU machine), the headless examples (resources/examples/*.json through
 #                      `gpunodes run`, training shrunk with --set), cuda_bench and train_bench --gpu --no-cpu.
 #   --prebuilt DIR     the same from another build tree laid out as bin/ and lib/ (e.g. a CMake build dir).
@@ -431,8 +431,8 @@ data_sets() {
 run_program cuda_kernels_check kernels.log 180
 cat "$OUT/kernels.log"
 if [ "$MODE" != build ]; then
-  for s in test_nn_cuda:180 test_nn_layers:180 test_nn_network:180 test_nn_models:120 test_runtime:60 test_engine:120 \
-           test_predict:90; do
+  for s in test_nn_cuda:180 test_nn_layers:180 test_nn_network:180 test_nn_models:120 test_nn_optim:90 \
+           test_runtime:60 test_engine:120 test_predict:90; do
     run_suite "${s%%:*}" "${s##*:}"
   done
   # Examples: on the GPU as shipped (training shrunk as their descriptions suggest); without a GPU (a dry run)
