@@ -234,56 +234,53 @@ std::vector<std::shared_ptr<OpNode>> Engine::finish(const std::shared_ptr<OpNode
   std::vector<std::shared_ptr<OpNode>> ready;
   std::vector<std::function<void(const TagOutcome&)>> waiters;
   TagOutcome outcome;
-  bool room = false;  // a host waiting in push may go on
-  {
-    std::lock_guard lock(mutex_);
-    op->done = true;
-    // The outcome sticks to what the op wrote: an error poisons those variables until a later op rewrites
-    // them, so that dependents skip and wait() rethrows.
-    for (const VarPtr& v : op->writes) {
-      v->error = op->error;
-      if (v->last_writer == op) v->last_writer.reset();
-    }
-    if (op->error && !first_error_) first_error_ = op->error;
-    for (auto& d : op->dependents)
-      if (--d->pending_deps == 0) {
-        d->input_error = input_error_locked(*d);
-        ready.push_back(d);
-      }
-    op->dependents.clear();
-    op->reads.clear();
-    op->writes.clear();
-    ++completed_;
-    if (auto it = tags_.find(op->info.tag); it != tags_.end()) {
-      TagState& st = it->second;
-      --st.pending;
-      const bool better = !st.outcome.error || (st.outcome.from_input && !op->error_from_input);
-      if (op->error && better) st.outcome = {op->error, op->error_from_input};
-      if (st.pending == 0) {
-        waiters = std::move(st.waiters);
-        outcome = st.outcome;
-        // A failure nobody has asked about yet is kept for the next when_done.
-        if (!waiters.empty() || !st.outcome.error) tags_.erase(it);
-      }
-    }
-    if (waiters.empty()) {
-      --pending_;
-      room = has_room_for_waiting_hosts();
+  std::unique_lock lock(mutex_);
+  if (auto it = tags_.find(op->info.tag); it != tags_.end()) {
+    TagState& st = it->second;
+    --st.pending;
+    const bool better = !st.outcome.error || (st.outcome.from_input && !op->error_from_input);
+    if (op->error && better) st.outcome = {op->error, op->error_from_input};
+    if (st.pending == 0) {
+      waiters = std::move(st.waiters);
+      outcome = st.outcome;
+      // A failure nobody has asked about yet is kept for the next when_done.
+      if (!waiters.empty() || !st.outcome.error) tags_.erase(it);
     }
   }
   if (!waiters.empty()) {
-    // The op counts as pending until its waiters have run, so that wait_all() returning means every
+    // The tag's waiters run before the op counts as done: whoever waits for what the op wrote (a host in
+    // wait(), a dependent op) then also sees the outcome of the node the op belonged to, so a node that read
+    // a failed node's output finds that node failed already. And wait_all() returning means every
     // when_done callback has been made.
+    lock.unlock();
     for (auto& w : waiters) {
       try {
         w(outcome);
       } catch (...) {
       }
     }
-    std::lock_guard lock(mutex_);
-    --pending_;
-    room = has_room_for_waiting_hosts();
+    lock.lock();
   }
+  op->done = true;
+  // The outcome sticks to what the op wrote: an error poisons those variables until a later op rewrites
+  // them, so that dependents skip and wait() rethrows.
+  for (const VarPtr& v : op->writes) {
+    v->error = op->error;
+    if (v->last_writer == op) v->last_writer.reset();
+  }
+  if (op->error && !first_error_) first_error_ = op->error;
+  for (auto& d : op->dependents)
+    if (--d->pending_deps == 0) {
+      d->input_error = input_error_locked(*d);
+      ready.push_back(d);
+    }
+  op->dependents.clear();
+  op->reads.clear();
+  op->writes.clear();
+  ++completed_;
+  --pending_;
+  const bool room = has_room_for_waiting_hosts();  // a host waiting in push may go on
+  lock.unlock();
   done_cv_.notify_all();
   if (room) room_cv_.notify_all();
   return ready;

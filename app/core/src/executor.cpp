@@ -75,6 +75,11 @@ struct RunShared {
   QString graph;
   QList<NodeState> nodes;
   QHash<QString, int> index;
+  struct Input {
+    QString port, from;  // "a", "m1.out"
+    int node = 0;
+  };
+  QList<QList<Input>> inputs;  // per node, where its wires come from
   std::map<QString, QList<QPair<double, double>>> metrics;
   QJsonArray devices;
   QJsonObject memory;
@@ -127,12 +132,34 @@ struct RunShared {
     completeLocked(i, error, status);
   }
 
+  // "skipped: input a (m1.out) failed" when one of node i's inputs comes from a node that did not finish;
+  // empty otherwise. Under the lock.
+  QString failedInputLocked(int i) const {
+    for (const Input& in : inputs[i]) {
+      const QString& s = nodes[in.node].status;
+      if (s == "failed" || s == "skipped" || s == "cancelled")
+        return QStringLiteral("skipped: input %1 (%2) failed").arg(in.port, in.from);
+    }
+    return {};
+  }
+
+  // Node i's outcome. A node whose work failed because an input's work had failed (an op's error reaches
+  // the ops that read its result) was skipped by that failure, as if the input had failed before the node
+  // ran: the first failure stays the one reported. Under the lock.
+  void endLocked(int i, const QString& error) {
+    const QString skipped = error.isEmpty() || cancelled->load() ? QString() : failedInputLocked(i);
+    if (skipped.isEmpty())
+      completeLocked(i, error);
+    else
+      completeLocked(i, skipped, QStringLiteral("skipped"));
+  }
+
   // A session's onDone: the node's outcome, and one less to wait for.
   void sessionDone(int i, const QString& error) {
     {
       std::lock_guard lock(mutex);
       if (closed) return;
-      completeLocked(i, error);
+      endLocked(i, error);
       --awaiting;
     }
     cv.notify_all();
@@ -361,20 +388,18 @@ void Executor::Run::executeNode(int i) {
   Context& ctx = *contexts[i];
 
   // Inputs: a failed upstream skips this node; otherwise its values feed ours.
+  QString skipped;
+  {
+    std::lock_guard lock(shared->mutex);
+    skipped = shared->failedInputLocked(i);
+  }
+  if (!skipped.isEmpty()) {
+    shared->complete(i, skipped, QStringLiteral("skipped"));
+    return;
+  }
   for (int w : wiresIn[i]) {
     const GraphConnection& c = connections[w];
-    const int from = shared->index.value(c.from.node);
-    QString upstream;
-    {
-      std::lock_guard lock(shared->mutex);
-      upstream = shared->nodes[from].status;
-    }
-    if (upstream == "failed" || upstream == "skipped" || upstream == "cancelled") {
-      shared->complete(i, QStringLiteral("skipped: input %1 (%2) failed").arg(c.to.port, c.from.str()),
-                       QStringLiteral("skipped"));
-      return;
-    }
-    ctx.setInput(c.to.port, contexts[from]->output(c.from.port));
+    ctx.setInput(c.to.port, contexts[shared->index.value(c.from.node)]->output(c.from.port));
   }
   if (sessionErrors.contains(plugins[i])) {
     shared->complete(i, sessionErrors.value(plugins[i]));
@@ -412,7 +437,10 @@ void Executor::Run::executeNode(int i) {
   }
   // The outcome of a throw stands at once, so downstream nodes are skipped; the session still hears endNode
   // and says when whatever the node enqueued before it threw has finished.
-  if (!error.isEmpty()) shared->complete(i, error);
+  if (!error.isEmpty()) {
+    std::lock_guard lock(shared->mutex);
+    shared->endLocked(i, error);
+  }
   if (!session) {
     shared->complete(i, {});
     return;
@@ -699,6 +727,7 @@ bool Executor::start(const GraphDocument& doc, const RunSettings& settings, Vali
   QList<int> indegree(n, 0);
   run->wiresIn.resize(n);
   run->wiresOut.resize(n);
+  shared.inputs.resize(n);
   for (int w = 0; w < run->connections.size(); ++w) {
     const GraphConnection& c = run->connections[w];
     const int from = shared.index.value(c.from.node), to = shared.index.value(c.to.node);
@@ -706,6 +735,7 @@ bool Executor::start(const GraphDocument& doc, const RunSettings& settings, Vali
     ++indegree[to];
     run->wiresIn[to].append(w);
     run->wiresOut[from].append(w);
+    shared.inputs[to].append({c.to.port, c.from.str(), from});
   }
   std::set<int> ready;
   for (int i = 0; i < n; ++i)
