@@ -326,6 +326,34 @@ class EngineTest : public QObject {
     QVERIFY(!again.error);
   }
 
+  // Whoever waits for what an op wrote, a host or a dependent op, finds the op's tag already told: the graph
+  // executor relies on it to name the node that failed first.
+  void a_tags_callback_runs_before_its_ops_output_is_ready() {
+    Runtime rt;
+    VarPtr out = new_var(), after = new_var();
+    std::atomic<bool> gate{false}, told{false}, told_when_dependent_ran{false};
+    {
+      ScopedOpTag tag("producer");
+      rt.engine().push(
+          [&gate](OpContext&) {
+            while (!gate.load()) std::this_thread::sleep_for(1ms);
+          },
+          {}, {out}, Device::cpu(), StreamKind::Compute, {"producer"});
+    }
+    rt.engine().when_done("producer", [&](const TagOutcome&) {
+      std::this_thread::sleep_for(50ms);  // a slow callback: nobody may see the output before it ends
+      told = true;
+    });
+    // A reader on another stream: it may start only once the producer counts as done.
+    rt.engine().push([&](OpContext&) { told_when_dependent_ran = told.load(); }, {out}, {after},
+                     Device::cpu(), StreamKind::Copy, {"reader"});
+    gate = true;
+    rt.engine().wait(out);
+    QVERIFY2(told, "wait() returned before the tag's callback had run");
+    rt.engine().wait_all();
+    QVERIFY2(told_when_dependent_ran, "a reader ran before the tag's callback had run");
+  }
+
   void the_profiler_keeps_the_newest_spans_by_position() {
     Profiler p(4, 3);
     for (int i = 0; i < 10; ++i) {
