@@ -103,7 +103,45 @@ struct BlockHeader {
   size_t size;
 };
 constexpr size_t kAlign = 64;
+
+BlockHeader& header_of(void* block) {
+  return static_cast<BlockHeader*>(block)[-1];
+}
 }  // namespace
+
+CpuAllocator::~CpuAllocator() {
+  std::lock_guard lock(cache_mutex_);
+  release_cache();
+}
+
+void* CpuAllocator::take_cached(size_t size) {
+  if (size < kCachedFrom) return nullptr;
+  std::lock_guard lock(cache_mutex_);
+  auto it = cached_.find(size);
+  if (it == cached_.end() || it->second.empty()) return nullptr;
+  void* p = it->second.back();
+  it->second.pop_back();
+  cached_bytes_ -= size;
+  return p;
+}
+
+size_t CpuAllocator::release_cache() {
+  const size_t bytes = cached_bytes_;
+  for (auto& [size, blocks] : cached_)
+    for (void* p : blocks) std::free(header_of(p).raw);
+  cached_.clear();
+  cached_bytes_ = 0;
+  return bytes;
+}
+
+void CpuAllocator::empty_cache() {
+  size_t released;
+  {
+    std::lock_guard lock(cache_mutex_);
+    released = release_cache();
+  }
+  if (released) note_free(0, static_cast<int64_t>(released));
+}
 
 void* CpuAllocator::allocate(size_t bytes, StreamKind) {
   if (bytes == 0) bytes = 1;
@@ -112,27 +150,54 @@ void* CpuAllocator::allocate(size_t bytes, StreamKind) {
     throw_oom(std::numeric_limits<int64_t>::max(), 0, 0);
   const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   refuse_impossible(static_cast<int64_t>(rounded));
-  if (const int64_t limit = limit_.load(); limit > 0) {
+  const int64_t limit = limit_.load();
+  if (limit > 0) {
     const int64_t in_use = stats().allocated_bytes.current;
     if (in_use + static_cast<int64_t>(rounded) > limit)
       throw_oom(static_cast<int64_t>(bytes), limit - in_use, 0);
   }
+  if (void* p = take_cached(rounded)) {
+    note_alloc(static_cast<int64_t>(rounded), 0);
+    return p;
+  }
+  // Under a limit, what is kept must not push what is held past it.
+  if (limit > 0 && stats().reserved_bytes.current + static_cast<int64_t>(rounded) > limit) empty_cache();
   // Plain malloc, aligned by hand: its per-thread caches serve the many small tensors of a training step
   // much faster than aligned_alloc's separate path.
-  void* raw = std::malloc(rounded + kAlign + sizeof(BlockHeader));
-  if (!raw) throw_oom(static_cast<int64_t>(bytes), 0, 0);
+  const size_t total = rounded + kAlign + sizeof(BlockHeader);
+  void* raw = std::malloc(total);
+  if (!raw) {
+    empty_cache();  // what is kept may be what the system lacks
+    raw = std::malloc(total);
+    if (!raw) throw_oom(static_cast<int64_t>(bytes), 0, 0);
+  }
   const auto start = reinterpret_cast<uintptr_t>(raw) + sizeof(BlockHeader);
   auto* p = reinterpret_cast<char*>((start + kAlign - 1) / kAlign * kAlign);
-  reinterpret_cast<BlockHeader*>(p)[-1] = {raw, rounded};
+  header_of(p) = {raw, rounded};
   note_alloc(static_cast<int64_t>(rounded), static_cast<int64_t>(rounded));
   return p;
 }
 
 void CpuAllocator::deallocate(void* ptr) {
   if (!ptr) return;
-  const BlockHeader header = static_cast<BlockHeader*>(ptr)[-1];
+  const BlockHeader header = header_of(ptr);
+  const auto size = static_cast<int64_t>(header.size);
+  if (keep(ptr, header.size)) {
+    note_free(size, 0);
+    return;
+  }
   std::free(header.raw);
-  note_free(static_cast<int64_t>(header.size), static_cast<int64_t>(header.size));
+  note_free(size, size);
+}
+
+// allocate() keeps allocated plus kept within a limit: it empties the cache before it would go past.
+bool CpuAllocator::keep(void* block, size_t size) {
+  if (size < kCachedFrom) return false;
+  std::lock_guard lock(cache_mutex_);
+  if (cached_bytes_ + size > kMaxCached) return false;
+  cached_[size].push_back(block);
+  cached_bytes_ += size;
+  return true;
 }
 
 }  // namespace gn

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include "gpunodes/device.h"
 
@@ -67,16 +69,34 @@ class Allocator {
   MemoryStats stats_;
 };
 
-// Host memory for CPU devices: 64-byte aligned, no cache (malloc is fast enough on the host). Each block
-// carries its size in front of it, so a free needs no lookup and no lock of its own.
+// Host memory for CPU devices: 64-byte aligned blocks from malloc, each carrying its size in front of it.
+// Blocks of 64 KiB and more are kept when freed and handed out again for the same size, as the CUDA
+// allocator does: a training step frees and asks again for the same activation sizes every step, and
+// malloc returns such blocks to the system (a worker thread's arena trims eagerly), so each step would
+// fault its pages in again. The cache holds at most kMaxCached bytes, and under a limit only what keeps
+// allocated plus cached within it; empty_cache() gives it back. reserved_bytes counts it.
 class CpuAllocator final : public Allocator {
  public:
   using Allocator::Allocator;
+  ~CpuAllocator() override;
   void* allocate(size_t bytes, StreamKind stream) override;
   void deallocate(void* ptr) override;
+  void empty_cache() override;
+
+  static constexpr size_t kCachedFrom = 64 << 10;
+  static constexpr size_t kMaxCached = size_t(1) << 30;
 
  protected:
   int64_t capacity() const override;
+
+ private:
+  void* take_cached(size_t size);       // nullptr when no block of that size is kept
+  bool keep(void* block, size_t size);  // false when the block is not to be kept
+  size_t release_cache();               // frees every kept block; returns their bytes; cache_mutex_ held
+
+  std::mutex cache_mutex_;
+  std::unordered_map<size_t, std::vector<void*>> cached_;  // kept blocks (their aligned pointers) by size
+  size_t cached_bytes_ = 0;
 };
 
 }  // namespace gn
