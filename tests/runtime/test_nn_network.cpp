@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <map>
 
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/network.h"
@@ -67,6 +68,17 @@ NetworkSpec lenet() {
 
 // The seed's ResNet-18, drawn as resources/examples/resnet18-layers.json draws it: the layers of each block
 // in the order a walk from the output reaches them (main path, then the shortcut).
+// The name resnet18() gives a parameter of the built-in ResNet-18: "0.weight" is "conv0.weight",
+// "resnet_block2.0.conv3.bias" is "s2b0_conv3.bias".
+std::string drawn_resnet18_name(const std::string& builtin) {
+  const std::string block = "resnet_block";
+  if (builtin.rfind(block, 0) == 0)  // resnet_block<S>.<B>.<layer>.<what>
+    return "s" + builtin.substr(block.size(), 1) + "b" + builtin.substr(block.size() + 2, 1) + "_" +
+           builtin.substr(block.size() + 4);
+  if (builtin.rfind("fc.1.", 0) == 0) return "fc." + builtin.substr(5);
+  return (builtin[0] == '0' ? "conv0" : "bn0") + builtin.substr(1);
+}
+
 NetworkSpec resnet18(int64_t channels) {
   Net n;
   int h = n.add("x", LayerKind::Input, {}, input({channels, 16, 16}));
@@ -349,6 +361,9 @@ class NnNetworkTest : public QObject {
                a->state()[i]->name.c_str());
   }
 
+  // The built-in model runs in the device's blocked layout with its ReLUs and shortcut adds fused into the
+  // batch norms; the drawn one runs every layer on its own in NCHW. Both must give the same logits and, after
+  // one step, the same parameters and running statistics.
   void drawn_resnet18_equals_the_builtin_one_on_two_images() {
     ModelOptions builtin = modelOptions(Arch::ResNet18, 5);
     builtin.init = Init::Kaiming;  // logits far from zero, so that equal means something
@@ -363,6 +378,23 @@ class NnNetworkTest : public QObject {
     }
     a->clear_cache();
     b->clear_cache();
+
+    const Tensor labels = from_values(*rt_, {2}, device_, {3, 8});
+    for (Model* m : {a.get(), b.get()}) {
+      Tensor logits = m->forward(x, Mode::Train);
+      m->backward(softmax_cross_entropy(logits, labels).dlogits);
+      std::vector<Tensor> params, grads;
+      for (Parameter* p : m->parameters()) params.push_back(p->value), grads.push_back(p->grad);
+      sgd_step(params, grads, {}, SgdOptions{.lr = 0.5f});
+    }
+    std::map<std::string, Tensor> drawn;
+    for (const Parameter* p : b->state()) drawn[p->name] = p->value;
+    for (const Parameter* p : a->state()) {
+      const auto it = drawn.find(drawn_resnet18_name(p->name));
+      QVERIFY2(it != drawn.end(), p->name.c_str());
+      const std::vector<float> va = to_host(p->value), vb = to_host(it->second);
+      QVERIFY2(max_abs_diff(va, vb) <= 1e-5 * std::max(1.0, max_abs(va)), p->name.c_str());
+    }
   }
 
   void gradients_through_branches_match_finite_differences() {

@@ -10,7 +10,9 @@
 // reordered from and to our NCHW inside the op), which beat its GEMM path on plain NCHW by 1.5-5x; 1x1
 // convolutions use that GEMM path on plain NCHW, 1.3x faster than the blocked kernel plus reorders. The one
 // case where im2col wins, backward-data of a 1-channel input, never runs: a first layer's input needs no
-// gradient.
+// gradient. Callers that keep activations in the blocked layout themselves (layers.h's Layout::Blocked, which
+// the built-in ResNet-18 uses from its stem to its pooling) skip those reorders, 1x1 convolutions included:
+// on 2 AVX2 cores under load a ResNet-18 step's convolutions took a fifth less time without them.
 //
 // Every oneDNN object is made once per shape and per worker thread (each CPU device's worker has its own
 // OpenMP thread count, which oneDNN bakes into its kernels), and reorders go through per-thread scratch.
@@ -27,6 +29,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -140,13 +143,27 @@ memory scratchpad(const memory::desc& d) {
 // --- convolution -------------------------------------------------------------------------------------------
 
 using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, bool>;
+                           int64_t, bool, int64_t, int64_t>;
 ConvKey key_of(const ConvShape& s) {
-  return {s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad, s.groups, s.bias};
+  return {s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad, s.groups, s.bias, s.in_block, s.out_block};
+}
+
+// Our layout of an activation with channel block `block` (1: NCHW).
+memory::desc activation_desc(const memory::dims& d, int64_t block) {
+  switch (block) {
+    case 1:
+      return memory::desc(d, Dt::f32, Tag::nchw);
+    case 8:
+      return memory::desc(d, Dt::f32, Tag::nChw8c);
+    case 16:
+      return memory::desc(d, Dt::f32, Tag::nChw16c);
+  }
+  throw Error("no oneDNN layout for a channel block of " + std::to_string(block));
 }
 
 struct ConvPrims {
   memory::dims src, wei, bias, dst, strides, padding;
+  memory::desc user_src, user_dst;  // x and dx, y and dy: as the caller keeps them
   bool plain_layout = false;
   // Grouped weights are 5-d for oneDNN, [g, K/g, C/g, R, S]: the same memory as our [K, C/g, R, S].
   Tag wei_tag = Tag::oihw;
@@ -175,25 +192,27 @@ struct ConvPrims {
     dst = {s.n, s.k, s.oh, s.ow};
     strides = {s.stride, s.stride};
     padding = {s.pad, s.pad};
+    user_src = activation_desc(src, s.in_block);
+    user_dst = activation_desc(dst, s.out_block);
     auto& e = tdnnl().engine;
-    // 1x1 convolutions are GEMMs: oneDNN's GEMM path on our plain layout beats its blocked direct kernel plus
-    // the reorders there. Everything else takes the layout oneDNN prefers.
-    plain_layout = s.r == 1 && s.s == 1;
+    // 1x1 convolutions between NCHW tensors are GEMMs: oneDNN's GEMM path on that layout beats its blocked
+    // direct kernel plus the reorders there. Everything else takes the layout oneDNN prefers, which is the
+    // blocked layout callers pass (cpu_channel_block()), so that blocked tensors need no reorder.
+    plain_layout = s.r == 1 && s.s == 1 && s.in_block == 1 && s.out_block == 1;
     memory::desc any_src = desc(src, Tag::nchw), any_wei = desc(wei, wei_tag), any_dst = desc(dst, Tag::nchw);
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
                                       any_src, any_wei, bias_desc(), any_dst, strides, padding, padding);
     fwd_pd = dnnl::convolution_forward::primitive_desc(d, user_scratchpad(), e);
     fwd = dnnl::convolution_forward(fwd_pd);
-    f_src = Staged(plain(src), fwd_pd.src_desc(), kSrc, true, false);
+    f_src = Staged(user_src, fwd_pd.src_desc(), kSrc, true, false);
     f_wei = Staged(plain_w(wei), fwd_pd.weights_desc(), kWei, true, false);
-    f_dst = Staged(plain(dst), fwd_pd.dst_desc(), kDst, false, true);
+    f_dst = Staged(user_dst, fwd_pd.dst_desc(), kDst, false, true);
   }
 
   // The layout asked of oneDNN: ours for 1x1, otherwise whatever it prefers.
   memory::desc desc(const memory::dims& d, Tag ours) const {
     return memory::desc(d, Dt::f32, plain_layout ? ours : Tag::any);
   }
-  static memory::desc plain(const memory::dims& d) { return memory::desc(d, Dt::f32, Tag::nchw); }
   memory::desc plain_w(const memory::dims& d) const { return memory::desc(d, Dt::f32, wei_tag); }
   // A zero descriptor tells oneDNN there is no bias (and no bias gradient).
   memory::desc bias_desc() const { return with_bias ? memory::desc(bias, Dt::f32, Tag::x) : memory::desc(); }
@@ -206,15 +225,15 @@ struct ConvPrims {
                                              strides, padding, padding);
     bd_pd = dnnl::convolution_backward_data::primitive_desc(dd, user_scratchpad(), e, fwd_pd);
     bd = dnnl::convolution_backward_data(bd_pd);
-    bd_diff_dst = Staged(plain(dst), bd_pd.diff_dst_desc(), kDiffDst, true, false);
+    bd_diff_dst = Staged(user_dst, bd_pd.diff_dst_desc(), kDiffDst, true, false);
     bd_wei = Staged(plain_w(wei), bd_pd.weights_desc(), kWei, true, false);
-    bd_diff_src = Staged(plain(src), bd_pd.diff_src_desc(), kDiffSrc, false, true);
+    bd_diff_src = Staged(user_src, bd_pd.diff_src_desc(), kDiffSrc, false, true);
     dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, any_src, any_wei,
                                                 bias_desc(), any_dst, strides, padding, padding);
     bw_pd = dnnl::convolution_backward_weights::primitive_desc(wd, user_scratchpad(), e, fwd_pd);
     bw = dnnl::convolution_backward_weights(bw_pd);
-    bw_src = Staged(plain(src), bw_pd.src_desc(), kSrcW, true, false);
-    bw_diff_dst = Staged(plain(dst), bw_pd.diff_dst_desc(), kDiffDstW, true, false);
+    bw_src = Staged(user_src, bw_pd.src_desc(), kSrcW, true, false);
+    bw_diff_dst = Staged(user_dst, bw_pd.diff_dst_desc(), kDiffDstW, true, false);
     bw_diff_wei = Staged(plain_w(wei), bw_pd.diff_weights_desc(), kDiffWei, false, true);
     have_bwd = true;
   }
@@ -273,6 +292,157 @@ EltPrims& elt_prims(Activation kind, int64_t n) {
   auto& slot = cache[{static_cast<int>(kind), n}];
   if (!slot) slot = std::make_unique<EltPrims>(kind, n);
   return *slot;
+}
+
+// --- batch norm ------------------------------------------------------------------------------------------
+
+// Batch norm runs over NCHW (block 1) and the blocked layouts alike: value (n, c, j) of a channel block cb =
+// c / B and lane l = c % B sits at ((n * C / B + cb) * HW + j) * B + l. With B a compile-time constant the
+// lane loops vectorise, and a blocked layout's channels are normalised side by side.
+struct BnForward {
+  const float *x, *gamma, *beta, *residual;
+  float *running_mean, *running_var, *y, *save_mean, *save_invstd;
+  bool training;
+  float momentum, eps;
+};
+struct BnBackward {
+  const float *x, *y, *dy, *gamma, *save_mean, *save_invstd;  // y: the output, read with a fused ReLU
+  float *dx, *dresidual, *dgamma, *dbeta;
+};
+
+template <class F>
+void with_block(int64_t block, F f) {
+  switch (block) {
+    case 1:
+      return f(std::integral_constant<int, 1>());
+    case 8:
+      return f(std::integral_constant<int, 8>());
+    case 16:
+      return f(std::integral_constant<int, 16>());
+  }
+  throw Error("batch norm: no kernel for a channel block of " + std::to_string(block));
+}
+
+// Relu and Residual (one is added) are template parameters so that the lane loops stay branch-free.
+template <int B, bool Relu, bool Residual>
+void bn_forward(const BnShape& s, const BnForward& a) {
+  const BnForward& st = a;
+  const int64_t blocks = s.c / B, m = s.n * s.hw, plane = s.hw * B;
+#pragma omp parallel for if (s.n * s.c * s.hw > kParallelMin)
+  for (int64_t cb = 0; cb < blocks; ++cb) {
+    double mean[B], invstd[B];
+    if (st.training) {
+      // One pass in double, around each channel's first value: shifted that way, sum(d^2) - sum(d)^2 / m
+      // does not cancel the way the raw E[x^2] - E[x]^2 does for large means, and x is read once, not twice.
+      double k[B], s1[B] = {}, s2[B] = {};
+      for (int l = 0; l < B; ++l) k[l] = a.x[cb * plane + l];
+      for (int64_t i = 0; i < s.n; ++i) {
+        const float* p = a.x + (i * blocks + cb) * plane;
+        for (int64_t j = 0; j < s.hw; ++j)
+#pragma omp simd
+          for (int l = 0; l < B; ++l) {
+            const double d = p[j * B + l] - k[l];
+            s1[l] += d;
+            s2[l] += d * d;
+          }
+      }
+      for (int l = 0; l < B; ++l) {
+        const int64_t c = cb * B + l;
+        const double sq = std::max(0.0, s2[l] - s1[l] * s1[l] / static_cast<double>(m));
+        const double var = sq / static_cast<double>(m);
+        mean[l] = k[l] + s1[l] / static_cast<double>(m);
+        invstd[l] = 1.0 / std::sqrt(var + st.eps);
+        a.save_mean[c] = static_cast<float>(mean[l]);
+        a.save_invstd[c] = static_cast<float>(invstd[l]);
+        const double unbiased = m > 1 ? sq / static_cast<double>(m - 1) : var;
+        st.running_mean[c] =
+            static_cast<float>((1.0 - st.momentum) * st.running_mean[c] + st.momentum * mean[l]);
+        st.running_var[c] =
+            static_cast<float>((1.0 - st.momentum) * st.running_var[c] + st.momentum * unbiased);
+      }
+    } else {
+      for (int l = 0; l < B; ++l) {
+        mean[l] = st.running_mean[cb * B + l];
+        invstd[l] = 1.0 / std::sqrt(static_cast<double>(st.running_var[cb * B + l]) + st.eps);
+      }
+    }
+    float scale[B], shift[B];
+    for (int l = 0; l < B; ++l) {
+      const int64_t c = cb * B + l;
+      scale[l] = static_cast<float>(a.gamma[c] * invstd[l]);
+      shift[l] = static_cast<float>(st.beta[c] - mean[l] * a.gamma[c] * invstd[l]);
+    }
+    for (int64_t i = 0; i < s.n; ++i) {
+      const int64_t at = (i * blocks + cb) * plane;
+      const float* p = a.x + at;
+      const float* r = Residual ? a.residual + at : nullptr;
+      float* q = a.y + at;
+      for (int64_t j = 0; j < s.hw; ++j)
+#pragma omp simd
+        for (int l = 0; l < B; ++l) {
+          float v = p[j * B + l] * scale[l] + shift[l];
+          if constexpr (Residual) v += r[j * B + l];
+          if constexpr (Relu) v = v < 0.0f ? 0.0f : v;  // PyTorch's relu: NaN stays NaN
+          q[j * B + l] = v;
+        }
+    }
+  }
+}
+
+// Relu and Residual (dresidual is written) are template parameters so that the lane loops stay branch-free.
+template <int B, bool Relu, bool Residual>
+void bn_backward(const BnShape& s, const BnBackward& g) {
+  const int64_t blocks = s.c / B, plane = s.hw * B;
+  const double m = static_cast<double>(s.n * s.hw);
+  const float *x = g.x, *y = g.y, *dy = g.dy;
+  float *dx = g.dx, *dresidual = g.dresidual;
+  // The gradient past the fused ReLU: dy where the output is positive (both read, then selected).
+  auto grad = [=](int64_t e) {
+    const float d = dy[e];
+    if constexpr (Relu) return y[e] > 0.0f ? d : 0.0f;
+    return d;
+  };
+#pragma omp parallel for if (s.n * s.c * s.hw > kParallelMin)
+  for (int64_t cb = 0; cb < blocks; ++cb) {
+    float mean[B];
+    double mean_d[B], sum_dy[B] = {}, sum_dy_xc[B] = {};  // sums of dy and of dy * (x - mean), in double
+    for (int l = 0; l < B; ++l) mean[l] = g.save_mean[cb * B + l], mean_d[l] = mean[l];
+    for (int64_t i = 0; i < s.n; ++i) {
+      const int64_t at = (i * blocks + cb) * plane;
+      for (int64_t j = 0; j < s.hw; ++j)
+#pragma omp simd
+        for (int l = 0; l < B; ++l) {
+          const int64_t e = at + j * B + l;
+          const double gv = grad(e);
+          sum_dy[l] += gv;
+          sum_dy_xc[l] += gv * (static_cast<double>(x[e]) - mean_d[l]);
+        }
+    }
+    // dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)), as dy * k + (x - mean) * kx + k0 with
+    // the per-channel factors rounded once to float: a float pass over the values, like PyTorch's.
+    float k[B], kx[B], k0[B];
+    for (int l = 0; l < B; ++l) {
+      const int64_t c = cb * B + l;
+      const double invstd = g.save_invstd[c], sum_dy_xhat = sum_dy_xc[l] * invstd;
+      g.dbeta[c] = static_cast<float>(sum_dy[l]);
+      g.dgamma[c] = static_cast<float>(sum_dy_xhat);
+      const double scale = g.gamma[c] * invstd;
+      k[l] = static_cast<float>(scale);
+      kx[l] = static_cast<float>(-scale * invstd * sum_dy_xhat / m);
+      k0[l] = static_cast<float>(-scale * sum_dy[l] / m);
+    }
+    for (int64_t i = 0; i < s.n; ++i) {
+      const int64_t at = (i * blocks + cb) * plane;
+      for (int64_t j = 0; j < s.hw; ++j)
+#pragma omp simd
+        for (int l = 0; l < B; ++l) {
+          const int64_t e = at + j * B + l;
+          const float gv = grad(e);
+          if constexpr (Residual) dresidual[e] = gv;
+          dx[e] = gv * k[l] + ((x[e] - mean[l]) * kx[l] + k0[l]);
+        }
+    }
+  }
 }
 
 // --- the kernels -------------------------------------------------------------------------------------------
@@ -365,81 +535,31 @@ class CpuNnKernels final : public NnKernels {
   }
 
   void batchnorm_forward(const BnShape& s, const float* x, const float* gamma, const float* beta,
-                         float* running_mean, float* running_var, float* y, float* save_mean,
-                         float* save_invstd, bool training, float momentum, float eps,
+                         float* running_mean, float* running_var, const float* residual, float* y,
+                         float* save_mean, float* save_invstd, bool training, float momentum, float eps,
                          KernelContext&) override {
-    const int64_t m = s.n * s.hw;
-#pragma omp parallel for if (s.n * s.c * s.hw > kParallelMin)
-    for (int64_t c = 0; c < s.c; ++c) {
-      double mean, invstd;
-      if (training) {
-        // Two passes in double: the one-pass E[x^2] - E[x]^2 cancels badly for large means.
-        double sum = 0;
-        for (int64_t i = 0; i < s.n; ++i) {
-          const float* p = x + (i * s.c + c) * s.hw;
-          for (int64_t j = 0; j < s.hw; ++j) sum += p[j];
-        }
-        mean = sum / static_cast<double>(m);
-        double sq = 0;
-        for (int64_t i = 0; i < s.n; ++i) {
-          const float* p = x + (i * s.c + c) * s.hw;
-          for (int64_t j = 0; j < s.hw; ++j) {
-            const double d = p[j] - mean;
-            sq += d * d;
-          }
-        }
-        const double var = sq / static_cast<double>(m);
-        invstd = 1.0 / std::sqrt(var + eps);
-        save_mean[c] = static_cast<float>(mean);
-        save_invstd[c] = static_cast<float>(invstd);
-        const double unbiased = m > 1 ? sq / static_cast<double>(m - 1) : var;
-        running_mean[c] = static_cast<float>((1.0 - momentum) * running_mean[c] + momentum * mean);
-        running_var[c] = static_cast<float>((1.0 - momentum) * running_var[c] + momentum * unbiased);
-      } else {
-        mean = running_mean[c];
-        invstd = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + eps);
-      }
-      const float scale = static_cast<float>(gamma[c] * invstd);
-      const float shift = static_cast<float>(beta[c] - mean * gamma[c] * invstd);
-      for (int64_t i = 0; i < s.n; ++i) {
-        const float* p = x + (i * s.c + c) * s.hw;
-        float* q = y + (i * s.c + c) * s.hw;
-        for (int64_t j = 0; j < s.hw; ++j) q[j] = p[j] * scale + shift;
-      }
-    }
+    const BnForward a{x, gamma,     beta,        residual, running_mean, running_var,
+                      y, save_mean, save_invstd, training, momentum,     eps};
+    with_block(s.block, [&](auto block) {
+      constexpr int kBlock = decltype(block)::value;
+      if (s.relu)
+        residual ? bn_forward<kBlock, true, true>(s, a) : bn_forward<kBlock, true, false>(s, a);
+      else
+        residual ? bn_forward<kBlock, false, true>(s, a) : bn_forward<kBlock, false, false>(s, a);
+    });
   }
 
-  void batchnorm_backward(const BnShape& s, const float* x, const float* dy, const float* gamma,
-                          const float* save_mean, const float* save_invstd, float* dx, float* dgamma,
-                          float* dbeta, KernelContext&) override {
-    const double m = static_cast<double>(s.n * s.hw);
-#pragma omp parallel for if (s.n * s.c * s.hw > kParallelMin)
-    for (int64_t c = 0; c < s.c; ++c) {
-      const double mean = save_mean[c], invstd = save_invstd[c];
-      double sum_dy = 0, sum_dy_xhat = 0;
-      for (int64_t i = 0; i < s.n; ++i) {
-        const float* p = x + (i * s.c + c) * s.hw;
-        const float* g = dy + (i * s.c + c) * s.hw;
-        for (int64_t j = 0; j < s.hw; ++j) {
-          sum_dy += g[j];
-          sum_dy_xhat += g[j] * (p[j] - mean) * invstd;
-        }
-      }
-      dbeta[c] = static_cast<float>(sum_dy);
-      dgamma[c] = static_cast<float>(sum_dy_xhat);
-      // dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat))
-      const double k = gamma[c] * invstd;
-      const double mdy = sum_dy / m, mdx = sum_dy_xhat / m;
-      for (int64_t i = 0; i < s.n; ++i) {
-        const float* p = x + (i * s.c + c) * s.hw;
-        const float* g = dy + (i * s.c + c) * s.hw;
-        float* q = dx + (i * s.c + c) * s.hw;
-        for (int64_t j = 0; j < s.hw; ++j) {
-          const double xhat = (p[j] - mean) * invstd;
-          q[j] = static_cast<float>(k * (g[j] - mdy - xhat * mdx));
-        }
-      }
-    }
+  void batchnorm_backward(const BnShape& s, const float* x, const float* y, const float* dy,
+                          const float* gamma, const float* save_mean, const float* save_invstd, float* dx,
+                          float* dresidual, float* dgamma, float* dbeta, KernelContext&) override {
+    const BnBackward g{x, y, dy, gamma, save_mean, save_invstd, dx, dresidual, dgamma, dbeta};
+    with_block(s.block, [&](auto block) {
+      constexpr int kBlock = decltype(block)::value;
+      if (s.relu)
+        dresidual ? bn_backward<kBlock, true, true>(s, g) : bn_backward<kBlock, true, false>(s, g);
+      else
+        dresidual ? bn_backward<kBlock, false, true>(s, g) : bn_backward<kBlock, false, false>(s, g);
+    });
   }
 
   void activation_forward(Activation kind, const float* x, float* y, int64_t n, KernelContext&) override {
@@ -612,24 +732,27 @@ class CpuNnKernels final : public NnKernels {
     }
   }
 
-  void global_avg_pool_forward(int64_t planes, int64_t hw, const float* x, float* y,
+  void global_avg_pool_forward(int64_t planes, int64_t hw, int64_t block, const float* x, float* y,
                                KernelContext&) override {
+    // A group is one sample's block of channels: hw pixels of `block` lanes, the means of `block` planes.
+    const int64_t groups = planes / block;
 #pragma omp parallel for if (planes * hw > kParallelMin)
-    for (int64_t p = 0; p < planes; ++p) {
-      double acc = 0;
-      for (int64_t j = 0; j < hw; ++j) acc += x[p * hw + j];
-      y[p] = static_cast<float>(acc / static_cast<double>(hw));
-    }
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t l = 0; l < block; ++l) {
+        double acc = 0;
+        for (int64_t j = 0; j < hw; ++j) acc += x[(g * hw + j) * block + l];
+        y[g * block + l] = static_cast<float>(acc / static_cast<double>(hw));
+      }
   }
 
-  void global_avg_pool_backward(int64_t planes, int64_t hw, const float* dy, float* dx,
+  void global_avg_pool_backward(int64_t planes, int64_t hw, int64_t block, const float* dy, float* dx,
                                 KernelContext&) override {
     const float inv = 1.0f / static_cast<float>(hw);
+    const int64_t groups = planes / block;
 #pragma omp parallel for if (planes * hw > kParallelMin)
-    for (int64_t p = 0; p < planes; ++p) {
-      const float v = dy[p] * inv;
-      for (int64_t j = 0; j < hw; ++j) dx[p * hw + j] = v;
-    }
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t j = 0; j < hw; ++j)
+        for (int64_t l = 0; l < block; ++l) dx[(g * hw + j) * block + l] = dy[g * block + l] * inv;
   }
 
   void softmax_cross_entropy(int64_t n, int64_t classes, const float* logits, const float* labels,
@@ -765,6 +888,29 @@ class CpuNnKernels final : public NnKernels {
 };
 
 }  // namespace
+
+int64_t cpu_channel_block() {
+  // The layout oneDNN picks for a typical ResNet convolution's output when left free to choose.
+  static const int64_t block = [] {
+    try {
+      dnnl::engine e(dnnl::engine::kind::cpu, 0);
+      const memory::desc act({1, 64, 8, 8}, Dt::f32, Tag::any), wei({64, 64, 3, 3}, Dt::f32, Tag::any);
+      const dnnl::convolution_forward::primitive_desc pd(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                          dnnl::algorithm::convolution_direct, act, wei, act, {1, 1}, {1, 1},
+                                          {1, 1}),
+          e);
+      const dnnl_memory_desc_t& d = pd.dst_desc().data;
+      const auto& b = d.format_desc.blocking;
+      if (d.format_kind == dnnl_blocked && b.inner_nblks == 1 && b.inner_idxs[0] == 1 &&
+          (b.inner_blks[0] == 8 || b.inner_blks[0] == 16))
+        return int64_t{b.inner_blks[0]};
+    } catch (const dnnl::error&) {
+    }
+    return int64_t{1};  // no blocked layout it prefers: blocked tensors are then NCHW
+  }();
+  return block;
+}
 
 NnKernels& cpu_nn_kernels() {
   static CpuNnKernels kernels;

@@ -20,6 +20,9 @@ struct ConvShape {
   int64_t oh, ow;
   int64_t groups;
   bool bias;  // forward adds b, backward writes db; without, those pointers are null
+  // The channel block of the input (x, dx) and of the output (y, dy): 1 for NCHW, otherwise the device's
+  // blocked layout [N, C / block, H, W, block] (layers.h's Layout::Blocked, CPU only).
+  int64_t in_block = 1, out_block = 1;
 };
 
 struct PoolShape {
@@ -31,6 +34,9 @@ struct PoolShape {
 
 struct BnShape {
   int64_t n, c, hw;
+  int64_t block = 1;  // as ConvShape's: 1 for NCHW, otherwise [N, C / block, HW, block] (CPU only)
+  // The epilogue fused into the layer: y = bn(x) + residual (when a residual is given), then ReLU.
+  bool relu = false;
 };
 
 // The scalars of one optimizer update, computed on the host in double and rounded once, so that every device
@@ -98,13 +104,17 @@ class NnKernels {
                                float* dw, float* db, KernelContext& kc) = 0;
 
   // training: batch statistics, updates running_mean/var, writes save_mean/save_invstd. Eval: running stats.
+  // residual may be null; y = relu(bn(x) + residual) with s.relu, bn(x) + residual without.
   virtual void batchnorm_forward(const BnShape& s, const float* x, const float* gamma, const float* beta,
-                                 float* running_mean, float* running_var, float* y, float* save_mean,
-                                 float* save_invstd, bool training, float momentum, float eps,
-                                 KernelContext& kc) = 0;
-  virtual void batchnorm_backward(const BnShape& s, const float* x, const float* dy, const float* gamma,
-                                  const float* save_mean, const float* save_invstd, float* dx, float* dgamma,
-                                  float* dbeta, KernelContext& kc) = 0;
+                                 float* running_mean, float* running_var, const float* residual, float* y,
+                                 float* save_mean, float* save_invstd, bool training, float momentum,
+                                 float eps, KernelContext& kc) = 0;
+  // With s.relu, y is the forward's output and the gradient that reaches the normalisation is dy masked by
+  // y > 0; that masked gradient is also the residual's, written to dresidual when it is not null.
+  virtual void batchnorm_backward(const BnShape& s, const float* x, const float* y, const float* dy,
+                                  const float* gamma, const float* save_mean, const float* save_invstd,
+                                  float* dx, float* dresidual, float* dgamma, float* dbeta,
+                                  KernelContext& kc) = 0;
 
   virtual void activation_forward(Activation kind, const float* x, float* y, int64_t n,
                                   KernelContext& kc) = 0;
@@ -126,10 +136,10 @@ class NnKernels {
   virtual void pool_backward(const PoolShape& s, const float* x, const float* y, const float* dy, float* dx,
                              KernelContext& kc) = 0;
 
-  // planes = N*C planes of hw values each.
-  virtual void global_avg_pool_forward(int64_t planes, int64_t hw, const float* x, float* y,
+  // planes = N*C planes of hw values each; x and dx in the layout of `block` (as BnShape's), y and dy [N*C].
+  virtual void global_avg_pool_forward(int64_t planes, int64_t hw, int64_t block, const float* x, float* y,
                                        KernelContext& kc) = 0;
-  virtual void global_avg_pool_backward(int64_t planes, int64_t hw, const float* dy, float* dx,
+  virtual void global_avg_pool_backward(int64_t planes, int64_t hw, int64_t block, const float* dy, float* dx,
                                         KernelContext& kc) = 0;
 
   // loss: mean; stats: {sum, correct}; dlogits may be null. The target is (1 - smoothing) * onehot +
@@ -149,6 +159,9 @@ class NnKernels {
 };
 
 NnKernels& cpu_nn_kernels();
+// The channel block of the CPU's blocked layout: the one oneDNN's convolutions prefer on this machine (8 with
+// AVX2, 16 with AVX-512).
+int64_t cpu_channel_block();
 // Null when the CUDA backend was not built.
 NnKernels* cuda_nn_kernels();
 // Throws Error when `device` has no kernels.

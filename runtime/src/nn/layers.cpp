@@ -49,6 +49,17 @@ double dbl(int64_t v) {
   return static_cast<double>(v);
 }
 
+// The channel block a tensor of `channels` channels in `layout` has on `device`: 1 for NCHW.
+int64_t layout_block(const char* op, Layout layout, Device device, int64_t channels) {
+  if (layout == Layout::Nchw) return 1;
+  const int64_t block = blocked_layout_channels(device);
+  if (block == 0) throw Error(std::string(op) + ": " + device.str() + " has no blocked layout");
+  if (channels % block != 0)
+    throw ShapeError(std::string(op) + ": the blocked layout needs a multiple of " + std::to_string(block) +
+                     " channels, got " + std::to_string(channels));
+  return block;
+}
+
 ConvShape conv_shape(const char* op, const Tensor& x, const Tensor& w, const Conv2dOptions& o, bool bias) {
   need_rank(op, "input", x, 4);
   need_rank(op, "weight", w, 4);
@@ -76,6 +87,8 @@ ConvShape conv_shape(const char* op, const Tensor& x, const Tensor& w, const Con
   if (s.h + 2 * s.pad < s.r || s.w + 2 * s.pad < s.s || s.oh < 1 || s.ow < 1)
     throw ShapeError(std::string(op) + ": kernel " + std::to_string(s.r) + "x" + std::to_string(s.s) +
                      " does not fit the padded input " + shape_str(x.shape()));
+  s.in_block = layout_block(op, o.input_layout, x.device(), s.c);
+  s.out_block = layout_block(op, o.output_layout, x.device(), s.k);
   return s;
 }
 
@@ -85,12 +98,17 @@ double conv_flops(const ConvShape& s) {
 
 // [N, C, H, W] normalises over (N, H, W) per channel; [N, C] (BatchNorm1d) over N per feature, which is the
 // same computation with planes of one value.
-BnShape bn_shape(const char* op, const Tensor& x) {
+BnShape bn_shape(const char* op, const Tensor& x, const BatchNormOptions& o) {
   if (!x.defined()) throw Error(std::string(op) + ": input is undefined");
   const Shape& sh = x.shape();
   if (sh.size() != 2 && sh.size() != 4)
     throw ShapeError(std::string(op) + ": input must be [N, C] or [N, C, H, W], got " + shape_str(sh));
-  return {sh[0], sh[1], sh.size() == 4 ? sh[2] * sh[3] : 1};
+  if (o.layout == Layout::Blocked && sh.size() != 4)
+    throw ShapeError(std::string(op) + ": the blocked layout needs [N, C, H, W], got " + shape_str(sh));
+  BnShape s{sh[0], sh[1], sh.size() == 4 ? sh[2] * sh[3] : 1};
+  s.block = layout_block(op, o.layout, x.device(), s.c);
+  s.relu = o.relu;
+  return s;
 }
 
 PoolShape pool_shape(const char* op, const Tensor& x, const Pool2dOptions& o) {
@@ -115,6 +133,10 @@ void set_cudnn_allow_tf32(bool allow) {
 }
 bool cudnn_allow_tf32() {
   return g_allow_tf32;
+}
+
+int64_t blocked_layout_channels(Device device) {
+  return device.is_cpu() ? cpu_channel_block() : 0;
 }
 
 NnKernels& nn_kernels(Device device) {
@@ -232,11 +254,16 @@ Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
 // --- batchnorm2d -------------------------------------------------------------------------------------------
 
 BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                            const Tensor& running_mean, const Tensor& running_var,
-                            const BatchNormOptions& o) {
+                            const Tensor& running_mean, const Tensor& running_var, const BatchNormOptions& o,
+                            const Tensor& residual) {
   check_same_device({&x, &gamma, &beta, &running_mean, &running_var});
-  const BnShape s = bn_shape("batchnorm2d", x);
+  const BnShape s = bn_shape("batchnorm2d", x, o);
   const int64_t c = s.c;
+  const bool has_residual = residual.defined();
+  if (has_residual) {
+    check_same_device({&x, &residual});
+    need_shape("batchnorm2d", "residual", residual, x.shape());
+  }
   for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var})
     need_shape("batchnorm2d", "a parameter", *t, {c});
   if (o.training && s.n * s.hw < 2)
@@ -246,6 +273,7 @@ BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& 
   BatchNormResult r;
   r.y = Tensor(rt, x.shape(), x.device());
   std::vector<VarPtr> reads{x.var(), gamma.var(), beta.var()};
+  if (has_residual) reads.push_back(residual.var());
   std::vector<VarPtr> writes{r.y.var()};
   if (o.training) {
     r.save_mean = Tensor(rt, {c}, x.device());
@@ -259,34 +287,49 @@ BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& 
   const bool training = o.training;
   const float momentum = o.momentum, eps = o.eps;
   push_kernel(rt, x.device(), reads, writes,
-              {training ? "batchnorm2d" : "batchnorm2d (eval)", "", (training ? 3 : 2) * x.bytes(),
-               5.0 * dbl(x.numel())},
+              {training ? "batchnorm2d" : "batchnorm2d (eval)", "",
+               (training ? 3 : 2) * x.bytes() + (has_residual ? x.bytes() : 0), 5.0 * dbl(x.numel())},
               [=](NnKernels& k, KernelContext& kc) {
                 k.batchnorm_forward(s, x.data(), gamma.data(), beta.data(), running_mean.data(),
-                                    running_var.data(), y.data(), training ? sm.data() : nullptr,
-                                    training ? si.data() : nullptr, training, momentum, eps, kc);
+                                    running_var.data(), has_residual ? residual.data() : nullptr, y.data(),
+                                    training ? sm.data() : nullptr, training ? si.data() : nullptr, training,
+                                    momentum, eps, kc);
               });
   return r;
 }
 
 BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                                    const Tensor& save_mean, const Tensor& save_invstd) {
+                                    const Tensor& save_mean, const Tensor& save_invstd,
+                                    const BatchNormOptions& o, const Tensor& y, bool need_dresidual) {
   check_same_device({&x, &dy, &gamma, &save_mean, &save_invstd});
-  const BnShape s = bn_shape("batchnorm2d backward", x);
+  const BnShape s = bn_shape("batchnorm2d backward", x, o);
   need_shape("batchnorm2d backward", "output gradient", dy, x.shape());
+  if (o.relu) {
+    need_shape("batchnorm2d backward", "output (which the fused ReLU's gradient needs)", y, x.shape());
+    check_same_device({&x, &y});
+  }
   const int64_t c = s.c;
   for (const Tensor* t : {&gamma, &save_mean, &save_invstd})
     need_shape("batchnorm2d backward", "a parameter", *t, {c});
   Runtime& rt = x.runtime();
   BatchNormGrads g{Tensor(rt, x.shape(), x.device()), Tensor(rt, {c}, x.device()),
                    Tensor(rt, {c}, x.device())};
-  Tensor dx = g.dx, dg = g.dgamma, dbt = g.dbeta;
-  push_kernel(rt, x.device(), {x.var(), dy.var(), gamma.var(), save_mean.var(), save_invstd.var()},
-              {dx.var(), dg.var(), dbt.var()},
-              {"batchnorm2d backward", "", 3 * x.bytes(), 8.0 * dbl(x.numel())},
+  std::vector<VarPtr> reads{x.var(), dy.var(), gamma.var(), save_mean.var(), save_invstd.var()};
+  if (o.relu) reads.push_back(y.var());
+  std::vector<VarPtr> writes{g.dx.var(), g.dgamma.var(), g.dbeta.var()};
+  if (need_dresidual) {
+    g.dresidual = Tensor(rt, x.shape(), x.device());
+    writes.push_back(g.dresidual.var());
+  }
+  Tensor dx = g.dx, dg = g.dgamma, dbt = g.dbeta, dres = g.dresidual;
+  const Tensor out = o.relu ? y : Tensor();
+  push_kernel(rt, x.device(), reads, writes,
+              {"batchnorm2d backward", "", (o.relu ? 4 : 3) * x.bytes() + (need_dresidual ? x.bytes() : 0),
+               8.0 * dbl(x.numel())},
               [=](NnKernels& k, KernelContext& kc) {
-                k.batchnorm_backward(s, x.data(), dy.data(), gamma.data(), save_mean.data(),
-                                     save_invstd.data(), dx.data(), dg.data(), dbt.data(), kc);
+                k.batchnorm_backward(s, x.data(), out.defined() ? out.data() : nullptr, dy.data(),
+                                     gamma.data(), save_mean.data(), save_invstd.data(), dx.data(),
+                                     dres.defined() ? dres.data() : nullptr, dg.data(), dbt.data(), kc);
               });
   return g;
 }
@@ -456,28 +499,30 @@ Tensor pool2d_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const
   return dx;
 }
 
-Tensor global_avg_pool(const Tensor& x) {
+Tensor global_avg_pool(const Tensor& x, Layout layout) {
   need_rank("global_avg_pool", "input", x, 4);
   const int64_t planes = x.shape()[0] * x.shape()[1], hw = x.shape()[2] * x.shape()[3];
+  const int64_t block = layout_block("global_avg_pool", layout, x.device(), x.shape()[1]);
   if (hw < 1) throw ShapeError("global_avg_pool: empty planes in " + shape_str(x.shape()));
   Tensor y(x.runtime(), {x.shape()[0], x.shape()[1], 1, 1}, x.device());
   push_kernel(x.runtime(), x.device(), {x.var()}, {y.var()},
               {"global avg pool", "", x.bytes() + y.bytes(), dbl(x.numel())},
               [=](NnKernels& k, KernelContext& kc) {
-                k.global_avg_pool_forward(planes, hw, x.data(), y.data(), kc);
+                k.global_avg_pool_forward(planes, hw, block, x.data(), y.data(), kc);
               });
   return y;
 }
 
-Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape) {
+Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape, Layout layout) {
   if (x_shape.size() != 4) throw ShapeError("global_avg_pool backward: input shape must have 4 dimensions");
   need_shape("global_avg_pool backward", "output gradient", dy, {x_shape[0], x_shape[1], 1, 1});
   const int64_t planes = x_shape[0] * x_shape[1], hw = x_shape[2] * x_shape[3];
+  const int64_t block = layout_block("global_avg_pool backward", layout, dy.device(), x_shape[1]);
   Tensor dx(dy.runtime(), x_shape, dy.device());
   push_kernel(dy.runtime(), dy.device(), {dy.var()}, {dx.var()},
               {"global avg pool backward", "", dy.bytes() + dx.bytes(), dbl(dx.numel())},
               [=](NnKernels& k, KernelContext& kc) {
-                k.global_avg_pool_backward(planes, hw, dy.data(), dx.data(), kc);
+                k.global_avg_pool_backward(planes, hw, block, dy.data(), dx.data(), kc);
               });
   return dx;
 }

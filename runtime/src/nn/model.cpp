@@ -61,6 +61,11 @@ class Builder {
     throw Error("unknown initialiser");
   }
   Tensor constant(const Shape& shape, float v) { return full(rt_, shape, device_, v); }
+  // How a built-in network passes its activations between layers: the device's blocked layout where it has
+  // one, which saves the reorders around every convolution.
+  Layout activation_layout() const {
+    return blocked_layout_channels(device_) > 0 ? Layout::Blocked : Layout::Nchw;
+  }
   // The model's count of Train-mode forwards (Model::batches_tracked()), which numbers dropout's masks.
   const int64_t& train_forwards() const { return train_forwards_; }
 
@@ -114,10 +119,10 @@ class LinearM final : public Module {
 
 class Conv2dM final : public Module {
  public:
-  Conv2dM(Builder& b, int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding,
-          int64_t groups = 1, bool bias = true)
-      : in_(in), out_(out), kernel_(kernel), opts_{stride, padding, groups} {
+  Conv2dM(Builder& b, int64_t in, int64_t out, int64_t kernel, const Conv2dOptions& opts, bool bias = true)
+      : in_(in), out_(out), kernel_(kernel), opts_(opts) {
     // PyTorch's fans: the weight's dimension 1 (in / groups) and 0 (out), times the window.
+    const int64_t groups = opts.groups;
     w_.value =
         b.weight({out, in / groups, kernel, kernel}, in / groups * kernel * kernel, out * kernel * kernel);
     if (bias) b_.value = b.constant({out}, 0.0f);
@@ -158,36 +163,46 @@ class Conv2dM final : public Module {
   Tensor x_;
 };
 
-// BatchNorm2d on [N, C, H, W], or BatchNorm1d on [N, C] (flat = true): the same statistics per channel.
+// BatchNorm2d on [N, C, H, W], or BatchNorm1d on [N, C] (flat = true): the same statistics per channel. With
+// relu, a ReLU fused after it (and after the residual add, when forward is given one).
 class BatchNorm2dM final : public Module {
  public:
-  BatchNorm2dM(Builder& b, int64_t channels, float eps = 1e-5f, float momentum = 0.1f, bool flat = false)
+  BatchNorm2dM(Builder& b, int64_t channels, float eps = 1e-5f, float momentum = 0.1f, bool flat = false,
+               Layout layout = Layout::Nchw, bool relu = false)
       : c_(channels), flat_(flat) {
     options_.eps = eps;
     options_.momentum = momentum;
+    options_.layout = layout;
+    options_.relu = relu;
     gamma_.value = b.constant({channels}, 1.0f);
     beta_.value = b.constant({channels}, 0.0f);
     mean_.value = b.constant({channels}, 0.0f);
     var_.value = b.constant({channels}, 1.0f);
     mean_.trainable = var_.trainable = false;
   }
-  Tensor forward(const Tensor& x, Mode mode) override {
+  Tensor forward(const Tensor& x, Mode mode) override { return forward(x, Tensor(), mode); }
+  // relu(bn(x) + residual) (without relu: bn(x) + residual); residual may be undefined.
+  Tensor forward(const Tensor& x, const Tensor& residual, Mode mode) {
     BatchNormOptions o = options_;
     o.training = mode == Mode::Train;
-    BatchNormResult r = batchnorm2d(x, gamma_.value, beta_.value, mean_.value, var_.value, o);
+    BatchNormResult r = batchnorm2d(x, gamma_.value, beta_.value, mean_.value, var_.value, o, residual);
     if (o.training) {
       x_ = x;
+      if (o.relu) y_ = r.y;
       save_mean_ = r.save_mean;
       save_invstd_ = r.save_invstd;
     }
     return r.y;
   }
-  Tensor backward(const Tensor& dy, bool) override {
-    BatchNormGrads g = batchnorm2d_backward(x_, dy, gamma_.value, save_mean_, save_invstd_);
+  Tensor backward(const Tensor& dy, bool) override { return backward_with_residual(dy, false).dx; }
+  // The gradients of x and, when need_dresidual, of forward's residual.
+  BatchNormGrads backward_with_residual(const Tensor& dy, bool need_dresidual) {
+    BatchNormGrads g =
+        batchnorm2d_backward(x_, dy, gamma_.value, save_mean_, save_invstd_, options_, y_, need_dresidual);
     gamma_.grad = g.dgamma;
     beta_.grad = g.dbeta;
     clear();
-    return g.dx;
+    return g;
   }
   void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
     push_param(out, prefix, gamma_, "weight");
@@ -196,7 +211,7 @@ class BatchNorm2dM final : public Module {
     push_param(out, prefix, var_, "running_var");
   }
   bool has_params() const override { return true; }
-  void clear() override { x_ = save_mean_ = save_invstd_ = Tensor(); }
+  void clear() override { x_ = y_ = save_mean_ = save_invstd_ = Tensor(); }
   Shape out_shape(const Shape& in) const override { return in; }
   std::string describe() const override {
     return std::string(flat_ ? "BatchNorm1d(" : "BatchNorm2d(") + std::to_string(c_) + ")";
@@ -207,7 +222,7 @@ class BatchNorm2dM final : public Module {
   bool flat_;
   BatchNormOptions options_;
   Parameter gamma_, beta_, mean_, var_;
-  Tensor x_, save_mean_, save_invstd_;
+  Tensor x_, y_, save_mean_, save_invstd_;
 };
 
 class ActivationM final : public Module {
@@ -263,17 +278,22 @@ class PoolM final : public Module {
   Tensor x_, y_;
 };
 
+// Reads its input in `layout`; its output is NCHW (a blocked network's last edge).
 class GlobalAvgPoolM final : public Module {
  public:
+  explicit GlobalAvgPoolM(Layout layout = Layout::Nchw) : layout_(layout) {}
   Tensor forward(const Tensor& x, Mode mode) override {
     if (mode == Mode::Train) in_shape_ = x.shape();
-    return global_avg_pool(x);
+    return global_avg_pool(x, layout_);
   }
-  Tensor backward(const Tensor& dy, bool) override { return global_avg_pool_backward(dy, in_shape_); }
+  Tensor backward(const Tensor& dy, bool) override {
+    return global_avg_pool_backward(dy, in_shape_, layout_);
+  }
   Shape out_shape(const Shape& in) const override { return {in[0], in[1], 1, 1}; }
   std::string describe() const override { return "AdaptiveAvgPool2d((1, 1))"; }
 
  private:
+  Layout layout_;
   Shape in_shape_;
 };
 
@@ -352,27 +372,31 @@ class SequentialM final : public Module {
 };
 
 // d2l's Residual: Y = relu(bn1(conv1(X))); Y = bn2(conv2(Y)); out = relu(Y + (conv3(X) if use_1x1conv else
-// X)).
+// X)). Each ReLU (and the shortcut's add) is fused into the batch norm before it, and the activations stay in
+// `layout` throughout.
 class ResidualM final : public Module {
  public:
-  ResidualM(Builder& b, int64_t in, int64_t out, bool use_1x1conv, int64_t stride)
-      : conv1_(b, in, out, 3, stride, 1), conv2_(b, out, out, 3, 1, 1), bn1_(nullptr), bn2_(nullptr) {
-    if (use_1x1conv) conv3_ = std::make_unique<Conv2dM>(b, in, out, 1, stride, 0);
-    bn1_ = std::make_unique<BatchNorm2dM>(b, out);
-    bn2_ = std::make_unique<BatchNorm2dM>(b, out);
+  ResidualM(Builder& b, int64_t in, int64_t out, bool use_1x1conv, int64_t stride, Layout layout)
+      : conv1_(b, in, out, 3, {stride, 1, 1, layout, layout}),
+        conv2_(b, out, out, 3, {1, 1, 1, layout, layout}),
+        bn1_(nullptr),
+        bn2_(nullptr) {
+    if (use_1x1conv)
+      conv3_ = std::make_unique<Conv2dM>(b, in, out, 1, Conv2dOptions{stride, 0, 1, layout, layout});
+    bn1_ = std::make_unique<BatchNorm2dM>(b, out, 1e-5f, 0.1f, false, layout, true);
+    bn2_ = std::make_unique<BatchNorm2dM>(b, out, 1e-5f, 0.1f, false, layout, true);
   }
   Tensor forward(const Tensor& x, Mode mode) override {
-    Tensor y = relu1_.forward(bn1_->forward(conv1_.forward(x, mode), mode), mode);
-    y = bn2_->forward(conv2_.forward(y, mode), mode);
+    Tensor y = bn1_->forward(conv1_.forward(x, mode), mode);
     Tensor shortcut = conv3_ ? conv3_->forward(x, mode) : x;
-    return relu2_.forward(add(y, shortcut), mode);
+    return bn2_->forward(conv2_.forward(y, mode), shortcut, mode);
   }
   Tensor backward(const Tensor& dy, bool need_dx) override {
-    Tensor d = relu2_.backward(dy, true);
-    Tensor dmain = bn2_->backward(d, true);
-    dmain = relu1_.backward(conv2_.backward(dmain, true), true);
-    dmain = conv1_.backward(bn1_->backward(dmain, true), need_dx);
-    Tensor dshort = conv3_ ? conv3_->backward(d, need_dx) : d;
+    // bn2's residual gradient is the shortcut's: dy past the final ReLU.
+    BatchNormGrads g2 = bn2_->backward_with_residual(dy, conv3_ || need_dx);
+    Tensor dmain = bn1_->backward(conv2_.backward(g2.dx, true), true);
+    dmain = conv1_.backward(dmain, need_dx);
+    Tensor dshort = conv3_ ? conv3_->backward(g2.dresidual, need_dx) : g2.dresidual;
     return need_dx ? add(dmain, dshort) : Tensor();
   }
   void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
@@ -384,7 +408,7 @@ class ResidualM final : public Module {
     bn2_->collect(prefix + "bn2.", out);
   }
   void clear() override {
-    conv1_.clear(), conv2_.clear(), bn1_->clear(), bn2_->clear(), relu1_.clear(), relu2_.clear();
+    conv1_.clear(), conv2_.clear(), bn1_->clear(), bn2_->clear();
     if (conv3_) conv3_->clear();
   }
   bool has_params() const override { return true; }
@@ -397,7 +421,6 @@ class ResidualM final : public Module {
   Conv2dM conv1_, conv2_;
   std::unique_ptr<Conv2dM> conv3_;
   std::unique_ptr<BatchNorm2dM> bn1_, bn2_;
-  ActivationM relu1_{Activation::Relu}, relu2_{Activation::Relu};
 };
 
 // Dropout: a fresh mask per training forward, from a Philox stream of the layer's seed and the model's count
@@ -563,8 +586,8 @@ class GraphM final : public Module {
       case LayerKind::Concat:
         return nullptr;
       case LayerKind::Conv2d:
-        return std::make_unique<Conv2dM>(b, in[0], l.features, l.kernel, l.stride, l.padding, l.groups,
-                                         l.bias);
+        return std::make_unique<Conv2dM>(b, in[0], l.features, l.kernel,
+                                         Conv2dOptions{l.stride, l.padding, l.groups}, l.bias);
       case LayerKind::BatchNorm2d:
       case LayerKind::BatchNorm1d:
         return std::make_unique<BatchNorm2dM>(b, in[0], static_cast<float>(l.eps),
@@ -618,10 +641,10 @@ std::unique_ptr<Module> build(Builder& b, const ModelOptions& o) {
       break;
     case Arch::LeNet: {
       const int64_t side = ((s + 4 - 4) / 2 - 4) / 2;  // 28 -> 28 -> 14 -> 10 -> 5
-      net->add("0", std::make_unique<Conv2dM>(b, c, 6, 5, 1, 2));
+      net->add("0", std::make_unique<Conv2dM>(b, c, 6, 5, Conv2dOptions{1, 2}));
       net->add("1", std::make_unique<ActivationM>(Activation::Sigmoid));
       net->add("2", std::make_unique<PoolM>(Pool2dOptions{PoolKind::Avg, 2, 2, 0}));
-      net->add("3", std::make_unique<Conv2dM>(b, 6, 16, 5, 1, 0));
+      net->add("3", std::make_unique<Conv2dM>(b, 6, 16, 5, Conv2dOptions{1, 0}));
       net->add("4", std::make_unique<ActivationM>(Activation::Sigmoid));
       net->add("5", std::make_unique<PoolM>(Pool2dOptions{PoolKind::Avg, 2, 2, 0}));
       net->add("6", std::make_unique<FlattenM>());
@@ -633,8 +656,10 @@ std::unique_ptr<Module> build(Builder& b, const ModelOptions& o) {
       break;
     }
     case Arch::ResNet18: {
-      net->add("0", std::make_unique<Conv2dM>(b, c, 64, 3, 1, 1));
-      net->add("1", std::make_unique<BatchNorm2dM>(b, 64));
+      // NCHW images in, blocked activations from the stem's output to the pooling (see Layout).
+      const Layout act = b.activation_layout();
+      net->add("0", std::make_unique<Conv2dM>(b, c, 64, 3, Conv2dOptions{1, 1, 1, Layout::Nchw, act}));
+      net->add("1", std::make_unique<BatchNorm2dM>(b, 64, 1e-5f, 0.1f, false, act));
       net->add("2", std::make_unique<ActivationM>(Activation::Relu));
       const int64_t widths[4] = {64, 128, 256, 512};
       int64_t in = 64;
@@ -642,12 +667,12 @@ std::unique_ptr<Module> build(Builder& b, const ModelOptions& o) {
         auto blk = std::make_unique<SequentialM>();
         const int64_t out = widths[stage];
         // The first stage keeps 64 channels at stride 1; the others open with a strided 1x1 projection.
-        blk->add("0", std::make_unique<ResidualM>(b, in, out, stage > 0, stage > 0 ? 2 : 1));
-        blk->add("1", std::make_unique<ResidualM>(b, out, out, false, 1));
+        blk->add("0", std::make_unique<ResidualM>(b, in, out, stage > 0, stage > 0 ? 2 : 1, act));
+        blk->add("1", std::make_unique<ResidualM>(b, out, out, false, 1, act));
         net->add("resnet_block" + std::to_string(stage + 1), std::move(blk));
         in = out;
       }
-      net->add("global_avg_pool", std::make_unique<GlobalAvgPoolM>());
+      net->add("global_avg_pool", std::make_unique<GlobalAvgPoolM>(act));
       auto fc = std::make_unique<SequentialM>();
       fc->add("0", std::make_unique<FlattenM>());
       fc->add("1", std::make_unique<LinearM>(b, 512, o.classes));

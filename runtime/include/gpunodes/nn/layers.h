@@ -23,6 +23,17 @@ struct LinearGrads {
 LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, bool need_dx = true,
                             bool need_db = true);
 
+// --- layouts
+// ------------------------------------------------------------------------------------------------ Where the
+// values of a 4-d activation [N, C, H, W] lie in memory. Nchw is the layout of every tensor a caller sees.
+// Blocked is the device's own: channels in blocks of blocked_layout_channels(device), [N, C / block, H, W,
+// block] (oneDNN's nChw8c or nChw16c), the layout its convolutions run in. A network that passes Blocked
+// activations from layer to layer reorders only at its edges instead of around every convolution. The
+// tensor's shape stays [N, C, H, W] either way, C a multiple of the block.
+enum class Layout { Nchw, Blocked };
+// The channel block of `device`'s Blocked layout, or 0 where it has none (CUDA devices: cuDNN runs NCHW).
+int64_t blocked_layout_channels(Device device);
+
 // --- conv2d: x [N, C, H, W], w [K, C / groups, R, S], b [K] -> y [N, K, OH, OW] ------------------------
 // b may be undefined (bias=False); backward then takes need_db = false and leaves db undefined. With groups
 // g, C and K are multiples of g and output channel k sees input channels [k / (K/g) * C/g, +C/g) (PyTorch's
@@ -31,6 +42,9 @@ struct Conv2dOptions {
   int64_t stride = 1;
   int64_t padding = 0;
   int64_t groups = 1;
+  // The layouts of x (and dx) and of y (and dy); see Layout.
+  Layout input_layout = Layout::Nchw;
+  Layout output_layout = Layout::Nchw;
 };
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOptions& options = {});
 struct Conv2dGrads {
@@ -49,20 +63,30 @@ struct BatchNormOptions {
   bool training = true;
   float momentum = 0.1f;
   float eps = 1e-5f;
+  Layout layout = Layout::Nchw;  // of x, y and the residual ([N, C, H, W] only)
+  // A ReLU fused after the normalisation (and after the residual add): one pass over the values instead of
+  // two or three, as a residual block's bn1 + ReLU and bn2 + shortcut + ReLU need.
+  bool relu = false;
 };
 struct BatchNormResult {
   Tensor y;
   Tensor save_mean, save_invstd;  // [C], training only: what backward needs
 };
+// y = bn(x), plus `residual` (x's shape) when it is defined, then ReLU when options.relu.
 BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                             const Tensor& running_mean, const Tensor& running_var,
-                            const BatchNormOptions& options = {});
+                            const BatchNormOptions& options = {}, const Tensor& residual = Tensor());
 struct BatchNormGrads {
   Tensor dx, dgamma, dbeta;
+  Tensor dresidual;  // the residual's gradient, when asked for
 };
-// The training-mode gradient (the batch statistics depend on x).
+// The training-mode gradient (the batch statistics depend on x). `options` are the forward's (layout and
+// relu; the rest is not used). With options.relu, y is the forward's output, which masks dy; need_dresidual
+// asks for the residual's gradient (dy, masked by the ReLU when there is one).
 BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                                    const Tensor& save_mean, const Tensor& save_invstd);
+                                    const Tensor& save_mean, const Tensor& save_invstd,
+                                    const BatchNormOptions& options = {}, const Tensor& y = Tensor(),
+                                    bool need_dresidual = false);
 
 // --- activations -----------------------------------------------------------------------------------------
 // GELU is PyTorch's default, exact form: x * Phi(x) with the normal CDF (erf), not the tanh approximation.
@@ -101,9 +125,9 @@ struct Pool2dOptions {
 Tensor pool2d(const Tensor& x, const Pool2dOptions& options);
 // Max pooling sends each gradient to the first maximum of its window.
 Tensor pool2d_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const Pool2dOptions& options);
-// [N, C, H, W] -> [N, C, 1, 1]
-Tensor global_avg_pool(const Tensor& x);
-Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape);
+// [N, C, H, W] -> [N, C, 1, 1]; x (and dx) in `layout`, the result NCHW: a network's blocked edge.
+Tensor global_avg_pool(const Tensor& x, Layout layout = Layout::Nchw);
+Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape, Layout layout = Layout::Nchw);
 
 // --- shape and residual ------------------------------------------------------------------------------------
 // [N, ...] -> [N, rest]. A copy: tensors have no views.

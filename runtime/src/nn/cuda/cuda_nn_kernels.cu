@@ -545,6 +545,12 @@ __global__ void clip_finish_kernel(const double* __restrict__ partial, int64_t c
 
 // --- the kernels -------------------------------------------------------------------------------------------
 
+// Blocked layouts are the CPU's (layers.cpp refuses them for a CUDA device); read as NCHW they would be
+// wrong.
+void need_nchw(int64_t block, const char* what) {
+  if (block != 1) throw BackendError(std::string(what) + ": cuDNN runs NCHW, not a blocked layout");
+}
+
 class CudaNnKernels final : public NnKernels {
  public:
   void linear_forward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* b,
@@ -581,6 +587,7 @@ class CudaNnKernels final : public NnKernels {
 
   void conv2d_forward(const ConvShape& sh, const float* x, const float* w, const float* b, float* y,
                       KernelContext& kc) override {
+    need_nchw(std::max(sh.in_block, sh.out_block), "convolution");
     Stream s(kc);
     const bool tf32 = cudnn_allow_tf32();
     TensorDesc xd(sh.n, sh.c, sh.h, sh.w), yd(sh.n, sh.k, sh.oh, sh.ow), bd(1, sh.k, 1, 1);
@@ -616,6 +623,7 @@ class CudaNnKernels final : public NnKernels {
 
   void conv2d_backward(const ConvShape& sh, const float* x, const float* w, const float* dy, float* dx,
                        float* dw, float* db, KernelContext& kc) override {
+    need_nchw(std::max(sh.in_block, sh.out_block), "convolution");
     Stream s(kc);
     const bool tf32 = cudnn_allow_tf32();
     TensorDesc xd(sh.n, sh.c, sh.h, sh.w), yd(sh.n, sh.k, sh.oh, sh.ow), bd(1, sh.k, 1, 1);
@@ -678,9 +686,10 @@ class CudaNnKernels final : public NnKernels {
   }
 
   void batchnorm_forward(const BnShape& sh, const float* x, const float* gamma, const float* beta,
-                         float* running_mean, float* running_var, float* y, float* save_mean,
-                         float* save_invstd, bool training, float momentum, float eps,
+                         float* running_mean, float* running_var, const float* residual, float* y,
+                         float* save_mean, float* save_invstd, bool training, float momentum, float eps,
                          KernelContext& kc) override {
+    need_nchw(sh.block, "batch norm");
     Stream s(kc);
     TensorDesc xd(sh.n, sh.c, sh.hw, 1), pd(1, sh.c, 1, 1);
     const float one = 1.0f, zero = 0.0f;
@@ -694,14 +703,29 @@ class CudaNnKernels final : public NnKernels {
       GN_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero,
                                                              xd.d, x, xd.d, y, pd.d, gamma, beta,
                                                              running_mean, running_var, e));
+    // The fused epilogue, in place: y += residual, then ReLU.
+    if (residual) GN_CUDNN_CHECK(cudnnAddTensor(s.cudnn(), &one, xd.d, residual, &one, xd.d, y));
+    if (sh.relu) activation_forward(Activation::Relu, y, y, sh.n * sh.c * sh.hw, kc);
   }
 
-  void batchnorm_backward(const BnShape& sh, const float* x, const float* dy, const float* gamma,
-                          const float* save_mean, const float* save_invstd, float* dx, float* dgamma,
-                          float* dbeta, KernelContext& kc) override {
+  void batchnorm_backward(const BnShape& sh, const float* x, const float* y, const float* dy,
+                          const float* gamma, const float* save_mean, const float* save_invstd, float* dx,
+                          float* dresidual, float* dgamma, float* dbeta, KernelContext& kc) override {
+    need_nchw(sh.block, "batch norm");
     Stream s(kc);
     TensorDesc xd(sh.n, sh.c, sh.hw, 1), pd(1, sh.c, 1, 1);
     const float one = 1.0f, zero = 0.0f;
+    // The gradient past the fused ReLU goes where the residual's is wanted, or to a workspace.
+    const int64_t n = sh.n * sh.c * sh.hw;
+    Workspace masked(kc.allocator, s, sh.relu && !dresidual ? static_cast<size_t>(n) * sizeof(float) : 0);
+    if (sh.relu) {
+      float* g = dresidual ? dresidual : static_cast<float*>(masked.get());
+      activation_backward(Activation::Relu, nullptr, y, dy, g, n, kc);
+      dy = g;
+    } else if (dresidual) {
+      GN_CUDA_CHECK(cudaMemcpyAsync(dresidual, dy, static_cast<size_t>(n) * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, s.get()));
+    }
     // The saved mean and inverse deviation carry the forward's epsilon; cuDNN uses them as they are.
     GN_CUDNN_CHECK(cudnnBatchNormalizationBackward(
         s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d, x, xd.d, dy, xd.d, dx, pd.d,
@@ -780,8 +804,9 @@ class CudaNnKernels final : public NnKernels {
     GN_CUDNN_CHECK(cudnnPoolingBackward(s.cudnn(), p.d, &one, yd.d, y, yd.d, dy, xd.d, x, &zero, xd.d, dx));
   }
 
-  void global_avg_pool_forward(int64_t planes, int64_t hw, const float* x, float* y,
+  void global_avg_pool_forward(int64_t planes, int64_t hw, int64_t block, const float* x, float* y,
                                KernelContext& kc) override {
+    need_nchw(block, "global average pooling");
     Stream s(kc);
     if (planes == 0) return;
     plane_mean_kernel<<<static_cast<int>(std::min<int64_t>(planes, kMaxBlocks)), kThreads, 0, s.get()>>>(
@@ -789,8 +814,9 @@ class CudaNnKernels final : public NnKernels {
     GN_CUDA_CHECK_LAUNCH();
   }
 
-  void global_avg_pool_backward(int64_t planes, int64_t hw, const float* dy, float* dx,
+  void global_avg_pool_backward(int64_t planes, int64_t hw, int64_t block, const float* dy, float* dx,
                                 KernelContext& kc) override {
+    need_nchw(block, "global average pooling");
     Stream s(kc);
     if (planes == 0) return;
     plane_broadcast_kernel<<<blocks_for(planes * hw), kThreads, 0, s.get()>>>(dy, dx, planes, hw);
