@@ -260,6 +260,44 @@ class RuntimeTest : public QObject {
     QCOMPARE(rt.memory_stats(Device::cpu()).allocated_bytes.current, int64_t(512 * 1024));
   }
 
+  // Blocks of 64 KiB and more are kept when freed and handed out again for the same size; reserved_bytes
+  // counts what is kept, and empty_cache() gives it back.
+  void the_cpu_allocator_keeps_large_blocks_for_reuse() {
+    Runtime rt;
+    Allocator& a = rt.allocator(Device::cpu());
+    const int64_t allocated = a.stats().allocated_bytes.current, reserved = a.stats().reserved_bytes.current;
+    void* big = a.allocate(1 << 20, StreamKind::Compute);
+    a.deallocate(big);
+    QCOMPARE(a.stats().allocated_bytes.current, allocated);
+    QCOMPARE(a.stats().reserved_bytes.current - reserved, int64_t(1 << 20));
+    void* again = a.allocate(1 << 20, StreamKind::Compute);
+    QCOMPARE(again, big);
+    QCOMPARE(reinterpret_cast<uintptr_t>(again) % 64, uintptr_t(0));
+    QCOMPARE(a.stats().reserved_bytes.current - reserved, int64_t(1 << 20));  // nothing new from the system
+    a.deallocate(again);
+    void* small = a.allocate(1024, StreamKind::Compute);  // small blocks go straight back to malloc
+    a.deallocate(small);
+    QCOMPARE(a.stats().reserved_bytes.current - reserved, int64_t(1 << 20));
+    a.empty_cache();
+    QCOMPARE(a.stats().reserved_bytes.current, reserved);
+    QCOMPARE(a.stats().allocated_bytes.current, allocated);
+  }
+
+  // Under a limit, what is kept never pushes what is held past it: a request that needs fresh memory
+  // first gives the kept blocks back.
+  void kept_blocks_make_room_under_a_limit() {
+    const int64_t limit = 3 << 20;
+    Runtime rt({.memory_limits = {{Device::cpu(), limit}}});
+    Allocator& a = rt.allocator(Device::cpu());
+    void* p = a.allocate(2 << 20, StreamKind::Compute);
+    a.deallocate(p);
+    QCOMPARE(a.stats().reserved_bytes.current, int64_t(2 << 20));
+    void* q = a.allocate((2 << 20) + 4096, StreamKind::Compute);  // another size: the kept block cannot serve
+    QVERIFY(a.stats().reserved_bytes.current <= limit);
+    QCOMPARE(a.stats().reserved_bytes.current, int64_t((2 << 20) + 4096));
+    a.deallocate(q);
+  }
+
   // A size that could never fit is refused where the tensor is made, before anything is queued.
   void a_tensor_larger_than_the_limit_is_refused_at_once() {
     Runtime rt({.memory_limits = {{Device::cpu(), 1 << 20}}});
