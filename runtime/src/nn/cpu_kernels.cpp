@@ -323,6 +323,19 @@ void with_block(int64_t block, F f) {
   throw Error("batch norm: no kernel for a channel block of " + std::to_string(block));
 }
 
+// Calls f(e, l) for every value of channel block cb: e its index in the array, l its lane. Image by image and
+// position by position, with the block's B lanes as one SIMD loop: every pass of the batch norm kernels.
+template <int B, class F>
+inline void for_each_in_block(const BnShape& s, int64_t cb, F&& f) {
+  const int64_t blocks = s.c / B, plane = s.hw * B;
+  for (int64_t i = 0; i < s.n; ++i) {
+    const int64_t at = (i * blocks + cb) * plane;
+    for (int64_t j = 0; j < s.hw; ++j)
+#pragma omp simd
+      for (int l = 0; l < B; ++l) f(at + j * B + l, l);
+  }
+}
+
 // Relu and Residual (one is added) are template parameters so that the lane loops stay branch-free.
 template <int B, bool Relu, bool Residual>
 void bn_forward(const BnShape& s, const BnForward& a) {
@@ -336,16 +349,11 @@ void bn_forward(const BnShape& s, const BnForward& a) {
       // does not cancel the way the raw E[x^2] - E[x]^2 does for large means, and x is read once, not twice.
       double k[B], s1[B] = {}, s2[B] = {};
       for (int l = 0; l < B; ++l) k[l] = a.x[cb * plane + l];
-      for (int64_t i = 0; i < s.n; ++i) {
-        const float* p = a.x + (i * blocks + cb) * plane;
-        for (int64_t j = 0; j < s.hw; ++j)
-#pragma omp simd
-          for (int l = 0; l < B; ++l) {
-            const double d = p[j * B + l] - k[l];
-            s1[l] += d;
-            s2[l] += d * d;
-          }
-      }
+      for_each_in_block<B>(s, cb, [&](int64_t e, int l) {
+        const double d = a.x[e] - k[l];
+        s1[l] += d;
+        s2[l] += d * d;
+      });
       for (int l = 0; l < B; ++l) {
         const int64_t c = cb * B + l;
         const double sq = std::max(0.0, s2[l] - s1[l] * s1[l] / static_cast<double>(m));
@@ -372,27 +380,19 @@ void bn_forward(const BnShape& s, const BnForward& a) {
       scale[l] = static_cast<float>(a.gamma[c] * invstd[l]);
       shift[l] = static_cast<float>(st.beta[c] - mean[l] * a.gamma[c] * invstd[l]);
     }
-    for (int64_t i = 0; i < s.n; ++i) {
-      const int64_t at = (i * blocks + cb) * plane;
-      const float* p = a.x + at;
-      const float* r = Residual ? a.residual + at : nullptr;
-      float* q = a.y + at;
-      for (int64_t j = 0; j < s.hw; ++j)
-#pragma omp simd
-        for (int l = 0; l < B; ++l) {
-          float v = p[j * B + l] * scale[l] + shift[l];
-          if constexpr (Residual) v += r[j * B + l];
-          if constexpr (Relu) v = v < 0.0f ? 0.0f : v;  // PyTorch's relu: NaN stays NaN
-          q[j * B + l] = v;
-        }
-    }
+    for_each_in_block<B>(s, cb, [&](int64_t e, int l) {
+      float v = a.x[e] * scale[l] + shift[l];
+      if constexpr (Residual) v += a.residual[e];
+      if constexpr (Relu) v = v < 0.0f ? 0.0f : v;  // PyTorch's relu: NaN stays NaN
+      a.y[e] = v;
+    });
   }
 }
 
 // Relu and Residual (dresidual is written) are template parameters so that the lane loops stay branch-free.
 template <int B, bool Relu, bool Residual>
 void bn_backward(const BnShape& s, const BnBackward& g) {
-  const int64_t blocks = s.c / B, plane = s.hw * B;
+  const int64_t blocks = s.c / B;
   const double m = static_cast<double>(s.n * s.hw);
   const float *x = g.x, *y = g.y, *dy = g.dy;
   float *dx = g.dx, *dresidual = g.dresidual;
@@ -407,17 +407,11 @@ void bn_backward(const BnShape& s, const BnBackward& g) {
     float mean[B];
     double mean_d[B], sum_dy[B] = {}, sum_dy_xc[B] = {};  // sums of dy and of dy * (x - mean), in double
     for (int l = 0; l < B; ++l) mean[l] = g.save_mean[cb * B + l], mean_d[l] = mean[l];
-    for (int64_t i = 0; i < s.n; ++i) {
-      const int64_t at = (i * blocks + cb) * plane;
-      for (int64_t j = 0; j < s.hw; ++j)
-#pragma omp simd
-        for (int l = 0; l < B; ++l) {
-          const int64_t e = at + j * B + l;
-          const double gv = grad(e);
-          sum_dy[l] += gv;
-          sum_dy_xc[l] += gv * (static_cast<double>(x[e]) - mean_d[l]);
-        }
-    }
+    for_each_in_block<B>(s, cb, [&](int64_t e, int l) {
+      const double gv = grad(e);
+      sum_dy[l] += gv;
+      sum_dy_xc[l] += gv * (static_cast<double>(x[e]) - mean_d[l]);
+    });
     // dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)), as dy * k + (x - mean) * kx + k0 with
     // the per-channel factors rounded once to float: a float pass over the values, like PyTorch's.
     float k[B], kx[B], k0[B];
@@ -431,17 +425,11 @@ void bn_backward(const BnShape& s, const BnBackward& g) {
       kx[l] = static_cast<float>(-scale * invstd * sum_dy_xhat / m);
       k0[l] = static_cast<float>(-scale * sum_dy[l] / m);
     }
-    for (int64_t i = 0; i < s.n; ++i) {
-      const int64_t at = (i * blocks + cb) * plane;
-      for (int64_t j = 0; j < s.hw; ++j)
-#pragma omp simd
-        for (int l = 0; l < B; ++l) {
-          const int64_t e = at + j * B + l;
-          const float gv = grad(e);
-          if constexpr (Residual) dresidual[e] = gv;
-          dx[e] = gv * k[l] + ((x[e] - mean[l]) * kx[l] + k0[l]);
-        }
-    }
+    for_each_in_block<B>(s, cb, [&](int64_t e, int l) {
+      const float gv = grad(e);
+      if constexpr (Residual) dresidual[e] = gv;
+      dx[e] = gv * k[l] + ((x[e] - mean[l]) * kx[l] + k0[l]);
+    });
   }
 }
 
