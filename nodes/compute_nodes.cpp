@@ -40,10 +40,7 @@ class MatMulNode final : public GpuNode {
                               "products reuse one result and only the last is output, to save memory."),
                     boolParam("trans_a", false, "Use a transposed."),
                     boolParam("trans_b", false, "Use b transposed."),
-                    enumParam(
-                        "precision", {"fp32", "tf32"}, "fp32",
-                        "fp32, or tf32 for tensor cores on CUDA (fewer mantissa bits, much faster). The "
-                        "CPU has no tf32: choosing it there is an error."),
+                    precisionParam("The products' math"),
                 },
         }) {}
 
@@ -55,8 +52,7 @@ class MatMulNode final : public GpuNode {
     const int64_t repeat = p["repeat"].toInteger();
     if (repeat < 1) throw Error("repeat must be at least 1");
     const bool keepAll = p["keep"].toString() != "last";
-    MatMulOptions o{p["trans_a"].toBool(), p["trans_b"].toBool(),
-                    p["precision"].toString() == "tf32" ? Precision::Tf32 : Precision::Fp32};
+    MatMulOptions o{p["trans_a"].toBool(), p["trans_b"].toBool(), precisionOf(p)};
     Runtime& rt = sessionOf(ctx).runtime();
 
     // What keep=all holds at once, per device, refused before the first allocation when it cannot fit.

@@ -338,7 +338,7 @@ class Checker {
     } else if (type == "Dataset") {
       out["data"] = evalDataset(id, p);
     } else if (type == "Train") {
-      out["model"] = evalTrain(id);
+      out["model"] = evalTrain(id, p);
     } else if (type == "Evaluate") {
       const Known model = input(id, "model").value_or(Known{}), data = input(id, "data").value_or(Known{});
       const QString split = p["split"].toString();
@@ -452,7 +452,7 @@ class Checker {
     if (!why.isEmpty()) report_.error(id, "inputs.data", why);
   }
 
-  Known evalTrain(const QString& id) {
+  Known evalTrain(const QString& id, const QJsonObject& p) {
     Known model = input(id, "model").value_or(Known{});
     const Known data = input(id, "data").value_or(Known{});
     std::vector<Device> devices;
@@ -474,6 +474,7 @@ class Checker {
     if (!data.hasTrain)
       report_.error(id, "inputs.data", "the dataset has no training split (set its split to both or train)");
     checkImages(id, model, data);
+    if (allKnown) checkPrecision(id, p, devices, "it trains");
     if (allKnown && !devices.empty() && data.batch && *data.batch < static_cast<int64_t>(devices.size()))
       report_.warning(id, "inputs.devices",
                       QString("a batch of %1 over %2 devices leaves some devices without samples in a step")
@@ -484,20 +485,27 @@ class Checker {
     return model;
   }
 
+  // Every precision but fp32 needs CUDA devices (check_precision's rule); `where` names what runs on them.
+  void checkPrecision(const QString& id, const QJsonObject& p, const std::vector<Device>& devices,
+                      const QString& where) {
+    const Precision precision = precisionOf(p);
+    if (precision == Precision::Fp32) return;
+    for (const Device& d : devices)
+      if (!d.is_cuda()) {
+        report_.error(id, "params.precision",
+                      QString("%1 needs a CUDA device, but %2 on %3 (use fp32 there)")
+                          .arg(precision_name(precision), where, qs(d.str())));
+        return;
+      }
+  }
+
   Known evalMatMul(const QString& id, const QJsonObject& p) {
     Known a = input(id, "a").value_or(Known{}), b = input(id, "b").value_or(Known{});
     Known out;
     out.isTensors = true;
     out.devices = a.devices;
     checkSameDevice(id, "inputs.b", a, b);
-    if (p["precision"].toString() == "tf32" && !a.devices.empty()) {
-      for (const Device& d : a.devices)
-        if (!d.is_cuda()) {
-          report_.error(id, "params.precision",
-                        "tf32 needs a CUDA device, but a is on " + qs(d.str()) + " (use fp32 there)");
-          break;
-        }
-    }
+    checkPrecision(id, p, a.devices, "a is");
     const bool ta = p["trans_a"].toBool(), tb = p["trans_b"].toBool();
     if (a.shape && b.shape) {
       const Shape &x = *a.shape, &y = *b.shape;

@@ -133,6 +133,13 @@ core::ParamSpec enumParam(const QString& name, const QStringList& values, const 
   return p;
 }
 
+core::ParamSpec precisionParam(const QString& what) {
+  return enumParam("precision", {"fp32", "tf32", "bf16", "fp16"}, "fp32",
+                   what + ": fp32 in full float32; tf32, bf16 or fp16 on CUDA tensor cores (inputs rounded to "
+                          "that format, float32 sums and results; much faster, fewer mantissa bits). A CPU "
+                          "computes fp32 only: choosing another there is an error.");
+}
+
 core::ParamSpec stringParam(const QString& name, const QString& def, const QString& doc) {
   return param(name, core::ParamType::String, def, doc);
 }
@@ -188,6 +195,10 @@ std::optional<std::vector<float>> parseValues(const QString& text, QString* erro
     p = tokenEnd;
   }
   return out;
+}
+
+Precision precisionOf(const QJsonObject& params) {
+  return parse_precision(params["precision"].toString("fp32").toStdString()).value_or(Precision::Fp32);
 }
 
 // --- running -------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gpunodes/core/node_type.h"
+#include "gpunodes/precision.h"
 #include "gpunodes/shape.h"
 #include "session.h"
 #include "values.h"
@@ -25,6 +26,9 @@ core::ParamSpec enumParam(const QString& name, const QStringList& values, const 
                           const QString& doc);
 core::ParamSpec stringParam(const QString& name, const QString& def, const QString& doc);
 core::ParamSpec shapeParam(const QString& name, const QJsonArray& def, const QString& doc);
+// "precision": fp32 (default), tf32, bf16 or fp16 (precision.h), documented after `what` ("The products'
+// math").
+core::ParamSpec precisionParam(const QString& what);
 
 class GpuNode : public core::NodeType {
  public:
@@ -43,6 +47,8 @@ class GpuNode : public core::NodeType {
 std::optional<Shape> shapeOf(const QJsonValue& v);
 // init=values: numbers separated by commas, spaces or both; nullopt (with *error) for anything else.
 std::optional<std::vector<float>> parseValues(const QString& text, QString* error);
+// The "precision" param (precisionParam's): fp32 when it is missing.
+Precision precisionOf(const QJsonObject& params);
 
 // --- running -------------------------------------------------------------------------------------------
 NodesSession& sessionOf(const core::NodeContext& ctx);

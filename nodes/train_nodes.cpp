@@ -389,6 +389,19 @@ class TrainNode final : public GpuNode {
                         "label_smoothing", 0.0, 0, 1,
                         "Label smoothing of the training loss (CrossEntropyLoss(label_smoothing)), 0 "
                         "to 1. Accuracy is unaffected."),
+                    precisionParam("The math of the linear layers' and convolutions' products, in training "
+                                   "and in the evaluation after each epoch (torch.autocast's role)"),
+                    enumParam("loss_scale", {"auto", "dynamic", "off"}, "auto",
+                              "Dynamic loss scaling (torch.cuda.amp.GradScaler): the loss gradient is "
+                              "multiplied by a scale so that small gradients survive fp16; a step whose "
+                              "gradients overflow is skipped and halves the scale, every "
+                              "loss_scale_interval good steps double it. auto: on for fp16 only. Each step "
+                              "then reads the gradient norm back (a short host wait)."),
+                    boundedFloat("loss_scale_init", 65536, 1, 1e30,
+                                 "The starting scale (GradScaler's init_scale, 2^16); a power of two keeps "
+                                 "the unscaled gradients exact."),
+                    intParam("loss_scale_interval", 2000, 1, 1000000000,
+                             "Good steps in a row after which the scale doubles (growth_interval)."),
                     intParam("seed", 0, 0, 9007199254740991.0,
                              "Added to the Dataset's shuffle_seed for this node's epoch order, so that two "
                              "Train nodes on one Dataset can see different orders (0: the Dataset's)."),
@@ -459,6 +472,11 @@ class TrainNode final : public GpuNode {
     o.schedule = scheduleOf(p);
     o.clip_grad_norm = p["clip_grad_norm"].toDouble();
     o.label_smoothing = p["label_smoothing"].toDouble();
+    o.precision = precisionOf(p);
+    o.loss_scale.mode =
+        nn::parse_loss_scale_mode(p["loss_scale"].toString("auto").toStdString()).value_or(nn::LossScaleMode::Auto);
+    o.loss_scale.init = p["loss_scale_init"].toDouble(65536);
+    o.loss_scale.interval = p["loss_scale_interval"].toInteger(2000);
     o.shuffle_seed = ds.shuffleSeed + static_cast<uint64_t>(p["seed"].toInteger());
     o.resize = ds.resize;
     o.log_every = p["log_every"].toInteger();
@@ -493,6 +511,8 @@ class TrainNode final : public GpuNode {
     if (trainer.world()) ctx.reportField("world_size", trainer.world()->size());
     ctx.reportField("optimizer", qs(nn::describe(trainer.optimizer())));
     ctx.reportField("schedule", qs(nn::describe(o.schedule)));
+    ctx.reportField("precision", precision_name(o.precision));
+    ctx.reportField("loss_scale", o.loss_scale.enabled(o.precision) ? "dynamic" : "off");
 
     const QString prefix = ctx.nodeId() + ".";
     const double epochs = static_cast<double>(std::max<int64_t>(o.epochs, 1));

@@ -153,8 +153,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatMulOptions& o) {
     throw ShapeError("matmul: shapes " + shape_str(a.shape()) + (o.trans_a ? "^T" : "") + " and " +
                      shape_str(b.shape()) + (o.trans_b ? "^T" : "") + " cannot be multiplied (" +
                      std::to_string(k) + " != " + std::to_string(kb) + ")");
-  if (o.precision == Precision::Tf32 && !a.device().is_cuda())
-    throw Error("matmul: precision tf32 needs a CUDA device, not " + a.device().str());
+  check_precision(o.precision, a.device(), "matmul");
   // cuBLAS and CBLAS take int dimensions.
   if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) throw ShapeError("matmul: dimensions exceed 2^31-1");
   Tensor c(a.runtime(), {m, n}, a.device());

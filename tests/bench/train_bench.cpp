@@ -6,12 +6,17 @@
 //      backward, for the LeNet and ResNet-18 shapes.
 //   3. With --gpu, where CUDA devices exist: one ResNet-18 epoch on Fashion-MNIST resized to 96 (the seed's
 //      setting: batch 256, lr 0.1; and batch 512, lr 0.2 on two GPUs), seconds and test accuracy, next to
-//      PyTorch on the same GPU when a CUDA build of torch is installed.
+//      PyTorch on the same GPU when a CUDA build of torch is installed. The 1-GPU epoch runs once per
+//      --precision, PyTorch with the matching setting (fp32: no TF32 anywhere; tf32: allow_tf32 for matmuls
+//      and cuDNN; bf16 / fp16: autocast, and for fp16 GradScaler's dynamic loss scaling, as ours); the
+//      2-GPU epoch in fp32 only.
 //      The data comes from --data DIR (default: the dataset-fashion-mnist package); without it both sides
 //      train on random images of the same shape, which times the same work but makes the accuracy
-//      meaningless.
+//      meaningless. --gpu-images N trains both sides on the first N training images only (a time-boxed
+//      run); the test accuracy is always over the whole test set.
 // Options: --threads N (default: all cores), --steps N (timed steps per model, default 40), --gpu, --no-cpu,
-//          --data DIR.
+//          --data DIR, --precision LIST (comma separated fp32, tf32, bf16, fp16; default fp32),
+//          --gpu-images N (default: all 60000).
 #include <cblas.h>
 #include <omp.h>
 
@@ -22,11 +27,13 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/trainer.h"
+#include "gpunodes/precision.h"
 
 using namespace gn;
 using namespace gn::nn;
@@ -305,17 +312,27 @@ double onednn_seconds(Runtime& rt, const ConvCase& cc, int reps) {
   return best;
 }
 
-// PyTorch's seconds for one ResNet-18 epoch and its test accuracy on cuda:0, or {-1, -1} without torch+CUDA.
-// The images are resized on the GPU (F.interpolate, bilinear), cuDNN autotuning on, as our Find.
-std::pair<double, double> torch_gpu_epoch(int64_t batch, double lr, const std::string& data_dir) {
+// PyTorch's seconds for one ResNet-18 epoch over the first `images` training images and its test accuracy on
+// cuda:0 in `precision`, or {-1, -1} without torch+CUDA. The images are resized on the GPU (F.interpolate,
+// bilinear), cuDNN autotuning on, as our Find.
+std::pair<double, double> torch_gpu_epoch(int64_t batch, double lr, const std::string& data_dir,
+                                          Precision precision, int64_t images) {
   const std::string script = R"PY(
-import sys, time, gzip
+import sys, time, gzip, contextlib
 import numpy as np, torch
 from torch import nn
 from torch.nn import functional as F
 if not torch.cuda.is_available(): sys.exit(1)
-batch, lr, data = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+batch, lr, data, prec, n = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 torch.backends.cudnn.benchmark = True
+# Our precisions: fp32 allows no TF32 (cuDNN's default would), tf32 allows it in cuBLAS and cuDNN; bf16 and
+# fp16 run the convolutions and matmuls in half under autocast, and fp16 scales the loss (GradScaler's
+# defaults, as ours). torch.amp.GradScaler is torch.cuda.amp.GradScaler's newer name (2.3 on).
+torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = prec == 'tf32'
+half = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(prec)
+amp = (lambda: torch.autocast('cuda', dtype=half)) if half else contextlib.nullcontext
+scaler = (torch.amp.GradScaler('cuda', enabled=prec == 'fp16') if hasattr(torch.amp, 'GradScaler')
+          else torch.cuda.amp.GradScaler(enabled=prec == 'fp16'))
 dev = torch.device('cuda:0')
 def load(p):
     if data == '-':  # no dataset here: random images and labels of the same shape
@@ -327,6 +344,7 @@ def load(p):
     return (torch.tensor(x.reshape(-1, 1, 28, 28).copy(), device=dev).float() / 255,
             torch.tensor(l.astype(np.int64), device=dev))
 Xtr, ytr = load('train'); Xte, yte = load('t10k')
+Xtr, ytr = Xtr[:n], ytr[:n]; n = len(ytr)
 )PY" + std::string(kTorchResNet18) +
                              R"PY(net = resnet18().to(dev)
 for m in net.modules():
@@ -334,13 +352,15 @@ for m in net.modules():
 opt = torch.optim.SGD(net.parameters(), lr=lr); loss = nn.CrossEntropyLoss()
 big = lambda x: F.interpolate(x, size=96, mode='bilinear', align_corners=False)
 net.train(); torch.cuda.synchronize(); t = time.perf_counter()
-perm = torch.randperm(60000, device=dev)
-for i in range(0, 60000, batch):
-    idx = perm[i:i + batch]
-    opt.zero_grad(); l = loss(net(big(Xtr[idx])), ytr[idx]); l.backward(); opt.step()
+perm = torch.randperm(n, device=dev)
+for i in range(0, n, batch):
+    idx = perm[i:i + batch]; x = big(Xtr[idx])
+    opt.zero_grad()
+    with amp(): l = loss(net(x), ytr[idx])
+    scaler.scale(l).backward(); scaler.step(opt); scaler.update()
 torch.cuda.synchronize(); secs = time.perf_counter() - t
 net.eval(); hit = 0
-with torch.no_grad():
+with torch.no_grad(), amp():
     for i in range(0, 10000, batch): hit += (net(big(Xte[i:i + batch])).argmax(1) == yte[i:i + batch]).sum().item()
 print(secs, hit / 10000)
 )PY";
@@ -355,7 +375,8 @@ print(secs, hit / 10000)
   // A CUDA build of torch may live in the python3 on PATH rather than Debian's.
   for (const char* py : {"python3", "/usr/bin/python3"}) {
     const std::string cmd = std::string(py) + " " + path + " " + std::to_string(batch) + " " + fmt("%g", lr) +
-                            " " + (data_dir.empty() ? "-" : data_dir) + " 2>/dev/null";
+                            " " + (data_dir.empty() ? "-" : data_dir) + " " + precision_name(precision) +
+                            " " + std::to_string(images) + " 2>/dev/null";
     std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
     if (p && std::fscanf(p.get(), "%lf %lf", &out.first, &out.second) == 2) break;
     out = {-1, -1};
@@ -364,64 +385,102 @@ print(secs, hit / 10000)
   return out;
 }
 
-void gpu_section(const std::string& data_arg) {
+// One 1-GPU epoch per precision (the peer's matching setting beside it), then the 2-GPU epoch in fp32.
+// `images` > 0 trains on the first `images` training images only. False when a run of ours threw.
+bool gpu_section(const std::string& data_arg, const std::vector<Precision>& precisions, int64_t images) {
   Runtime rt;
   const int gpus = rt.cuda_device_count();
   if (gpus == 0) {
     std::printf("\n(no CUDA device: the GPU section is skipped)\n");
-    return;
+    return true;
   }
-  std::printf("\nResNet-18, one epoch of Fashion-MNIST at 96x96 on %s (%s)\n\n", "cuda:0",
-              rt.info(Device::cuda(0)).name.c_str());
-  row("measure", "gpunodes", "PyTorch", "ratio", "");
-  rule();
   DatasetPtr train, test;
   std::string data_dir = data_arg.empty() ? default_fashion_mnist_dir() : data_arg;
   try {
     train = load_fashion_mnist(Split::Train, data_dir);
     test = load_fashion_mnist(Split::Test, data_dir);
   } catch (const Error& e) {
-    std::printf("(%s\n -> random images instead: the times hold, the accuracies mean nothing)\n\n", e.what());
+    std::printf("\n(%s\n -> random images instead: the times hold, the accuracies mean nothing)\n", e.what());
     train = make_synthetic({.count = 60000, .noise = 255});
     test = make_synthetic({.count = 10000, .seed = 1, .noise = 255});
     data_dir.clear();
   }
-  for (int n = 1; n <= std::min(gpus, 2); ++n) {
-    ModelOptions mo;
-    mo.arch = Arch::ResNet18;
-    auto model = Model::create(rt, mo, Device::cuda(0));
-    TrainOptions o;
-    o.epochs = 1;
-    o.batch_size = 256 * n;
-    o.sgd.lr = 0.1f * static_cast<float>(n);
-    o.resize = 96;
-    o.log_every = 0;
-    std::vector<Device> devs;
-    for (int i = 0; i < n; ++i) devs.push_back(Device::cuda(i));
-    Trainer t(*model, devs, o);
-    TrainResult r = t.fit(train, test);
-    const EpochResult& e = r.epochs.back();
-    std::pair<double, double> peer =
-        n == 1 ? torch_gpu_epoch(256, 0.1, data_dir) : std::pair<double, double>{-1, -1};
-    const std::string label = std::to_string(n) + " GPU" + (n > 1 ? "s (" + t.reducer_name() + ")" : "");
-    row("epoch seconds, " + label, fmt("%.2f", e.seconds), peer.first > 0 ? fmt("%.2f", peer.first) : "n/a",
-        peer.first > 0 ? fmt("%.2f", peer.first / e.seconds) : "-", "");
-    row("test accuracy after 1 epoch, " + label, fmt("%.4f", e.test_acc),
-        peer.second > 0 ? fmt("%.4f", peer.second) : "n/a", "-", "");
-    row("images/s, " + label, fmt("%.0f", e.images_per_second),
-        peer.first > 0 ? fmt("%.0f", 60000 / peer.first) : "n/a",
-        peer.first > 0 ? fmt("%.2f", e.images_per_second / (60000 / peer.first)) : "-", "");
-  }
+  train = take(train, images);
+  std::printf("\nResNet-18, one epoch of Fashion-MNIST at 96x96 (%lld training images) on %s (%s)\n\n",
+              static_cast<long long>(train->count), "cuda:0", rt.info(Device::cuda(0)).name.c_str());
+  row("measure", "gpunodes", "PyTorch", "ratio", "");
+  rule();
+  const auto n_images = static_cast<double>(train->count);
+  bool ok = true;
+  auto epoch = [&](int n, Precision precision) {
+    const std::string label =
+        std::to_string(n) + " GPU" + (n > 1 ? "s" : "") + " " + precision_name(precision);
+    try {
+      ModelOptions mo;
+      mo.arch = Arch::ResNet18;
+      auto model = Model::create(rt, mo, Device::cuda(0));
+      TrainOptions o;
+      o.epochs = 1;
+      o.batch_size = 256 * n;
+      o.sgd.lr = 0.1f * static_cast<float>(n);
+      o.resize = 96;
+      o.log_every = 0;
+      o.precision = precision;
+      std::vector<Device> devs;
+      for (int i = 0; i < n; ++i) devs.push_back(Device::cuda(i));
+      Trainer t(*model, devs, o);
+      TrainResult r = t.fit(train, test);
+      const EpochResult& e = r.epochs.back();
+      std::pair<double, double> peer = n == 1 ? torch_gpu_epoch(256, 0.1, data_dir, precision, train->count)
+                                              : std::pair<double, double>{-1, -1};
+      const std::string l = label + (n > 1 ? " (" + t.reducer_name() + ")" : "");
+      row("epoch seconds, " + l, fmt("%.2f", e.seconds), peer.first > 0 ? fmt("%.2f", peer.first) : "n/a",
+          peer.first > 0 ? fmt("%.2f", peer.first / e.seconds) : "-", "");
+      row("test accuracy after 1 epoch, " + l, fmt("%.4f", e.test_acc),
+          peer.second > 0 ? fmt("%.4f", peer.second) : "n/a", "-", "");
+      row("images/s, " + l, fmt("%.0f", e.images_per_second),
+          peer.first > 0 ? fmt("%.0f", n_images / peer.first) : "n/a",
+          peer.first > 0 ? fmt("%.2f", e.images_per_second / (n_images / peer.first)) : "-", "");
+    } catch (const Error& e) {
+      std::printf("(gpunodes failed at %s: %s)\n", label.c_str(), e.what());
+      ok = false;
+    }
+    // A time-boxed caller may kill this run: what is printed so far must reach its log.
+    std::fflush(stdout);
+  };
+  for (Precision p : precisions) epoch(1, p);
+  if (gpus >= 2) epoch(2, Precision::Fp32);
+  return ok;
 }
 
 }  // namespace
+
+// Reads a comma-separated list of precisions into `out`; false, naming the culprit, at an unknown name.
+bool parse_precisions(std::string_view list, std::vector<Precision>& out) {
+  out.clear();
+  while (true) {
+    const std::string_view name = list.substr(0, list.find(','));
+    const auto p = parse_precision(name);
+    if (!p) {
+      std::fprintf(stderr, "train_bench: unknown precision '%.*s' (fp32, tf32, bf16, fp16)\n",
+                   static_cast<int>(name.size()), name.data());
+      return false;
+    }
+    out.push_back(*p);
+    if (name.size() == list.size()) return true;
+    list.remove_prefix(name.size() + 1);
+  }
+}
 
 int main(int argc, char** argv) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int steps = 40;
   bool gpu = false, cpu = true;
   std::string data_dir;
+  std::vector<Precision> precisions{Precision::Fp32};
+  int64_t gpu_images = 0;  // all
   for (int i = 1; i < argc; ++i) {
+    bool usage = false;
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
       threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc)
@@ -432,15 +491,20 @@ int main(int argc, char** argv) {
       cpu = false;
     else if (!std::strcmp(argv[i], "--data") && i + 1 < argc)
       data_dir = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: train_bench [--threads N] [--steps N] [--gpu] [--no-cpu] [--data DIR]\n");
+    else if (!std::strcmp(argv[i], "--precision") && i + 1 < argc)
+      usage = !parse_precisions(argv[++i], precisions);
+    else if (!std::strcmp(argv[i], "--gpu-images") && i + 1 < argc)
+      gpu_images = std::atoll(argv[++i]), usage = gpu_images <= 0;
+    else
+      usage = true;
+    if (usage) {
+      std::fprintf(stderr,
+                   "usage: train_bench [--threads N] [--steps N] [--gpu] [--no-cpu] [--data DIR]\n"
+                   "                   [--precision fp32,tf32,bf16,fp16] [--gpu-images N]\n");
       return 2;
     }
   }
-  if (!cpu) {
-    if (gpu) gpu_section(data_dir);
-    return 0;
-  }
+  if (!cpu) return gpu && !gpu_section(data_dir, precisions, gpu_images) ? 1 : 0;
   // Our cpu:0 gets `threads` cores (its worker's OpenMP count), PyTorch set_num_threads(threads), and the
   // im2col peer runs on this thread with omp_set_num_threads(threads).
   const int resnet_steps = std::max(2, steps / 16);
@@ -502,6 +566,5 @@ int main(int argc, char** argv) {
     const double a = onednn_seconds(rt, cc, 5), b = im2col_seconds(cc, 5);
     row(cc.name, fmt("%.2f", a * 1e3), fmt("%.2f", b * 1e3), fmt("%.2f", b / a), "");
   }
-  if (gpu) gpu_section(data_dir);
-  return 0;
+  return gpu && !gpu_section(data_dir, precisions, gpu_images) ? 1 : 0;
 }

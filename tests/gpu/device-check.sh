@@ -18,7 +18,10 @@
 #                      cuda:0), cuda_kernels_check, the Qt Test suites test_nn_cuda, test_nn_layers,
 #                      test_nn_network, test_nn_models, test_nn_optim, test_runtime, test_engine, test_predict (a skipped test counts as a
 #                      failure on a GPU machine), the headless examples (resources/examples/*.json through
-#                      `gpunodes run`, training shrunk with --set), cuda_bench and train_bench --gpu --no-cpu.
+#                      `gpunodes run`, training shrunk with --set), cuda_bench and train_bench --gpu --no-cpu
+#                      --precision fp32,bf16 --gpu-images N: a ResNet-18 epoch over the first N (<= 30000)
+#                      Fashion-MNIST images in fp32 and in bf16, each beside PyTorch at the same setting; N
+#                      shrinks when the items before leave less time (see the budget there).
 #   --prebuilt DIR     the same from another build tree laid out as bin/ and lib/ (e.g. a CMake build dir).
 #   --build            the Qt-free path (old default): configure and build gn_runtime, cuda_kernels_check,
 #                      cuda_bench and train_bench into build-gpu there, then run those three. Needs the -dev
@@ -30,8 +33,9 @@
 # in if ldd reports a missing GLIBCXX).
 # LD_LIBRARY_PATH: the carried libraries, then the CUDA toolkit, then the nvidia wheels' lib folders.
 # Logs go to $OUT (the device tool's fetch folder): env.txt, ldd.txt, devices.txt, kernels.log, suite-*.log,
-# example-*.log, report-*.json, bench.log, train.log, summary.txt. Exit status 1 when an item FAILED or hit its
-# TIMEOUT, else 0 (also when everything SKIPPED for want of a GPU).
+# example-*.log, report-*.json, bench.log, train.log, summary.txt. The summary ends with cuda_bench's SUMMARY
+# and train_bench's rows, one group per precision ("epoch seconds, 1 GPU bf16", ...). Exit status 1 when an
+# item FAILED or hit its TIMEOUT, else 0 (also when everything SKIPPED for want of a GPU).
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -470,9 +474,19 @@ if [ "$MODE" != build ]; then
 fi
 run_program cuda_bench bench.log 240
 cat "$OUT/bench.log"
-# One ResNet-18 epoch (batch 256, lr 0.1, 96x96) on cuda:0 and the same in PyTorch on the same GPU. Without the
-# whole Fashion-MNIST (the carried subset is too small for its PyTorch side) both train on random images.
-run_program train_bench train.log 300 --gpu --no-cpu --data "${FASHION_MNIST:-/nonexistent}"
+# One ResNet-18 epoch (batch 256, lr 0.1, 96x96) on cuda:0 in fp32 and in bf16, each next to PyTorch on the
+# same GPU at the same setting (fp32 without TF32, bf16 under autocast). Without the whole Fashion-MNIST (the
+# carried subset is too small for its PyTorch side) both train on random images.
+# The budget: at >= 1000 images/s for ours and >= 3000 for PyTorch (fp32, 96x96, H200), N images in two
+# precisions train in at most N * 2 * (1/1000 + 1/3000) s, plus about 60 s of start-up (CUDA contexts, torch's
+# import, cuDNN's autotuning) and evaluation (10000 test images, four times). 30000 images: at most ~140 s,
+# against ~110 s for the whole fp32 epoch alone before. With less time left (the items before ran long),
+# fewer images, so that both precisions end before the deadline and the summary (10 s kept for it).
+TRAIN_IMAGES=$(( ( DEADLINE - $(date +%s) - 10 - 60 ) * 3000 / 8 ))
+[ "$TRAIN_IMAGES" -gt 30000 ] && TRAIN_IMAGES=30000
+[ "$TRAIN_IMAGES" -lt 2560 ] && TRAIN_IMAGES=2560  # ten batches: still a measure
+run_program train_bench train.log 300 --gpu --no-cpu --precision fp32,bf16 --gpu-images "$TRAIN_IMAGES" \
+  --data "${FASHION_MNIST:-/nonexistent}"
 cat "$OUT/train.log"
 
 # --- summary (last, so that the tool's output tail shows it) --------------------------------------------------------
@@ -483,7 +497,9 @@ cat "$OUT/train.log"
   for line in "${SUMMARY[@]}"; do echo "$line"; done
   grep -E "^FAIL" "$OUT/kernels.log" 2>/dev/null | sed 's/^/  kernels: /'
   sed -n '/^SUMMARY/,$p' "$OUT/bench.log" 2>/dev/null | sed 's/^/  bench: /'
-  grep -E "^\| (epoch seconds|test accuracy|images/s)|random images" "$OUT/train.log" 2>/dev/null | sed 's/^/  train: /'
+  # The heading names the images trained on; the rows carry their precision ("images/s, 1 GPU bf16").
+  grep -E "^ResNet-18, one epoch|^\| (epoch seconds|test accuracy|images/s)|random images|failed at" "$OUT/train.log" \
+    2>/dev/null | sed 's/^/  train: /'
   echo "counts: $(printf '%s\n' "${SUMMARY[@]}" | awk '{for (i = 1; i <= NF; ++i) if ($i ~ /^(ok|FAILED|SKIPPED|TIMEOUT)$/) {print $i; break}}' |
                  sort | uniq -c | awk '{printf "%s %s  ", $2, $1}')  logs: $OUT"
 } | tee "$OUT/summary.txt"

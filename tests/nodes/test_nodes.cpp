@@ -79,7 +79,11 @@ class NodesTest : public QObject {
     }
     QCOMPARE(registry().find("MatMul")->spec().param("keep")->enumValues, (QStringList{"all", "last"}));
     QCOMPARE(registry().find("Copy")->spec().param("mode")->enumValues, (QStringList{"copy", "to"}));
-    QCOMPARE(registry().find("MatMul")->spec().param("precision")->enumValues, (QStringList{"fp32", "tf32"}));
+    for (const char* type : {"MatMul", "Train"})
+      QCOMPARE(registry().find(type)->spec().param("precision")->enumValues,
+               (QStringList{"fp32", "tf32", "bf16", "fp16"}));
+    QCOMPARE(registry().find("Train")->spec().param("loss_scale")->enumValues,
+             (QStringList{"auto", "dynamic", "off"}));
     QCOMPARE(registry().find("Model")->spec().param("arch")->enumValues,
              (QStringList{"linear", "mlp", "lenet", "resnet18"}));
     QCOMPARE(registry().find("Model")->spec().param("init")->enumValues,

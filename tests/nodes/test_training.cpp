@@ -287,6 +287,22 @@ class TrainingTest : public QObject {
     QCOMPARE(metrics["train.share/cpu:1"].toArray().size(), 2);
   }
 
+  void loss_scaling_reports_its_scale() {
+    GraphDocument doc;
+    syntheticTrainingGraph(doc, 1, 1, 64);
+    doc.setParam("train", "loss_scale", "dynamic");
+    doc.setParam("train", "loss_scale_interval", 2);
+    RunResult r = runGraph(doc);
+    QVERIFY2(r.failures().isEmpty(), qPrintable(r.failures().join("\n")));
+    const QJsonObject train = r.node("train");
+    QCOMPARE(train["precision"].toString(), QString("fp32"));
+    QCOMPARE(train["loss_scale"].toString(), QString("dynamic"));
+    // Logged every 8 batches and at the epoch's end; 2^16 doubled every 2 good steps.
+    const QJsonArray scales = r.report["metrics"].toObject()["train.loss_scale"].toArray();
+    QVERIFY(scales.size() >= 2);
+    QCOMPARE(scales.first().toArray()[1].toDouble(), 65536.0 * 16);  // after 8 steps
+  }
+
   void cancel_mid_epoch_returns_within_a_second_and_frees_the_memory() {
     auto graph = [](GraphDocument& doc, bool withTrain) {
       doc.addNode(makeNode("cpu", "Device", {{"kind", "cpu"}}));
@@ -690,7 +706,9 @@ class TrainingTest : public QObject {
         {"onecycle", {{"schedule", "onecycle"}, {"warmup_epochs", 1}}},
         {"min_lr", {{"schedule", "cosine"}, {"lr", 0.01}, {"min_lr", 0.1}}},
         {"beta2", {{"beta2", 1.5}}},
-        {"good", {{"optimizer", "sgd"}, {"momentum", 0.9}, {"nesterov", true}, {"schedule", "step"}}}};
+        {"bf16", {{"precision", "bf16"}}},
+        {"good", {{"optimizer", "sgd"}, {"momentum", 0.9}, {"nesterov", true}, {"schedule", "step"}}},
+        {"scaled", {{"loss_scale", "dynamic"}, {"loss_scale_init", 1024}}}};
     for (const auto& [id, params] : bad) {
       doc.addNode(makeNode(id, "Train", params));
       wire(doc, "net.model", id + ".model");
@@ -707,6 +725,9 @@ class TrainingTest : public QObject {
     QCOMPARE(errorsFor(report, "min_lr"), QStringList{"params: min_lr: must be below lr"});
     QCOMPARE(errorsFor(report, "beta2"), QStringList{"params.beta2: 1.5 is above the maximum 1"});
     QCOMPARE(errorsFor(report, "good"), QStringList{});
+    QCOMPARE(errorsFor(report, "bf16"),
+             QStringList{"params.precision: bf16 needs a CUDA device, but it trains on cpu (use fp32 there)"});
+    QCOMPARE(errorsFor(report, "scaled"), QStringList{});
   }
 
   void forward_maps_the_batch_element_by_element() {

@@ -139,9 +139,15 @@ class CheckpointTest : public QObject {
     c.metrics = {{"loss", 0.5, 4, 0.2, 2.2}, {"lr", 0.5, 4, 0.2, 1e-3}, {"loss", 1.0, 8, 0.4, 1.9}};
     c.state = {{"0.weight", {2, 3}, {1, 2, 3, 4, 5, 6}}, {"0.bias", {2}, {-1, 1}}};
     c.optimizer = {{"0.weight/0", {2, 3}, {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f}}};
+    c.loss_scale = 32768;
+    c.loss_scale_good_steps = 3;
+    c.skipped_steps = 2;
     const std::string path = dir.file(checkpoint_file_name(2, 3));
     write_checkpoint(path, c);
     const TrainingCheckpoint r = read_checkpoint(path);
+    QCOMPARE(r.loss_scale, 32768.0);
+    QCOMPARE(r.loss_scale_good_steps, int64_t(3));
+    QCOMPARE(r.skipped_steps, int64_t(2));
     QCOMPARE(r.signature, c.signature);
     QVERIFY(r.settings == c.settings);
     QCOMPARE(r.epoch, 2);
@@ -255,6 +261,33 @@ class CheckpointTest : public QObject {
     QVERIFY2(resumed.state == reference.state, "the resumed parameters differ from the uninterrupted run's");
     QCOMPARE(resumed.result.epochs.size(), size_t(3));
     QCOMPARE(resumed.result.epochs[2].test_acc, reference.result.epochs[2].test_acc);
+  }
+
+  void a_loss_scaled_run_resumes_bit_exact() {
+    // A scale of 2^140 overflows float32 at once: the first steps are skipped while it backs off, and near
+    // float32's limit it keeps growing (every 2 good steps) and backing off. A resumed run that lost the
+    // scale or its streak would skip other steps.
+    TempDir whole, part;
+    TrainOptions o = adamCosine(whole.path.string());
+    o.loss_scale = {.mode = LossScaleMode::Dynamic, .init = std::ldexp(1.0, 140), .interval = 2};
+    const Trained reference = train(o);
+    std::vector<double> scales;
+    for (const MetricSample& m : reference.metrics)
+      if (m.series == "loss_scale") scales.push_back(std::log2(m.value));
+    QString seen;
+    for (double e : scales) seen += QString(" 2^%1").arg(e);
+    qInfo("loss scales logged:%s", qPrintable(seen));
+    QVERIFY(scales.front() < 140);  // it backed off ...
+    QVERIFY(std::adjacent_find(scales.begin(), scales.end(), std::less<double>()) != scales.end());  // ... and grew
+    fs::copy_file(whole.file("checkpoint-e0001.safetensors"), part.file("checkpoint-e0001.safetensors"));
+    o.checkpoint.dir = part.path.string();
+    o.checkpoint.resume = true;
+    const Trained resumed = train(o);
+    QVERIFY(!resumed.result.resumed_from.empty());
+    QVERIFY2(resumed.state == reference.state, "the resumed parameters differ from the uninterrupted run's");
+    // A run without loss scaling cannot continue it.
+    o.loss_scale.mode = LossScaleMode::Off;
+    expect_error([&] { train(o); }, {"resume", "loss_scale", "this run does not set it"});
   }
 
   void a_checkpoint_of_another_run_is_refused_naming_the_difference() {

@@ -55,7 +55,7 @@ class NnCudaTest : public QObject {
   void initTestCase() {
     rt_ = std::make_unique<Runtime>();
     if (rt_->cuda_device_count() == 0) QSKIP("no CUDA device here");
-    set_cudnn_allow_tf32(false);  // full fp32, so the CPU comparison is tight
+    // Outside a ScopedPrecision the products are full fp32, so the CPU comparison is tight.
   }
   void cleanupTestCase() { rt_.reset(); }
 
@@ -119,6 +119,57 @@ class NnCudaTest : public QObject {
     const double diff = max_rel_diff(*c, *g);
     qInfo("LeNet after 5 steps, CUDA vs CPU: largest relative difference %.3g", diff);
     QVERIFY(diff < 1e-2);
+  }
+
+  // tf32, bf16 and fp16 products stay within their formats' rounding of the fp32 ones (the CPU's). bf16 and
+  // fp16 must also differ from them by more than float32 sums in another order would (about 1e-6): a
+  // precision silently ignored would not. tf32 only permits tensor cores, so it has no such floor.
+  void reduced_precision_products_round_their_inputs_data() {
+    QTest::addColumn<int>("precision");
+    QTest::addColumn<double>("tol");
+    QTest::addColumn<double>("floor");
+    // Relative to the largest value, for sums of 64 to 288 products of values in [-1, 1]: the inputs' unit
+    // roundoff (2^-11 tf32 and fp16, 2^-8 bf16) times a few, and bf16 / fp16 results rounded once more.
+    QTest::newRow("tf32") << static_cast<int>(Precision::Tf32) << 4e-3 << 0.0;
+    QTest::newRow("bf16") << static_cast<int>(Precision::Bf16) << 3e-2 << 2e-4;
+    QTest::newRow("fp16") << static_cast<int>(Precision::Fp16) << 4e-3 << 2e-5;
+  }
+  void reduced_precision_products_round_their_inputs() {
+    QFETCH(int, precision);
+    QFETCH(double, tol);
+    QFETCH(double, floor);
+    const Precision p = static_cast<Precision>(precision);
+    const Device cpu = Device::cpu();
+    auto on = [&](const Tensor& t) { return copy(t, gpu_); };
+    const Tensor x = uniform(*rt_, {64, 96}, cpu, 1, -1, 1), w = uniform(*rt_, {48, 96}, cpu, 2, -1, 1);
+    const Tensor b = uniform(*rt_, {48}, cpu, 3, -1, 1), dy = uniform(*rt_, {64, 48}, cpu, 4, -1, 1);
+    const Tensor img = uniform(*rt_, {4, 8, 12, 12}, cpu, 5, -1, 1), k = uniform(*rt_, {16, 8, 3, 3}, cpu, 6, -1, 1);
+    const Tensor dimg = uniform(*rt_, {4, 16, 12, 12}, cpu, 7, -1, 1);
+    const Conv2dOptions co{.padding = 1};
+    // The fp32 references, on the CPU.
+    const Tensor y32 = linear(x, w, b);
+    const LinearGrads lg32 = linear_backward(x, w, dy);
+    const Tensor c32 = conv2d(img, k, Tensor(), co);
+    const Conv2dGrads cg32 = conv2d_backward(img, k, dimg, co, true, false);
+    ScopedPrecision scope(p);
+    const std::vector<std::pair<const char*, std::pair<Tensor, Tensor>>> pairs{
+        {"linear y", {y32, linear(on(x), on(w), on(b))}},
+        {"linear dx", {lg32.dx, linear_backward(on(x), on(w), on(dy)).dx}},
+        {"linear dw", {lg32.dw, linear_backward(on(x), on(w), on(dy)).dw}},
+        {"conv2d y", {c32, conv2d(on(img), on(k), Tensor(), co)}},
+        {"conv2d dx", {cg32.dx, conv2d_backward(on(img), on(k), on(dimg), co, true, false).dx}},
+        {"conv2d dw", {cg32.dw, conv2d_backward(on(img), on(k), on(dimg), co, true, false).dw}},
+    };
+    for (const auto& [what, pair] : pairs) {
+      const auto want = to_host(pair.first), got = to_host(pair.second);
+      double scale = 0, worst = 0;
+      for (float v : want) scale = std::max(scale, double(std::abs(v)));
+      for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - want[i]));
+      qInfo("%s %s: largest difference %.3g of %.3g", precision_name(p), what, worst, scale);
+      QVERIFY2(worst <= tol * scale, what);
+      QVERIFY2(worst >= floor * scale,
+               qPrintable(QString("%1 in %2 is as exact as fp32: was the precision used?").arg(what, precision_name(p))));
+    }
   }
 
   // --- the layer ops one by one, on the GPU against the CPU ------------------------------------------------

@@ -250,7 +250,6 @@ class NnLayersTest : public QObject {
  private slots:
   void initTestCase() {
     rt_ = std::make_unique<Runtime>(RuntimeOptions{.cpu_devices = 2});
-    set_cudnn_allow_tf32(false);
     GN_USE_TEST_DEVICE(*rt_, device_);
     qInfo("layers on %s", device_.str().c_str());
   }

@@ -160,7 +160,6 @@ class NnNetworkTest : public QObject {
   void initTestCase() {
     rt_ = std::make_unique<Runtime>(RuntimeOptions{});
     GN_USE_TEST_DEVICE(*rt_, device_);
-    if (device_.is_cuda()) set_cudnn_allow_tf32(false);
     qInfo("networks on %s", device_.str().c_str());
   }
 

@@ -14,6 +14,7 @@
 #include "gpunodes/nn/optim.h"
 #include "gpunodes/nn/trainer.h"
 #include "gpunodes/ops.h"
+#include "gpunodes/precision.h"
 #include "nn_test_util.h"
 
 using namespace gn;
@@ -442,6 +443,133 @@ class NnOptimTest : public QObject {
     QVERIFY2(worst < 1e-4, qPrintable(QString::number(worst)));
     QVERIFY(std::abs(r1.epochs.back().train_loss - r2.epochs.back().train_loss) < 1e-4);
     QVERIFY(r1.epochs.back().train_loss < r1.epochs.front().train_loss);
+  }
+
+  // Loss scaling by a power of two changes no bit of training: the loss gradient, every gradient computed
+  // from it and the unscaling are exact multiplications by powers of two, and the combined unscale-and-clip
+  // factor rounds as PyTorch's two steps do. The scale doubles after every `interval` good steps.
+  void loss_scaling_is_exact_and_grows() {
+    const DatasetPtr data = make_synthetic({.count = 32 * 6});
+    TrainOptions o;
+    o.epochs = 1;
+    o.batch_size = 32;
+    o.log_every = 0;
+    o.optimizer = {.kind = OptimizerKind::Adam, .lr = 1e-3};
+    o.clip_grad_norm = 0.05;  // small enough to clip every step
+    auto plain = Model::create(*rt_, modelOptions(Arch::LeNet, 3), device_);
+    auto scaled = Model::create(*rt_, modelOptions(Arch::LeNet, 3), device_);
+    Trainer tp(*plain, {device_}, o);
+    o.loss_scale = {.mode = LossScaleMode::Dynamic, .init = 1024, .interval = 4};
+    Trainer ts(*scaled, {device_}, o);
+    QCOMPARE(ts.loss_scale(), 1024.0);
+    QCOMPARE(tp.loss_scale(), 0.0);  // auto with fp32: off
+    std::vector<double> series;
+    tp.fit(data, nullptr);
+    ts.fit(data, nullptr, [&](const MetricSample& m) {
+      if (m.series == "loss_scale") series.push_back(m.value);
+    });
+    QCOMPARE(ts.optimizer_steps(), int64_t(6));
+    QCOMPARE(ts.skipped_steps(), int64_t(0));
+    QCOMPARE(ts.loss_scale(), 2048.0);  // grew once, after step 4
+    QVERIFY(series == std::vector<double>{2048.0});
+    const auto a = plain->state(), b = scaled->state();
+    for (size_t i = 0; i < a.size(); ++i)
+      QVERIFY2(to_host(a[i]->value) == to_host(b[i]->value), a[i]->name.c_str());
+  }
+
+  // Gradients that overflow skip the whole step (no update, Adam's step count unchanged) and halve the
+  // scale; once it fits, training goes on.
+  void overflowing_steps_are_skipped_and_the_scale_backs_off() {
+    const DatasetPtr data = make_synthetic({.count = 32 * 24});
+    TrainOptions o;
+    o.epochs = 1;
+    o.batch_size = 32;
+    o.log_every = 0;
+    o.optimizer = {.kind = OptimizerKind::Adam, .lr = 1e-3};
+    o.loss_scale = {.mode = LossScaleMode::Dynamic, .init = std::ldexp(1.0, 200)};
+    auto m = Model::create(*rt_, modelOptions(Arch::Mlp, 4), device_);
+    std::vector<std::vector<float>> before;
+    for (const Parameter* p : m->state()) before.push_back(to_host(p->value));
+    {
+      Trainer t(*m, {device_}, o);
+      t.fit(make_synthetic({.count = 32 * 3}), nullptr);  // 2^200 / 32 is no float: every step overflows
+      QCOMPARE(t.skipped_steps(), int64_t(3));
+      QCOMPARE(t.optimizer_steps(), int64_t(0));
+      QCOMPARE(t.loss_scale(), std::ldexp(1.0, 197));
+      const auto state = m->state();
+      for (size_t i = 0; i < state.size(); ++i) QVERIFY(to_host(state[i]->value) == before[i]);
+    }
+    o.loss_scale.init = std::ldexp(1.0, 136);
+    Trainer t(*m, {device_}, o);
+    const TrainResult r = t.fit(data, nullptr);
+    qInfo("from 2^136: %lld of 24 steps skipped, scale now 2^%g, loss %.4f", static_cast<long long>(t.skipped_steps()),
+          std::log2(t.loss_scale()), r.epochs.back().train_loss);
+    QVERIFY(t.skipped_steps() >= 4);  // 2^(136-k) / 32 is a float only from k = 4 on
+    QVERIFY(t.skipped_steps() < 24);
+    QCOMPARE(t.optimizer_steps() + t.skipped_steps(), int64_t(24));
+    QCOMPARE(t.loss_scale(), std::ldexp(1.0, 136 - static_cast<int>(t.skipped_steps())));
+    for (const Parameter* p : m->state())
+      for (float v : to_host(p->value)) QVERIFY(std::isfinite(v));
+  }
+
+  // Every precision but fp32 is refused on a CPU, at once and naming the op, the precision and the device.
+  void reduced_precision_is_refused_on_a_cpu() {
+    for (Precision p : {Precision::Fp32, Precision::Tf32, Precision::Bf16, Precision::Fp16})
+      QCOMPARE(parse_precision(precision_name(p)), std::optional<Precision>(p));
+    QVERIFY(!parse_precision("fp64"));
+    QCOMPARE(parse_loss_scale_mode("dynamic"), std::optional<LossScaleMode>(LossScaleMode::Dynamic));
+    QVERIFY(!parse_loss_scale_mode("on"));
+    Runtime rt;
+    const Device cpu = Device::cpu();
+    const Tensor x = ones(rt, {2, 3}, cpu), w = ones(rt, {4, 3}, cpu), b = zeros(rt, {4}, cpu);
+    const Tensor img = ones(rt, {1, 1, 5, 5}, cpu), k = ones(rt, {2, 1, 3, 3}, cpu);
+    {
+      ScopedPrecision bf16(Precision::Bf16);
+      QCOMPARE(current_precision(), Precision::Bf16);
+      const std::string has = cpu_bf16_features();
+      expect_error([&] { linear(x, w, b); },
+                   {"linear", "precision bf16", "cpu", has.empty() ? "neither avx512_bf16 nor AMX-BF16" : "no bf16 CPU kernels"});
+      {
+        ScopedPrecision fp16(Precision::Fp16);
+        expect_error([&] { conv2d(img, k, Tensor()); }, {"conv2d", "fp16", "cpu", "needs a CUDA device"});
+      }
+      QCOMPARE(current_precision(), Precision::Bf16);  // scopes nest
+    }
+    QCOMPARE(current_precision(), Precision::Fp32);
+    linear(x, w, b);  // fp32 outside any scope
+    expect_error([&] { matmul(x, w, {.trans_b = true, .precision = Precision::Tf32}); }, {"matmul", "tf32", "cpu"});
+    auto m = Model::create(rt, modelOptions(Arch::Mlp), cpu);
+    TrainOptions o;
+    o.precision = Precision::Bf16;
+    expect_error([&] { Trainer(*m, {cpu}, o); }, {"training", "bf16", "cpu"});
+    o = {};
+    for (auto bad : {LossScaleOptions{.init = 0}, LossScaleOptions{.backoff = 1}, LossScaleOptions{.interval = 0}}) {
+      o.loss_scale = bad;
+      expect_error([&] { Trainer(*m, {cpu}, o); }, {"loss"});
+    }
+  }
+
+  // On a GPU: each reduced precision trains LeNet as fp32 does, within rounding, and fp16 with its scaler.
+  void reduced_precision_training_follows_fp32() {
+    if (!device_.is_cuda()) QSKIP("tensor-core precisions: CUDA devices only (the CPU's refusal is tested above)");
+    const DatasetPtr data = make_synthetic({.count = 64 * 8});
+    TrainOptions o;
+    o.epochs = 2;
+    o.batch_size = 64;
+    o.log_every = 0;
+    auto reference = Model::create(*rt_, modelOptions(Arch::LeNet, 5), device_);
+    const double fp32_loss = Trainer(*reference, {device_}, o).fit(data, nullptr).epochs.back().train_loss;
+    for (Precision p : {Precision::Tf32, Precision::Bf16, Precision::Fp16}) {
+      o.precision = p;
+      auto m = Model::create(*rt_, modelOptions(Arch::LeNet, 5), device_);
+      Trainer t(*m, {device_}, o);
+      QCOMPARE(t.loss_scale() > 0, p == Precision::Fp16);
+      const double loss = t.fit(data, nullptr).epochs.back().train_loss;
+      qInfo("%s: loss %.5f (fp32 %.5f), %lld steps skipped", precision_name(p), loss, fp32_loss,
+            static_cast<long long>(t.skipped_steps()));
+      QVERIFY2(std::abs(loss - fp32_loss) < 0.05 * fp32_loss, precision_name(p));
+      QVERIFY(t.optimizer_steps() + t.skipped_steps() == 16);
+    }
   }
 
   void trainer_refuses_bad_options() {

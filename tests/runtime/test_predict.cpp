@@ -74,8 +74,6 @@ class PredictTest : public QObject {
   void initTestCase() {
     rt_ = std::make_unique<Runtime>(RuntimeOptions{});
     GN_USE_TEST_DEVICE(*rt_, device_);
-    // The float64 reference is an fp32 one: no TF32 in cuDNN's or cuBLAS's products.
-    if (device_.is_cuda()) set_cudnn_allow_tf32(false);
     qInfo("predictions on %s", device_.str().c_str());
     // Noisy classes and three short epochs: a model that is right often but not always, so that the matrix
     // has both a diagonal and mistakes.

@@ -11,6 +11,7 @@
 #include "gpunodes/device.h"
 #include "gpunodes/engine.h"
 #include "gpunodes/memory.h"
+#include "gpunodes/precision.h"
 
 namespace gn {
 
@@ -18,8 +19,6 @@ enum class BinaryOp { Add, Sub, Mul, Div };
 enum class UnaryOp { Exp, Relu, ScaleShift };  // ScaleShift: y = a*x + b
 enum class ReduceOp { Sum, FrobeniusNorm };
 enum class RandomKind { Uniform, Normal };  // Uniform(a, b) or Normal(mean a, std b)
-// Tf32 trades mantissa bits for tensor-core speed on CUDA; the CPU always computes in fp32.
-enum class Precision { Fp32, Tf32 };
 
 struct GemmArgs {
   bool trans_a = false, trans_b = false;

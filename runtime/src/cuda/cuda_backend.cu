@@ -16,6 +16,7 @@
 
 #include "cuda_allocator.h"
 #include "cuda_check.h"
+#include "cuda_math.h"
 #include "cuda_worker.h"
 #include "gpunodes/backend.h"
 #include "gpunodes/errors.h"
@@ -361,7 +362,6 @@ class CudaBackend final : public Backend {
     const int ldb = static_cast<int>(g.trans_b ? g.k : g.n);
     const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const float one = 1.0f, zero = 0.0f;
 
     const double row_flops = 2.0 * static_cast<double>(g.n) * static_cast<double>(g.k);
     int64_t chunk = g.m;
@@ -375,13 +375,7 @@ class CudaBackend final : public Backend {
       // Rows r0.. of op(A): row r0 of A, or column r0 of A when it is transposed.
       const float* a = g.trans_a ? g.a + r0 : g.a + r0 * lda;
       float* c = g.c + r0 * g.n;
-      if (g.precision == Precision::Tf32) {
-        GN_CUBLAS_CHECK(cublasGemmEx(r.cublas, op_b, op_a, n, rows, k, &one, g.b, CUDA_R_32F, ldb, a,
-                                     CUDA_R_32F, lda, &zero, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F_FAST_TF32,
-                                     CUBLAS_GEMM_DEFAULT));
-      } else {
-        GN_CUBLAS_CHECK(cublasSgemm(r.cublas, op_b, op_a, n, rows, k, &one, g.b, ldb, a, lda, &zero, c, n));
-      }
+      gemm_f32(r.cublas, op_b, op_a, n, rows, k, 1.0f, g.b, ldb, a, lda, 0.0f, c, n, g.precision);
       if (chunked) {
         // Keep two chunks in flight: wait for the previous one, then look at the cancel flag.
         GN_CUDA_CHECK(cudaEventRecord(r.done[i & 1], s.get()));

@@ -170,6 +170,9 @@ void write_checkpoint(const std::string& path, const TrainingCheckpoint& c) {
                                           std::to_string(c.totals.samples)},
                            {"shares", shares},
                            {"metric_series", names}});
+  if (c.loss_scale > 0)
+    meta.emplace_back("loss_scale", exact(c.loss_scale) + " " + std::to_string(c.loss_scale_good_steps) + " " +
+                                        std::to_string(c.skipped_steps));
   // The checksum covers the data, which the header does not depend on: encode once without it to learn
   // where the data starts, then again with it (the data bytes stay the same).
   meta.emplace_back("crc32", "0000000000");
@@ -214,6 +217,15 @@ TrainingCheckpoint read_checkpoint(const std::string& path) {
     r.fail("'totals' is not 'loss_sum correct samples'");
   c.totals = {totals[0], totals[1], static_cast<int64_t>(totals[2])};
   c.shares = r.numbers("shares");
+  if (h.find_metadata("loss_scale")) {
+    const std::vector<double> ls = r.numbers("loss_scale");
+    if (ls.size() != 3 || !(ls[0] > 0) || ls[1] < 0 || ls[1] != std::floor(ls[1]) || ls[2] < 0 ||
+        ls[2] != std::floor(ls[2]))
+      r.fail("'loss_scale' is not 'scale good_steps skipped_steps'");
+    c.loss_scale = ls[0];
+    c.loss_scale_good_steps = static_cast<int64_t>(ls[1]);
+    c.skipped_steps = static_cast<int64_t>(ls[2]);
+  }
   std::vector<std::string> series;
   {
     std::istringstream in(r.text("metric_series"));

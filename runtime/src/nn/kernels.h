@@ -84,6 +84,9 @@ constexpr int64_t kNormChunk = int64_t{kNormLanes} * 32;
 struct KernelContext {
   OpContext& op;
   Allocator& allocator;
+  // The products' precision (linear and convolution kernels): the op's ScopedPrecision, checked for the
+  // device when the op was enqueued, so a CPU kernel only ever sees fp32.
+  Precision precision = Precision::Fp32;
 };
 
 class NnKernels {

@@ -3,7 +3,6 @@
 #include "gpunodes/nn/layers.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <string>
@@ -15,7 +14,7 @@
 namespace gn::nn {
 namespace {
 
-std::atomic<bool> g_allow_tf32{true};
+thread_local Precision t_precision = Precision::Fp32;
 
 // Runs `body` with the kernels of `device` on its compute stream: it reads `reads` and writes `writes`.
 template <class Body>
@@ -47,6 +46,14 @@ void need_shape(const char* op, const char* what, const Tensor& t, const Shape& 
 
 double dbl(int64_t v) {
   return static_cast<double>(v);
+}
+
+// The precision a product op enqueued now computes in: the thread's scope, refused at once where the device
+// cannot compute in it.
+Precision product_precision(const char* op, Device device) {
+  const Precision p = t_precision;
+  check_precision(p, device, op);
+  return p;
 }
 
 // The channel block a tensor of `channels` channels in `layout` has on `device`: 1 for NCHW.
@@ -128,11 +135,14 @@ PoolShape pool_shape(const char* op, const Tensor& x, const Pool2dOptions& o) {
 
 }  // namespace
 
-void set_cudnn_allow_tf32(bool allow) {
-  g_allow_tf32 = allow;
+ScopedPrecision::ScopedPrecision(Precision precision) : previous_(t_precision) {
+  t_precision = precision;
 }
-bool cudnn_allow_tf32() {
-  return g_allow_tf32;
+ScopedPrecision::~ScopedPrecision() {
+  t_precision = previous_;
+}
+Precision current_precision() {
+  return t_precision;
 }
 
 int64_t blocked_layout_channels(Device device) {
@@ -159,6 +169,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
                      " features but the weight " + shape_str(w.shape()) + " expects " +
                      std::to_string(w.shape()[1]));
   if (has_bias) need_shape("linear", "bias", b, {out});
+  const Precision precision = product_precision("linear", x.device());
   Tensor y(x.runtime(), {n, out}, x.device());
   std::vector<VarPtr> reads{x.var(), w.var()};
   if (has_bias) reads.push_back(b.var());
@@ -166,6 +177,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
               {"linear", "", x.bytes() + w.bytes() + (has_bias ? b.bytes() : 0) + y.bytes(),
                2.0 * dbl(n) * dbl(in) * dbl(out)},
               [=](NnKernels& k, KernelContext& kc) {
+                kc.precision = precision;
                 k.linear_forward(n, in, out, x.data(), w.data(), has_bias ? b.data() : nullptr, y.data(), kc);
               });
   return y;
@@ -178,6 +190,7 @@ LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
   const int64_t n = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
   need_shape("linear backward", "weight", w, {out, in});
   need_shape("linear backward", "output gradient", dy, {n, out});
+  const Precision precision = product_precision("linear backward", x.device());
   Runtime& rt = x.runtime();
   LinearGrads g;
   g.dw = Tensor(rt, w.shape(), x.device());
@@ -196,6 +209,7 @@ LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
               {"linear backward", "",
                x.bytes() + w.bytes() + 2 * dy.bytes() + dw.bytes() + (need_dx ? x.bytes() : 0), flops},
               [=](NnKernels& k, KernelContext& kc) {
+                kc.precision = precision;
                 k.linear_backward(n, in, out, x.data(), w.data(), dy.data(),
                                   dx.defined() ? dx.data() : nullptr, dw.data(),
                                   db.defined() ? db.data() : nullptr, kc);
@@ -211,12 +225,14 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
   if (has_bias) check_same_device({&x, &b});
   ConvShape s = conv_shape("conv2d", x, w, o, has_bias);
   if (has_bias) need_shape("conv2d", "bias", b, {s.k});
+  const Precision precision = product_precision("conv2d", x.device());
   Tensor y(x.runtime(), {s.n, s.k, s.oh, s.ow}, x.device());
   std::vector<VarPtr> reads{x.var(), w.var()};
   if (has_bias) reads.push_back(b.var());
   push_kernel(x.runtime(), x.device(), reads, {y.var()},
               {"conv2d", "", x.bytes() + w.bytes() + y.bytes(), conv_flops(s)},
               [=](NnKernels& k, KernelContext& kc) {
+                kc.precision = precision;
                 k.conv2d_forward(s, x.data(), w.data(), has_bias ? b.data() : nullptr, y.data(), kc);
               });
   return y;
@@ -227,6 +243,7 @@ Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
   check_same_device({&x, &w, &dy});
   ConvShape s = conv_shape("conv2d backward", x, w, o, need_db);
   need_shape("conv2d backward", "output gradient", dy, {s.n, s.k, s.oh, s.ow});
+  const Precision precision = product_precision("conv2d backward", x.device());
   Runtime& rt = x.runtime();
   Conv2dGrads g;
   g.dw = Tensor(rt, w.shape(), x.device());
@@ -245,6 +262,7 @@ Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
       {"conv2d backward", "", x.bytes() + w.bytes() + 2 * dy.bytes() + dw.bytes() + (need_dx ? x.bytes() : 0),
        (need_dx ? 2.0 : 1.0) * conv_flops(s)},
       [=](NnKernels& k, KernelContext& kc) {
+        kc.precision = precision;
         k.conv2d_backward(s, x.data(), w.data(), dy.data(), dx.defined() ? dx.data() : nullptr, dw.data(),
                           db.defined() ? db.data() : nullptr, kc);
       });

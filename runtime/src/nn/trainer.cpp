@@ -140,6 +140,24 @@ OptimizerOptions resolve_optimizer(const TrainOptions& o) {
 
 // --- Trainer -----------------------------------------------------------------------------------------------
 
+const char* loss_scale_mode_name(LossScaleMode mode) {
+  switch (mode) {
+    case LossScaleMode::Auto:
+      return "auto";
+    case LossScaleMode::Dynamic:
+      return "dynamic";
+    case LossScaleMode::Off:
+      return "off";
+  }
+  return "?";
+}
+
+std::optional<LossScaleMode> parse_loss_scale_mode(std::string_view text) {
+  for (LossScaleMode m : {LossScaleMode::Auto, LossScaleMode::Dynamic, LossScaleMode::Off})
+    if (text == loss_scale_mode_name(m)) return m;
+  return std::nullopt;
+}
+
 Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options)
     : rt_(model.runtime()), model_(model), devices_(std::move(devices)), options_(options) {
   if (devices_.empty()) throw Error("training needs at least one device");
@@ -158,12 +176,19 @@ Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options
     problems.push_back("clip_grad_norm: must be 0 (off) or more");
   if (!(options_.label_smoothing >= 0 && options_.label_smoothing <= 1))
     problems.push_back("label_smoothing: must be between 0 and 1");
+  const LossScaleOptions& ls = options_.loss_scale;
+  if (!(ls.init > 0 && std::isfinite(ls.init))) problems.push_back("loss_scale_init: must be above 0");
+  if (!(ls.growth >= 1 && std::isfinite(ls.growth))) problems.push_back("loss scale growth: must be 1 or more");
+  if (!(ls.backoff > 0 && ls.backoff < 1)) problems.push_back("loss scale backoff: must be between 0 and 1");
+  if (ls.interval < 1) problems.push_back("loss_scale_interval: must be at least 1");
   if (!problems.empty()) {
     std::string all = "training: " + problems.front();
     for (size_t i = 1; i < problems.size(); ++i) all += "; " + problems[i];
     throw Error(all);
   }
+  for (Device d : devices_) check_precision(options_.precision, d, "training");
   lr_ = options_.optimizer.lr;
+  loss_scale_ = options_.loss_scale.enabled(options_.precision) ? options_.loss_scale.init : 0;
   if (options_.steps_in_flight < 0) options_.steps_in_flight = 0;
   if (options_.world && options_.world->mpi()) world_ = options_.world;
   collective_order_ = new_var();
@@ -359,8 +384,9 @@ void Trainer::step(const HostBatchPtr& batch) {
   const int64_t whole = std::max(batch->global_size, batch->size);
   const std::vector<int64_t> sizes = split(batch->size);
   // Every replica's loss gradient is scaled by 1/(whole batch, over every rank), so the summed gradients are
-  // the whole batch's.
-  const float scale = 1.0f / static_cast<float>(whole);
+  // the whole batch's; and by the loss scale when there is one (exactly, for a power of two).
+  const float scale = static_cast<float>((loss_scale_ > 0 ? loss_scale_ : 1.0) / static_cast<double>(whole));
+  const ScopedPrecision precision(options_.precision);
   const size_t replicas = replicas_.size();
   std::vector<std::vector<Tensor>> grads(replicas);
   int64_t offset = 0;
@@ -397,7 +423,9 @@ void Trainer::step(const HostBatchPtr& batch) {
       }
     if (world_) ++world_steps_;
     std::vector<VarPtr> markers;
-    const int64_t t = optimizer_steps_ + 1;
+    std::vector<Tensor> clip(replicas);
+    const bool update = loss_scale_ > 0 ? unscale(grads, clip) : true;
+    const int64_t t = update ? optimizer_steps_ + 1 : optimizer_steps_;
     for (size_t r = 0; r < replicas; ++r) {
       auto params = replicas_[r]->parameters();
       std::vector<VarPtr> reads;
@@ -408,10 +436,9 @@ void Trainer::step(const HostBatchPtr& batch) {
       }
       // Each replica measures the norm of its own copy of the summed gradients: equal copies, the same fixed
       // summation order on every device, so the same factor everywhere, with no host read.
-      Tensor clip;
-      if (options_.clip_grad_norm > 0 && !values.empty())
-        clip = grad_clip_coefficient(grads[r], static_cast<float>(options_.clip_grad_norm));
-      optimizer_step(values, grads[r], optim_state_[r], options_.optimizer, lr_, t, clip);
+      if (loss_scale_ == 0 && options_.clip_grad_norm > 0 && !values.empty())
+        clip[r] = grad_clip_coefficient(grads[r], static_cast<float>(options_.clip_grad_norm));
+      if (update) optimizer_step(values, grads[r], optim_state_[r], options_.optimizer, lr_, t, clip[r]);
       // Marks the end of this step on this device: the host waits on it to stay steps_in_flight ahead.
       VarPtr done = new_var();
       rt_.engine().push([](OpContext&) {}, reads, {done}, devices_[r], StreamKind::Compute,
@@ -429,6 +456,42 @@ void Trainer::step(const HostBatchPtr& batch) {
     in_flight_.erase(in_flight_.begin());
     for (const VarPtr& v : markers) rt_.engine().wait(v);
   }
+}
+
+bool Trainer::unscale(const std::vector<std::vector<Tensor>>& grads, std::vector<Tensor>& clip) {
+  // Every replica holds the same summed gradients (every rank's too, in a distributed run), so replica 0's
+  // norm decides for all of them, identically on every rank. Its sum of squares runs in double: an overflow
+  // of the float32 gradients shows as an inf or NaN norm.
+  std::vector<Tensor> all;
+  for (const Tensor& g : grads[0])
+    if (g.defined()) all.push_back(g);
+  const float scaled_norm = all.empty() ? 0.0f : to_host(grad_clip_coefficient(all, 1.0f))[0];
+  const double scale = loss_scale_;
+  const LossScaleOptions& o = options_.loss_scale;
+  if (!std::isfinite(scaled_norm)) {
+    loss_scale_ *= o.backoff;
+    loss_scale_good_steps_ = 0;
+    ++skipped_steps_;
+    return false;
+  }
+  if (++loss_scale_good_steps_ >= o.interval) {
+    loss_scale_ *= o.growth;
+    loss_scale_good_steps_ = 0;
+  }
+  // PyTorch unscales (g / scale) and then clips with the unscaled norm, in float32; one factor does both, to
+  // the same floats when the scale is a power of two.
+  const float inv = static_cast<float>(1.0 / scale);
+  const float norm = scaled_norm * inv;
+  float factor = inv;
+  if (options_.clip_grad_norm > 0) {
+    const float q = static_cast<float>(options_.clip_grad_norm) / (norm + 1e-6f);
+    if (q < 1.0f) factor = q * inv;
+  }
+  for (size_t r = 0; r < clip.size(); ++r) {
+    clip[r] = Tensor(rt_, {2}, devices_[r]);
+    write_values(clip[r], {norm, factor});
+  }
+  return true;
 }
 
 void Trainer::synchronize() {
@@ -463,6 +526,7 @@ void Trainer::reset_totals() {
 
 double Trainer::evaluate(const DatasetPtr& data) {
   if (!data || data->count == 0) throw Error("evaluate: empty dataset");
+  const ScopedPrecision precision(options_.precision);
   // DataParallel semantics: every replica evaluates with device 0's BatchNorm running statistics.
   {
     auto src = replicas_[0]->state();
@@ -596,6 +660,15 @@ std::vector<std::pair<std::string, std::string>> Trainer::training_settings(cons
       {"augment_crop_padding", std::to_string(train.transform.crop_padding)},
       {"augment_flip", train.transform.flip ? "true" : "false"},
   };
+  // Recorded where they differ from the defaults, so that checkpoints from before they existed still resume.
+  if (options_.precision != Precision::Fp32) out.emplace_back("precision", precision_name(options_.precision));
+  if (const LossScaleOptions& ls = options_.loss_scale; ls.enabled(options_.precision)) {
+    out.emplace_back("loss_scale", "dynamic");
+    out.emplace_back("loss_scale_init", exact(ls.init));
+    out.emplace_back("loss_scale_growth", exact(ls.growth));
+    out.emplace_back("loss_scale_backoff", exact(ls.backoff));
+    out.emplace_back("loss_scale_interval", std::to_string(ls.interval));
+  }
   // Cosine and one-cycle rates depend on the run's length; the others do not, so a finished run with them
   // can be resumed with more epochs to train on.
   if (s.kind == ScheduleKind::Cosine || s.kind == ScheduleKind::OneCycle)
@@ -618,6 +691,9 @@ void Trainer::save_checkpoint(const Dataset& train, int64_t epoch, int64_t batch
   c.batch = batch;
   c.global_step = epoch * batches_per_epoch_ + batch;
   c.optimizer_steps = optimizer_steps_;
+  c.loss_scale = loss_scale_;
+  c.loss_scale_good_steps = loss_scale_good_steps_;
+  c.skipped_steps = skipped_steps_;
   c.batches_tracked = m.batches_tracked();
   c.seconds = seconds;
   c.epoch_seconds = epoch_seconds;
@@ -713,6 +789,12 @@ Trainer::Resumed Trainer::resume_from_checkpoint(const Dataset& train, const Met
         }
     }
     optimizer_steps_ = c.optimizer_steps;
+    // The settings matched, so the checkpoint has a scale exactly when this run scales.
+    if (loss_scale_ > 0) {
+      loss_scale_ = c.loss_scale;
+      loss_scale_good_steps_ = c.loss_scale_good_steps;
+      skipped_steps_ = c.skipped_steps;
+    }
     if (c.shares.size() == devices_.size()) set_shares(c.shares);
     reset_totals();
     if (c.batch > 0) {
@@ -835,6 +917,7 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
           emit("images_per_second", x,
                static_cast<double>((world_ ? local : t.samples) - samples_before) / seconds_since(t_epoch));
           emit("lr", x, lr_);
+          if (loss_scale_ > 0) emit("loss_scale", x, loss_scale_);
           if (options_.balance && devices_.size() > 1) {
             std::vector<int64_t> done(samples_.size());
             for (size_t r = 0; r < done.size(); ++r) done[r] = samples_[r] - balance_base[r];
@@ -872,6 +955,7 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
       emit("images_per_second", x, er.images_per_second);
       emit("epoch_seconds", x, er.seconds);
       emit("lr", x, lr_);
+      if (loss_scale_ > 0) emit("loss_scale", x, loss_scale_);
       if (options_.balance && devices_.size() > 1) {
         std::vector<int64_t> done(samples_.size());
         for (size_t r = 0; r < done.size(); ++r) done[r] = samples_[r] - balance_base[r];

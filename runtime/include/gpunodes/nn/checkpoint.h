@@ -6,6 +6,8 @@
 //   metadata  "gpunodes.checkpoint": the format version ("1"); "gpunodes.signature": Model::signature();
 //             "setting.<name>": each of Trainer::training_settings(), in order;
 //             "epoch", "batch", "global_step", "optimizer_steps", "batches_tracked": integers;
+//             "loss_scale": "<scale> <good steps in a row> <skipped steps>", only from a run with loss
+//             scaling;
 //             "seconds", "epoch_seconds": training time before, in all and in the unfinished epoch;
 //             "totals": "loss_sum correct samples" of the unfinished epoch; "shares": each device's fraction
 //             of a batch; "metric_series": the series' names, one per line;
@@ -34,6 +36,9 @@ struct TrainingCheckpoint {
   int64_t epoch = 0;                                          // epochs finished (trained and evaluated)
   int64_t batch = 0;  // batches of the next epoch already trained (a cancel); 0 at an epoch's end
   int64_t global_step = 0, optimizer_steps = 0, batches_tracked = 0;
+  // The loss scaler's state: the scale (0 when the run had none), its good steps in a row, steps skipped.
+  double loss_scale = 0;
+  int64_t loss_scale_good_steps = 0, skipped_steps = 0;
   double seconds = 0, epoch_seconds = 0;
   StepTotals totals;  // of the unfinished epoch
   std::vector<double> shares;

@@ -9,6 +9,7 @@
 
 #include "gpunodes/nn/optim.h"
 #include "gpunodes/ops.h"
+#include "gpunodes/precision.h"
 #include "gpunodes/tensor.h"
 
 namespace gn::nn {
@@ -193,9 +194,21 @@ void copy_into(const Tensor& dst, const Tensor& src);
 // dst <- host values, asynchronously: the values are captured.
 void write_values(const Tensor& dst, std::vector<float> values);
 
-// CUDA only: lets cuDNN use TF32 tensor cores for fp32 convolutions (PyTorch's
-// torch.backends.cudnn.allow_tf32, on by default). Off gives full fp32 accuracy, for tests.
-void set_cudnn_allow_tf32(bool allow);
-bool cudnn_allow_tf32();
+// --- precision of the products ----------------------------------------------------------------------------
+// The precision (precision.h) in which linear and conv2d, forward and backward, enqueued on this thread
+// while the scope lives compute their products: torch.autocast's role. fp32 outside any scope. The Trainer
+// opens one with TrainOptions::precision around its steps and evaluations. Those ops throw at once
+// (check_precision) when their device cannot compute in it.
+class ScopedPrecision {
+ public:
+  explicit ScopedPrecision(Precision precision);
+  ~ScopedPrecision();
+  ScopedPrecision(const ScopedPrecision&) = delete;
+  ScopedPrecision& operator=(const ScopedPrecision&) = delete;
+
+ private:
+  Precision previous_;
+};
+Precision current_precision();
 
 }  // namespace gn::nn

@@ -14,7 +14,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpunodes/dist/world.h"
@@ -22,6 +24,7 @@
 #include "gpunodes/nn/layers.h"
 #include "gpunodes/nn/model.h"
 #include "gpunodes/nn/optim.h"
+#include "gpunodes/precision.h"
 
 namespace gn::nn {
 
@@ -39,6 +42,25 @@ struct CheckpointOptions {
   bool resume = false;
 };
 
+// Dynamic loss scaling, as PyTorch's GradScaler: the loss gradient is multiplied by the scale, so that small
+// gradients do not vanish when fp16 rounds them; after the all-reduce the host reads the gradients' 2-norm
+// (one blocking read per step): an inf or NaN skips the whole step (no update, the step count unchanged) and
+// multiplies the scale by `backoff`; after `interval` good steps in a row the scale is multiplied by
+// `growth`. The optimizer sees the gradients divided by the scale again (exactly, for a power-of-two scale),
+// and clip_grad_norm clips the unscaled norm.
+enum class LossScaleMode { Auto, Dynamic, Off };  // Auto: Dynamic with fp16, Off otherwise
+const char* loss_scale_mode_name(LossScaleMode mode);  // "auto", "dynamic", "off"
+std::optional<LossScaleMode> parse_loss_scale_mode(std::string_view text);
+struct LossScaleOptions {
+  LossScaleMode mode = LossScaleMode::Auto;
+  double init = 65536;  // PyTorch's init_scale, 2^16
+  double growth = 2, backoff = 0.5;
+  int64_t interval = 2000;
+  bool enabled(Precision precision) const {
+    return mode == LossScaleMode::Dynamic || (mode == LossScaleMode::Auto && precision == Precision::Fp16);
+  }
+};
+
 struct TrainOptions {
   int64_t epochs = 10;
   int64_t batch_size = 256;  // the whole minibatch, split across the devices
@@ -52,6 +74,10 @@ struct TrainOptions {
   // are scaled by min(1, max / (total 2-norm + 1e-6)). 0: off.
   double clip_grad_norm = 0;
   double label_smoothing = 0;  // of the training loss (CrossEntropyLoss(label_smoothing)), 0 <= e <= 1
+  // The math of the linear layers' and convolutions' products (precision.h), in training and evaluation:
+  // every device must allow it (check_precision), or the Trainer refuses to start.
+  Precision precision = Precision::Fp32;
+  LossScaleOptions loss_scale;
   uint64_t shuffle_seed = 0;
   int64_t resize = 0;      // images resized to resize x resize (the seed uses 96 for ResNet); 0: as stored
   int64_t log_every = 50;  // loss and train accuracy every N batches; 0: per epoch only
@@ -73,7 +99,8 @@ struct TrainOptions {
 };
 
 // One point of a live series. Series: "loss", "train_acc", "images_per_second" (every log_every batches, over
-// the epoch so far) and "lr" (the rate of the latest batch; also per epoch); per epoch also "test_acc",
+// the epoch so far), "lr" (the rate of the latest batch; also per epoch) and, with loss scaling, "loss_scale"
+// (the scale for the next batch; also per epoch); per epoch also "test_acc",
 // "epoch_seconds", and per device "memory_mb/<device>" and "peak_memory_mb/<device>" (allocated bytes), and
 // "share/<device>" (its fraction of each batch).
 struct MetricSample {
@@ -164,8 +191,12 @@ class Trainer {
   // The rate the next step() takes: the optimizer's lr until set; fit() sets it per batch from the schedule.
   double lr() const { return lr_; }
   void set_lr(double lr);
-  // Updates taken so far (Adam's t), over every fit() and step().
+  // Updates taken so far (Adam's t), over every fit() and step(); a step the loss scaler skipped is none.
   int64_t optimizer_steps() const { return optimizer_steps_; }
+  // The loss scale the next step() multiplies the loss gradient by; 0 when loss scaling is off.
+  double loss_scale() const { return loss_scale_; }
+  // Steps skipped because their gradients overflowed, over every fit() and step().
+  int64_t skipped_steps() const { return skipped_steps_; }
   // The optimizer in use (options.sgd resolved into it).
   const OptimizerOptions& optimizer() const { return options_.optimizer; }
   // Waits for every step enqueued so far; rethrows their errors.
@@ -216,6 +247,12 @@ class Trainer {
   std::vector<std::vector<OptimizerState>> optim_state_;  // [replica][parameter], made at the first step
   int64_t optimizer_steps_ = 0;
   double lr_ = 0;
+  double loss_scale_ = 0;  // 0: off
+  int64_t loss_scale_good_steps_ = 0, skipped_steps_ = 0;
+  // The loss scaler's part of a step, after the all-reduce: reads the gradients' norm, and returns false
+  // (the step is to be skipped) when it overflowed; otherwise sets clip[r] to each replica's factor, the
+  // unscaling and clip_grad_norm's together. Updates the scale either way.
+  bool unscale(const std::vector<std::vector<Tensor>>& grads, std::vector<Tensor>& clip);
   std::vector<Tensor> totals_;    // per replica [2]: loss sum, correct
   std::vector<int64_t> samples_;  // per replica, since reset
   std::vector<double> shares_;

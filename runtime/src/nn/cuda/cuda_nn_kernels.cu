@@ -4,6 +4,8 @@
 // strided copies. Every call enqueues on the op's stream (the device worker's); the worker waits for the
 // stream when the op ends. Every library return code is checked.
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -15,6 +17,7 @@
 #include <tuple>
 
 #include "../../cuda/cuda_check.h"
+#include "../../cuda/cuda_math.h"
 #include "../kernels.h"
 #include "gpunodes/errors.h"
 #include "gpunodes/random.h"
@@ -146,11 +149,11 @@ class Workspace {
 
 struct TensorDesc {
   cudnnTensorDescriptor_t d = nullptr;
-  TensorDesc(int64_t n, int64_t c, int64_t h, int64_t w) {
+  TensorDesc(int64_t n, int64_t c, int64_t h, int64_t w, cudnnDataType_t type = CUDNN_DATA_FLOAT) {
     GN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
     const cudnnStatus_t st =
-        cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, to_int(n, "batch"),
-                                   to_int(c, "channels"), to_int(h, "height"), to_int(w, "width"));
+        cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, type, to_int(n, "batch"), to_int(c, "channels"),
+                                   to_int(h, "height"), to_int(w, "width"));
     if (st != CUDNN_STATUS_SUCCESS) {
       (void)cudnnDestroyTensorDescriptor(d);
       GN_CUDNN_CHECK(st);
@@ -170,11 +173,11 @@ TensorDesc flat_desc(int64_t n) {
 
 struct FilterDesc {
   cudnnFilterDescriptor_t d = nullptr;
-  FilterDesc(int64_t k, int64_t c, int64_t r, int64_t s) {
+  FilterDesc(int64_t k, int64_t c, int64_t r, int64_t s, cudnnDataType_t type) {
     GN_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d));
     const cudnnStatus_t st =
-        cudnnSetFilter4dDescriptor(d, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, to_int(k, "filters"),
-                                   to_int(c, "channels"), to_int(r, "kernel"), to_int(s, "kernel"));
+        cudnnSetFilter4dDescriptor(d, type, CUDNN_TENSOR_NCHW, to_int(k, "filters"), to_int(c, "channels"),
+                                   to_int(r, "kernel"), to_int(s, "kernel"));
     if (st != CUDNN_STATUS_SUCCESS) {
       (void)cudnnDestroyFilterDescriptor(d);
       GN_CUDNN_CHECK(st);
@@ -185,18 +188,36 @@ struct FilterDesc {
   FilterDesc& operator=(const FilterDesc&) = delete;
 };
 
+// How a convolution runs in each Precision. fp32 and tf32 read the float32 tensors as they are: FMA math keeps
+// full fp32, default math lets cuDNN use TF32 tensor cores. bf16 and fp16 run on copies of the operands
+// rounded to that type (HalfOperand), with float32 accumulation (cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16
+// configurations) and tensor-core math, and the result is widened back to float32.
+struct ConvMath {
+  explicit ConvMath(Precision p)
+      : precision(p),
+        data(p == Precision::Bf16   ? CUDNN_DATA_BFLOAT16
+             : p == Precision::Fp16 ? CUDNN_DATA_HALF
+                                    : CUDNN_DATA_FLOAT),
+        math(p == Precision::Fp32 ? CUDNN_FMA_MATH
+             : p == Precision::Tf32 ? CUDNN_DEFAULT_MATH
+                                    : CUDNN_TENSOR_OP_MATH) {}
+  bool half() const { return data != CUDNN_DATA_FLOAT; }
+  Precision precision;
+  cudnnDataType_t data;
+  cudnnMathType_t math;
+};
+
 struct ConvDesc {
   cudnnConvolutionDescriptor_t d = nullptr;
-  ConvDesc(int64_t pad, int64_t stride, int64_t groups, bool tf32) {
+  ConvDesc(int64_t pad, int64_t stride, int64_t groups, const ConvMath& m) {
     GN_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
+    // Float32 accumulation in every precision.
     cudnnStatus_t st = cudnnSetConvolution2dDescriptor(d, to_int(pad, "padding"), to_int(pad, "padding"),
                                                        to_int(stride, "stride"), to_int(stride, "stride"), 1,
                                                        1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT);
     // The filter descriptor then holds C / groups input channels per filter.
     if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionGroupCount(d, to_int(groups, "groups"));
-    // Default math lets cuDNN use TF32 tensor cores for fp32 data; FMA math keeps full fp32.
-    if (st == CUDNN_STATUS_SUCCESS)
-      st = cudnnSetConvolutionMathType(d, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionMathType(d, m.math);
     if (st != CUDNN_STATUS_SUCCESS) {
       (void)cudnnDestroyConvolutionDescriptor(d);
       GN_CUDNN_CHECK(st);
@@ -262,21 +283,27 @@ struct ActDesc {
 enum class Pass { Forward, BackwardData, BackwardFilter };
 
 using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, bool>;
+                           int64_t, int64_t, int>;
 
 struct Algo {
   int algo = 0;
   size_t workspace = 0;
-  // What Find measured it with. With TF32 allowed it goes on the descriptor before running, as cuDNN asks;
-  // without, the descriptor keeps FMA math so that nothing can switch to TF32.
+  // What Find measured it with. Outside fp32 it goes on the descriptor before running, as cuDNN asks; in
+  // fp32 the descriptor keeps FMA math so that nothing can switch to TF32.
   cudnnMathType_t math = CUDNN_FMA_MATH;
 };
 
 std::mutex g_algo_mutex;
 std::map<AlgoKey, Algo> g_algos;
 
-AlgoKey algo_key(int device, Pass pass, const ConvShape& s, bool tf32) {
-  return {device, static_cast<int>(pass), s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad, s.groups, tf32};
+AlgoKey algo_key(int device, Pass pass, const ConvShape& s, Precision p) {
+  return {device, static_cast<int>(pass), s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad, s.groups,
+          static_cast<int>(p)};
+}
+
+// The math a found algorithm runs with: Find's own outside fp32, FMA in fp32.
+void set_algo_math(const ConvDesc& cd, const ConvMath& m, const Algo& a) {
+  if (m.precision != Precision::Fp32) GN_CUDNN_CHECK(cudnnSetConvolutionMathType(cd.d, a.math));
 }
 
 bool cached_algo(const AlgoKey& key, Algo& out) {
@@ -543,6 +570,88 @@ __global__ void clip_finish_kernel(const double* __restrict__ partial, int64_t c
   out[1] = q > 1.0f ? 1.0f : q;  // torch's clamp(max=1): a NaN norm gives a NaN factor, as there
 }
 
+// Float32 to bf16 / fp16 (round to nearest even) and back, for the convolutions' half-precision operands.
+__device__ __forceinline__ void narrow_to(float v, __nv_bfloat16& out) {
+  out = __float2bfloat16_rn(v);
+}
+__device__ __forceinline__ void narrow_to(float v, __half& out) {
+  out = __float2half_rn(v);
+}
+__device__ __forceinline__ float widen_from(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float widen_from(__half v) {
+  return __half2float(v);
+}
+
+template <class T>
+__global__ void narrow_kernel(const float* __restrict__ x, T* __restrict__ y, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    narrow_to(x[i], y[i]);
+}
+
+template <class T>
+__global__ void widen_kernel(const T* __restrict__ x, float* __restrict__ y, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    y[i] = widen_from(x[i]);
+}
+
+// n floats rounded into `type` (bf16 or half) at y, and back.
+void narrow(const float* x, void* y, int64_t n, cudnnDataType_t type, cudaStream_t stream) {
+  if (n == 0) return;
+  if (type == CUDNN_DATA_BFLOAT16)
+    narrow_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, static_cast<__nv_bfloat16*>(y), n);
+  else
+    narrow_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, static_cast<__half*>(y), n);
+  GN_CUDA_CHECK_LAUNCH();
+}
+
+void widen(const void* x, float* y, int64_t n, cudnnDataType_t type, cudaStream_t stream) {
+  if (n == 0) return;
+  if (type == CUDNN_DATA_BFLOAT16)
+    widen_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), y, n);
+  else
+    widen_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const __half*>(x), y, n);
+  GN_CUDA_CHECK_LAUNCH();
+}
+
+// A float32 operand as a convolution in `m` reads it: the tensor itself, or a copy rounded to bf16 / fp16.
+class ConvInput {
+ public:
+  ConvInput(KernelContext& kc, Stream& s, const ConvMath& m, const float* x, int64_t n)
+      : copy_(kc.allocator, s, m.half() ? static_cast<size_t>(n) * 2 : 0), ptr_(x) {
+    if (!m.half()) return;
+    narrow(x, copy_.get(), n, m.data, s.get());
+    ptr_ = copy_.get();
+  }
+  const void* get() const { return ptr_; }
+
+ private:
+  Workspace copy_;
+  const void* ptr_;
+};
+
+// Where a convolution in `m` writes a float32 result: the tensor itself, or a bf16 / fp16 buffer that
+// finish() widens into it.
+class ConvOutput {
+ public:
+  ConvOutput(KernelContext& kc, Stream& s, const ConvMath& m, float* y, int64_t n)
+      : narrow_(kc.allocator, s, m.half() ? static_cast<size_t>(n) * 2 : 0), s_(s), type_(m.data), y_(y), n_(n) {}
+  void* get() const { return narrow_.get() ? narrow_.get() : y_; }
+  void finish() {
+    if (narrow_.get()) widen(narrow_.get(), y_, n_, type_, s_.get());
+  }
+
+ private:
+  Workspace narrow_;
+  Stream& s_;
+  cudnnDataType_t type_;
+  float* y_;
+  int64_t n_;
+};
+
 // --- the kernels -------------------------------------------------------------------------------------------
 
 // Blocked layouts are the CPU's (layers.cpp refuses them for a CUDA device); read as NCHW they would be
@@ -563,23 +672,21 @@ class CudaNnKernels final : public NnKernels {
       GN_CUDA_CHECK_LAUNCH();
     }
     // Row-major y[n,out] is column-major y^T[out,n] = W x^T, with W read column-major as W^T (hence OP_T).
-    const float one = 1.0f, zero = 0.0f;
-    GN_CUBLAS_CHECK(cublasSgemm(s.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, to_int(out, "features"),
-                                to_int(n, "batch"), to_int(in, "features"), &one, w, to_int(in, "features"),
-                                x, to_int(in, "features"), b ? &one : &zero, y, to_int(out, "features")));
+    const int ii = to_int(in, "features");
+    cuda::gemm_f32(s.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, to_int(out, "features"), to_int(n, "batch"), ii, 1.0f, w,
+                   ii, x, ii, b ? 1.0f : 0.0f, y, to_int(out, "features"), kc.precision);
   }
 
   void linear_backward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* dy,
                        float* dx, float* dw, float* db, KernelContext& kc) override {
     Stream s(kc);
-    const float one = 1.0f, zero = 0.0f;
     const int ni = to_int(n, "batch"), ii = to_int(in, "features"), oi = to_int(out, "features");
     if (dx)  // dx^T[in,n] = W^T[in,out] dy^T[out,n]
-      GN_CUBLAS_CHECK(
-          cublasSgemm(s.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, ii, ni, oi, &one, w, ii, dy, oi, &zero, dx, ii));
+      cuda::gemm_f32(s.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, ii, ni, oi, 1.0f, w, ii, dy, oi, 0.0f, dx, ii,
+                     kc.precision);
     // dW^T[in,out] = x^T[in,n] dy[n,out]
-    GN_CUBLAS_CHECK(
-        cublasSgemm(s.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, ii, oi, ni, &one, x, ii, dy, oi, &zero, dw, ii));
+    cuda::gemm_f32(s.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, ii, oi, ni, 1.0f, x, ii, dy, oi, 0.0f, dw, ii,
+                   kc.precision);
     if (!db) return;
     column_sum_kernel<<<blocks_for(out), kThreads, 0, s.get()>>>(dy, db, n, out);
     GN_CUDA_CHECK_LAUNCH();
@@ -589,11 +696,13 @@ class CudaNnKernels final : public NnKernels {
                       KernelContext& kc) override {
     need_nchw(std::max(sh.in_block, sh.out_block), "convolution");
     Stream s(kc);
-    const bool tf32 = cudnn_allow_tf32();
-    TensorDesc xd(sh.n, sh.c, sh.h, sh.w), yd(sh.n, sh.k, sh.oh, sh.ow), bd(1, sh.k, 1, 1);
-    FilterDesc wd(sh.k, sh.c / sh.groups, sh.r, sh.s);
-    ConvDesc cd(sh.pad, sh.stride, sh.groups, tf32);
-    const AlgoKey key = algo_key(s.device(), Pass::Forward, sh, tf32);
+    const ConvMath m(kc.precision);
+    TensorDesc xd(sh.n, sh.c, sh.h, sh.w, m.data), yd(sh.n, sh.k, sh.oh, sh.ow, m.data);
+    FilterDesc wd(sh.k, sh.c / sh.groups, sh.r, sh.s, m.data);
+    ConvDesc cd(sh.pad, sh.stride, sh.groups, m);
+    ConvInput hx(kc, s, m, x, sh.n * sh.c * sh.h * sh.w), hw(kc, s, m, w, sh.k * sh.c / sh.groups * sh.r * sh.s);
+    ConvOutput hy(kc, s, m, y, sh.n * sh.k * sh.oh * sh.ow);
+    const AlgoKey key = algo_key(s.device(), Pass::Forward, sh, m.precision);
     Algo algo;
     if (!cached_algo(key, algo)) {
       size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_FWD_ALGO_COUNT, [&](int a, size_t* out) {
@@ -603,63 +712,77 @@ class CudaNnKernels final : public NnKernels {
       void* ws = find_alloc(kc.allocator, bytes);
       cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
       int count = 0;
-      const cudnnStatus_t st =
-          cudnnFindConvolutionForwardAlgorithmEx(s.cudnn(), xd.d, x, wd.d, w, cd.d, yd.d, y,
-                                                 CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf, ws, bytes);
+      const cudnnStatus_t st = cudnnFindConvolutionForwardAlgorithmEx(
+          s.cudnn(), xd.d, hx.get(), wd.d, hw.get(), cd.d, yd.d, hy.get(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+          &count, perf, ws, bytes);
       (void)cudaStreamSynchronize(s.get());
       if (ws) kc.allocator.deallocate(ws);
       GN_CUDNN_CHECK(st);
       algo = pick(perf, count, bytes, "forward convolution");
       store_algo(key, algo);
     }
-    if (tf32) GN_CUDNN_CHECK(cudnnSetConvolutionMathType(cd.d, algo.math));
+    set_algo_math(cd, m, algo);
     Workspace ws(kc.allocator, s, algo.workspace);
     const float one = 1.0f, zero = 0.0f;
-    GN_CUDNN_CHECK(cudnnConvolutionForward(s.cudnn(), &one, xd.d, x, wd.d, w, cd.d,
+    GN_CUDNN_CHECK(cudnnConvolutionForward(s.cudnn(), &one, xd.d, hx.get(), wd.d, hw.get(), cd.d,
                                            static_cast<cudnnConvolutionFwdAlgo_t>(algo.algo), ws.get(),
-                                           ws.size(), &zero, yd.d, y));
-    if (b) GN_CUDNN_CHECK(cudnnAddTensor(s.cudnn(), &one, bd.d, b, &one, yd.d, y));
+                                           ws.size(), &zero, yd.d, hy.get()));
+    hy.finish();
+    if (b) {
+      TensorDesc yfd(sh.n, sh.k, sh.oh, sh.ow), bd(1, sh.k, 1, 1);
+      GN_CUDNN_CHECK(cudnnAddTensor(s.cudnn(), &one, bd.d, b, &one, yfd.d, y));
+    }
   }
 
   void conv2d_backward(const ConvShape& sh, const float* x, const float* w, const float* dy, float* dx,
                        float* dw, float* db, KernelContext& kc) override {
     need_nchw(std::max(sh.in_block, sh.out_block), "convolution");
     Stream s(kc);
-    const bool tf32 = cudnn_allow_tf32();
-    TensorDesc xd(sh.n, sh.c, sh.h, sh.w), yd(sh.n, sh.k, sh.oh, sh.ow), bd(1, sh.k, 1, 1);
-    FilterDesc wd(sh.k, sh.c / sh.groups, sh.r, sh.s);
-    ConvDesc cd(sh.pad, sh.stride, sh.groups, tf32);
+    const ConvMath m(kc.precision);
+    TensorDesc xd(sh.n, sh.c, sh.h, sh.w, m.data), yd(sh.n, sh.k, sh.oh, sh.ow, m.data);
+    FilterDesc wd(sh.k, sh.c / sh.groups, sh.r, sh.s, m.data);
+    ConvDesc cd(sh.pad, sh.stride, sh.groups, m);
     const float one = 1.0f, zero = 0.0f;
-    if (db) GN_CUDNN_CHECK(cudnnConvolutionBackwardBias(s.cudnn(), &one, yd.d, dy, &zero, bd.d, db));
-
-    const AlgoKey fkey = algo_key(s.device(), Pass::BackwardFilter, sh, tf32);
-    Algo falgo;
-    if (!cached_algo(fkey, falgo)) {
-      size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, [&](int a, size_t* out) {
-        return cudnnGetConvolutionBackwardFilterWorkspaceSize(
-            s.cudnn(), xd.d, yd.d, cd.d, wd.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(a), out);
-      });
-      void* ws = find_alloc(kc.allocator, bytes);
-      cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-      int count = 0;
-      const cudnnStatus_t st = cudnnFindConvolutionBackwardFilterAlgorithmEx(
-          s.cudnn(), xd.d, x, yd.d, dy, cd.d, wd.d, dw, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf,
-          ws, bytes);
-      (void)cudaStreamSynchronize(s.get());
-      if (ws) kc.allocator.deallocate(ws);
-      GN_CUDNN_CHECK(st);
-      falgo = pick(perf, count, bytes, "backward-filter convolution");
-      store_algo(fkey, falgo);
+    if (db) {  // the bias gradient sums the float32 dy, in float32
+      TensorDesc yfd(sh.n, sh.k, sh.oh, sh.ow), bd(1, sh.k, 1, 1);
+      GN_CUDNN_CHECK(cudnnConvolutionBackwardBias(s.cudnn(), &one, yfd.d, dy, &zero, bd.d, db));
     }
+    const int64_t w_count = sh.k * sh.c / sh.groups * sh.r * sh.s, x_count = sh.n * sh.c * sh.h * sh.w;
+    ConvInput hdy(kc, s, m, dy, sh.n * sh.k * sh.oh * sh.ow);
+
+    const AlgoKey fkey = algo_key(s.device(), Pass::BackwardFilter, sh, m.precision);
     {
-      if (tf32) GN_CUDNN_CHECK(cudnnSetConvolutionMathType(cd.d, falgo.math));
+      ConvInput hx(kc, s, m, x, x_count);
+      ConvOutput hdw(kc, s, m, dw, w_count);
+      Algo falgo;
+      if (!cached_algo(fkey, falgo)) {
+        size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, [&](int a, size_t* out) {
+          return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+              s.cudnn(), xd.d, yd.d, cd.d, wd.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(a), out);
+        });
+        void* ws = find_alloc(kc.allocator, bytes);
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+        int count = 0;
+        const cudnnStatus_t st = cudnnFindConvolutionBackwardFilterAlgorithmEx(
+            s.cudnn(), xd.d, hx.get(), yd.d, hdy.get(), cd.d, wd.d, hdw.get(),
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf, ws, bytes);
+        (void)cudaStreamSynchronize(s.get());
+        if (ws) kc.allocator.deallocate(ws);
+        GN_CUDNN_CHECK(st);
+        falgo = pick(perf, count, bytes, "backward-filter convolution");
+        store_algo(fkey, falgo);
+      }
+      set_algo_math(cd, m, falgo);
       Workspace ws(kc.allocator, s, falgo.workspace);
-      GN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(s.cudnn(), &one, xd.d, x, yd.d, dy, cd.d,
+      GN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(s.cudnn(), &one, xd.d, hx.get(), yd.d, hdy.get(), cd.d,
                                                     static_cast<cudnnConvolutionBwdFilterAlgo_t>(falgo.algo),
-                                                    ws.get(), ws.size(), &zero, wd.d, dw));
+                                                    ws.get(), ws.size(), &zero, wd.d, hdw.get()));
+      hdw.finish();
     }
     if (!dx) return;
-    const AlgoKey dkey = algo_key(s.device(), Pass::BackwardData, sh, tf32);
+    ConvInput hw(kc, s, m, w, w_count);
+    ConvOutput hdx(kc, s, m, dx, x_count);
+    const AlgoKey dkey = algo_key(s.device(), Pass::BackwardData, sh, m.precision);
     Algo dalgo;
     if (!cached_algo(dkey, dalgo)) {
       size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, [&](int a, size_t* out) {
@@ -670,19 +793,20 @@ class CudaNnKernels final : public NnKernels {
       cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
       int count = 0;
       const cudnnStatus_t st = cudnnFindConvolutionBackwardDataAlgorithmEx(
-          s.cudnn(), wd.d, w, yd.d, dy, cd.d, xd.d, dx, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf,
-          ws, bytes);
+          s.cudnn(), wd.d, hw.get(), yd.d, hdy.get(), cd.d, xd.d, hdx.get(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+          &count, perf, ws, bytes);
       (void)cudaStreamSynchronize(s.get());
       if (ws) kc.allocator.deallocate(ws);
       GN_CUDNN_CHECK(st);
       dalgo = pick(perf, count, bytes, "backward-data convolution");
       store_algo(dkey, dalgo);
     }
-    if (tf32) GN_CUDNN_CHECK(cudnnSetConvolutionMathType(cd.d, dalgo.math));
+    set_algo_math(cd, m, dalgo);
     Workspace ws(kc.allocator, s, dalgo.workspace);
-    GN_CUDNN_CHECK(cudnnConvolutionBackwardData(s.cudnn(), &one, wd.d, w, yd.d, dy, cd.d,
+    GN_CUDNN_CHECK(cudnnConvolutionBackwardData(s.cudnn(), &one, wd.d, hw.get(), yd.d, hdy.get(), cd.d,
                                                 static_cast<cudnnConvolutionBwdDataAlgo_t>(dalgo.algo),
-                                                ws.get(), ws.size(), &zero, xd.d, dx));
+                                                ws.get(), ws.size(), &zero, xd.d, hdx.get()));
+    hdx.finish();
   }
 
   void batchnorm_forward(const BnShape& sh, const float* x, const float* gamma, const float* beta,
