@@ -402,6 +402,12 @@ class TrainNode final : public GpuNode {
                                  "the unscaled gradients exact."),
                     intParam("loss_scale_interval", 2000, 1, 1000000000,
                              "Good steps in a row after which the scale doubles (growth_interval)."),
+                    enumParam("capture", {"auto", "on", "off"}, "auto",
+                              "Capture one training step and replay it for the next ones (after two "
+                              "ordinary steps; batches of another size run step by step): a CUDA graph on "
+                              "a GPU, where small images make the step launch-bound; the recorded ops on a "
+                              "CPU. Only one device, without dropout or loss scaling; otherwise steps run "
+                              "one by one and a warning says why. auto: on CUDA devices. on: also on a CPU."),
                     intParam("seed", 0, 0, 9007199254740991.0,
                              "Added to the Dataset's shuffle_seed for this node's epoch order, so that two "
                              "Train nodes on one Dataset can see different orders (0: the Dataset's)."),
@@ -473,6 +479,7 @@ class TrainNode final : public GpuNode {
     o.clip_grad_norm = p["clip_grad_norm"].toDouble();
     o.label_smoothing = p["label_smoothing"].toDouble();
     o.precision = precisionOf(p);
+    o.capture = nn::parse_step_capture(p["capture"].toString("auto").toStdString()).value_or(nn::StepCapture::Auto);
     o.loss_scale.mode =
         nn::parse_loss_scale_mode(p["loss_scale"].toString("auto").toStdString()).value_or(nn::LossScaleMode::Auto);
     o.loss_scale.init = p["loss_scale_init"].toDouble(65536);
@@ -523,6 +530,9 @@ class TrainNode final : public GpuNode {
           ctx.progress(s.epoch / epochs);
         },
         [&](const std::string& warning) { ctx.warning(qs(warning)); });
+    // How the last steps ran: replaying the captured step, or step by step (and why).
+    ctx.reportField("capture", qs(trainer.capture_status()));
+    ctx.reportField("replayed_steps", static_cast<double>(trainer.replayed_steps()));
     if (!result.resumed_from.empty()) ctx.reportField("resumed_from", qs(result.resumed_from));
     if (!result.ranks.empty()) {
       QJsonArray ranks;

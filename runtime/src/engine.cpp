@@ -125,6 +125,10 @@ size_t Engine::max_queued() const {
 
 void Engine::push(OpFn fn, std::vector<VarPtr> reads, std::vector<VarPtr> writes, Device device,
                   StreamKind stream, OpInfo info) {
+  if (InlineOps* inline_ops = InlineOps::current()) {
+    inline_ops->run(std::move(fn), device, stream, info);
+    return;
+  }
   auto op = std::make_shared<OpNode>();
   op->fn = std::move(fn);
   op->reads = std::move(reads);
@@ -347,6 +351,35 @@ void Engine::reset_cancel() {
   std::lock_guard lock(mutex_);
   cancel_flag_.store(false);
   first_error_ = nullptr;
+}
+
+// --- InlineOps -------------------------------------------------------------------------------------------
+
+namespace {
+thread_local InlineOps* current_inline_ops = nullptr;
+}
+
+InlineOps::InlineOps(OpContext& ctx, std::function<void(OpFn)> record)
+    : ctx_(ctx), record_(std::move(record)), previous_(current_inline_ops) {
+  current_inline_ops = this;
+}
+
+InlineOps::~InlineOps() {
+  current_inline_ops = previous_;
+}
+
+InlineOps* InlineOps::current() {
+  return current_inline_ops;
+}
+
+void InlineOps::run(OpFn fn, Device device, StreamKind stream, const OpInfo& info) {
+  if (device != ctx_.device || stream != ctx_.stream)
+    throw CaptureError("a captured step runs on " + ctx_.device.str() + " (" + stream_name(ctx_.stream) +
+                       " stream) only, but its op '" + info.name + "' is for " + device.str() + " (" +
+                       stream_name(stream) + " stream)");
+  ctx_.check_cancelled();
+  fn(ctx_);
+  if (record_) record_(std::move(fn));
 }
 
 // --- StreamWorker ----------------------------------------------------------------------------------------

@@ -192,6 +192,14 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
 Tensor add(const Tensor& a, const Tensor& b) {
   return binary(BinaryOp::Add, a, b);
 }
+
+void add_into(const Tensor& y, const Tensor& x) {
+  check_same_device({&y, &x});
+  check_same_shape("add_into", y, x);
+  Backend* be = &y.runtime().backend(y.device());
+  push_compute(y, {x.var()}, {"add_into", "", 3 * y.bytes(), static_cast<double>(y.numel())},
+               [be, y, x](OpContext& c) { be->binary(BinaryOp::Add, y.data(), x.data(), y.data(), y.numel(), c); });
+}
 Tensor sub(const Tensor& a, const Tensor& b) {
   return binary(BinaryOp::Sub, a, b);
 }

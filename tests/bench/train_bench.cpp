@@ -78,22 +78,25 @@ HostBatchPtr random_batch(int64_t n, int64_t c, int64_t side, uint64_t seed) {
   return b;
 }
 
-// Seconds per training step of `arch` through the Trainer (forward, loss, backward, SGD): the best window of
-// `windows` windows of `steps` steps. Short windows and the best of them see past the other processes that
-// share a small machine; PyTorch is timed the same way.
 // A runtime whose cpu:0 has `threads` cores: the machine split into cores/threads CPU devices.
 RuntimeOptions with_threads(int threads) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return {.cpu_devices = std::max(1, cores / std::max(1, threads))};
 }
 
-double our_step_seconds(Arch arch, int64_t batch, int windows, int steps, int threads) {
+// Seconds per training step of `arch` through the Trainer (forward, loss, backward, SGD): the best window of
+// `windows` windows of `steps` steps. Short windows and the best of them see past the other processes that
+// share a small machine; PyTorch is timed the same way. With capture on, the steps after the warm-up replay
+// one captured step (its recorded ops as one engine op).
+double our_step_seconds(Arch arch, int64_t batch, int windows, int steps, int threads,
+                        StepCapture capture = StepCapture::Off) {
   Runtime rt(with_threads(threads));
   ModelOptions o;
   o.arch = arch;
   auto model = Model::create(rt, o, Device::cpu());
   TrainOptions to;
   to.batch_size = batch;
+  to.capture = capture;
   Trainer trainer(*model, {Device::cpu()}, to);
   HostBatchPtr b = random_batch(batch, 1, 28, 1);
   for (int i = 0; i < 5; ++i) trainer.step(b);
@@ -515,11 +518,15 @@ int main(int argc, char** argv) {
   // Two rounds, ours then PyTorch's, keeping the best of each: the other processes of a shared machine come
   // and go, and neither side should get only the busy moments.
   const int windows = 8, window_steps = std::max(2, steps / 4);
-  double mlp = 1e30, lenet = 1e30, resnet = 1e30;
+  double mlp = 1e30, lenet = 1e30, resnet = 1e30, mlp_captured = 1e30, lenet_captured = 1e30;
   std::vector<double> torch(3, -1);
   for (int round = 0; round < 2; ++round) {
     mlp = std::min(mlp, our_step_seconds(Arch::Mlp, 256, windows, window_steps, threads));
+    mlp_captured =
+        std::min(mlp_captured, our_step_seconds(Arch::Mlp, 256, windows, window_steps, threads, StepCapture::On));
     lenet = std::min(lenet, our_step_seconds(Arch::LeNet, 256, windows, window_steps, threads));
+    lenet_captured = std::min(
+        lenet_captured, our_step_seconds(Arch::LeNet, 256, windows, window_steps, threads, StepCapture::On));
     resnet = std::min(resnet, our_step_seconds(Arch::ResNet18, 32, 3, resnet_steps, threads));
     const auto t = torch_step_seconds(threads, windows, window_steps, resnet_steps);
     for (int i = 0; i < 3; ++i)
@@ -534,6 +541,11 @@ int main(int argc, char** argv) {
       ratio(ips(mlp, 256), ips(torch[0], 256)), ">= 2.0");
   row("LeNet training, images/s", cell(ips(lenet, 256), "%.0f"), cell(ips(torch[1], 256), "%.0f"),
       ratio(ips(lenet, 256), ips(torch[1], 256)), ">= 2.0");
+  // The same steps replaying a captured one (capture on): what the engine's per-op work costs them.
+  row("MLP, captured steps, images/s", cell(ips(mlp_captured, 256), "%.0f"), cell(ips(torch[0], 256), "%.0f"),
+      ratio(ips(mlp_captured, 256), ips(torch[0], 256)), "-");
+  row("LeNet, captured steps, images/s", cell(ips(lenet_captured, 256), "%.0f"),
+      cell(ips(torch[1], 256), "%.0f"), ratio(ips(lenet_captured, 256), ips(torch[1], 256)), "-");
   // For step time lower is better: the ratio is PyTorch's time over ours, so >= 1 means at least as fast.
   row("ResNet-18 step (batch 32), ms", cell(resnet * 1e3, "%.1f"), cell(torch[2] * 1e3, "%.1f"),
       ratio(torch[2], resnet), ">= 1.5");

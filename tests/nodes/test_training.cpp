@@ -287,6 +287,20 @@ class TrainingTest : public QObject {
     QCOMPARE(metrics["train.share/cpu:1"].toArray().size(), 2);
   }
 
+  void captured_steps_are_reported() {
+    GraphDocument doc;
+    syntheticTrainingGraph(doc, 1, 1, 32);
+    doc.setParam("train", "capture", "on");
+    RunResult r = runGraph(doc);
+    QVERIFY2(r.failures().isEmpty(), qPrintable(r.failures().join("\n")));
+    const QJsonObject train = r.node("train");
+    QVERIFY2(train["capture"].toString().startsWith("replayed ") &&
+                 train["capture"].toString().endsWith(" recorded ops"),
+             qPrintable(train["capture"].toString()));
+    QVERIFY(train["replayed_steps"].toDouble() > 0);
+    QVERIFY2(train["test_acc"].toDouble() > 0.5, qPrintable(QString::number(train["test_acc"].toDouble())));
+  }
+
   void loss_scaling_reports_its_scale() {
     GraphDocument doc;
     syntheticTrainingGraph(doc, 1, 1, 64);

@@ -72,6 +72,40 @@ class EngineTest : public QObject {
     QCOMPARE(log, (std::vector<int>{1, 2}));
   }
 
+  // Inside an op, InlineOps runs the ops this thread pushes at once, in order, and hands them to the
+  // recorder; an op for another stream is refused before it runs. The CPU's capture replays the record.
+  void inline_ops_run_at_once_and_are_recorded() {
+    Runtime rt;
+    std::vector<int> log;
+    std::vector<OpFn> recorded;
+    std::string refused;
+    VarPtr done = new_var();
+    rt.engine().push(
+        [&](OpContext& ctx) {
+          InlineOps scope(ctx, [&](OpFn op) { recorded.push_back(std::move(op)); });
+          for (int i = 1; i <= 3; ++i) {
+            rt.engine().push([&log, i](OpContext&) { log.push_back(i); }, {}, {}, Device::cpu(),
+                             StreamKind::Compute, {"inline"});
+            log.push_back(10 * i);  // the op ran before push returned
+          }
+          try {
+            rt.engine().push([&log](OpContext&) { log.push_back(-1); }, {}, {}, Device::cpu(), StreamKind::Copy,
+                             {"a copy"});
+          } catch (const CaptureError& e) {
+            refused = e.what();
+          }
+        },
+        {}, {done}, Device::cpu(), StreamKind::Compute, {"outer"});
+    rt.engine().wait(done);
+    QCOMPARE(log, (std::vector<int>{1, 10, 2, 20, 3, 30}));
+    QVERIFY2(QString::fromStdString(refused).contains("'a copy' is for cpu (copy stream)"), refused.c_str());
+    QCOMPARE(recorded.size(), size_t(3));
+    QVERIFY(InlineOps::current() == nullptr);  // only inside the op's scope
+    OpContext ctx{Device::cpu()};
+    for (OpFn& op : recorded) op(ctx);
+    QCOMPARE(log, (std::vector<int>{1, 10, 2, 20, 3, 30, 1, 2, 3}));
+  }
+
   void write_after_read_waits_for_readers() {
     Runtime rt;
     std::vector<int> log;

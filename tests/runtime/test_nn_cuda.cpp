@@ -44,6 +44,39 @@ void expect_matches_cpu(const Tensor& cpu, const Tensor& gpu, double tol, const 
   QVERIFY2(diff < tol, qPrintable(QString("%1: CUDA differs from the CPU by %2").arg(what).arg(diff)));
 }
 
+// Layouts, with plain index loops on the host: NCHW [n, c, h, w] values <-> NHWC [n, h, w, c] values.
+std::vector<float> nchw_to_nhwc(const std::vector<float>& v, const Shape& s) {
+  const int64_t n = s[0], c = s[1], hw = s[2] * s[3];
+  std::vector<float> out(v.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t p = 0; p < hw; ++p) out[(i * hw + p) * c + ch] = v[(i * c + ch) * hw + p];
+  return out;
+}
+std::vector<float> nhwc_to_nchw(const std::vector<float>& v, const Shape& s) {
+  const int64_t n = s[0], c = s[1], hw = s[2] * s[3];
+  std::vector<float> out(v.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t p = 0; p < hw; ++p) out[(i * c + ch) * hw + p] = v[(i * hw + p) * c + ch];
+  return out;
+}
+
+// A CPU tensor's values on `device` in `layout` (Blocked: NHWC, the layout of a CUDA device); the shape
+// stays [N, C, H, W].
+Tensor in_layout(const Tensor& cpu, Device device, Layout layout) {
+  const std::vector<float> v = to_host(cpu);
+  return from_values(cpu.runtime(), cpu.shape(), device,
+                     layout == Layout::Blocked ? nchw_to_nhwc(v, cpu.shape()) : v);
+}
+
+// A tensor in `layout` (Blocked: NHWC) as an NCHW tensor on the CPU.
+Tensor as_nchw(const Tensor& t, Layout layout) {
+  const std::vector<float> v = to_host(t);
+  return from_values(t.runtime(), t.shape(), Device::cpu(),
+                     layout == Layout::Blocked ? nhwc_to_nchw(v, t.shape()) : v);
+}
+
 }  // namespace
 
 class NnCudaTest : public QObject {
@@ -75,8 +108,11 @@ class NnCudaTest : public QObject {
     QTest::newRow("lenet") << static_cast<int>(Arch::LeNet);
     QTest::newRow("resnet18") << static_cast<int>(Arch::ResNet18);
   }
+  // ResNet-18 keeps its activations in each device's blocked layout: nChw8c / nChw16c on the CPU, NHWC on
+  // CUDA (cuDNN's channels-last tensor-core path), so this compares the two layouts end to end.
   void forward_and_backward_match_the_cpu() {
     QFETCH(int, arch);
+    QVERIFY(has_blocked_layout(gpu_));
     auto c = Model::create(*rt_, modelOptions(static_cast<Arch>(arch), 7), Device::cpu());
     auto g = Model::create(*rt_, modelOptions(static_cast<Arch>(arch), 7), gpu_);
     Tensor xc = uniform(*rt_, {8, 1, 28, 28}, Device::cpu(), 3);
@@ -151,7 +187,13 @@ class NnCudaTest : public QObject {
     const LinearGrads lg32 = linear_backward(x, w, dy);
     const Tensor c32 = conv2d(img, k, Tensor(), co);
     const Conv2dGrads cg32 = conv2d_backward(img, k, dimg, co, true, false);
+    // The same convolution with NHWC activations on the GPU: the filters are reordered to KRSC around the
+    // rounding to bf16 / fp16, and dw back.
+    const Layout nhwc = Layout::Blocked;
+    const Conv2dOptions cn{.padding = 1, .input_layout = nhwc, .output_layout = nhwc};
+    const Tensor img_n = in_layout(img, gpu_, nhwc), dimg_n = in_layout(dimg, gpu_, nhwc);
     ScopedPrecision scope(p);
+    const Conv2dGrads cgn = conv2d_backward(img_n, on(k), dimg_n, cn, true, false);
     const std::vector<std::pair<const char*, std::pair<Tensor, Tensor>>> pairs{
         {"linear y", {y32, linear(on(x), on(w), on(b))}},
         {"linear dx", {lg32.dx, linear_backward(on(x), on(w), on(dy)).dx}},
@@ -159,6 +201,9 @@ class NnCudaTest : public QObject {
         {"conv2d y", {c32, conv2d(on(img), on(k), Tensor(), co)}},
         {"conv2d dx", {cg32.dx, conv2d_backward(on(img), on(k), on(dimg), co, true, false).dx}},
         {"conv2d dw", {cg32.dw, conv2d_backward(on(img), on(k), on(dimg), co, true, false).dw}},
+        {"conv2d y (NHWC)", {c32, as_nchw(conv2d(img_n, on(k), Tensor(), cn), nhwc)}},
+        {"conv2d dx (NHWC)", {cg32.dx, as_nchw(cgn.dx, nhwc)}},
+        {"conv2d dw (NHWC)", {cg32.dw, cgn.dw}},
     };
     for (const auto& [what, pair] : pairs) {
       const auto want = to_host(pair.first), got = to_host(pair.second);
@@ -170,6 +215,36 @@ class NnCudaTest : public QObject {
       QVERIFY2(worst >= floor * scale,
                qPrintable(QString("%1 in %2 is as exact as fp32: was the precision used?").arg(what, precision_name(p))));
     }
+  }
+
+  // ResNet-18 with its steps captured as a CUDA graph (the default on a GPU) against the same steps one op at
+  // a time: the graph replays the same kernels, so the parameters agree to rounding (cuDNN may pick other
+  // algorithms for other workspaces), and the status names the graph.
+  void captured_resnet_steps_match_step_by_step() {
+    auto a = Model::create(*rt_, modelOptions(Arch::ResNet18, 3), gpu_);
+    auto b = Model::create(*rt_, modelOptions(Arch::ResNet18, 3), gpu_);
+    TrainOptions o;
+    o.batch_size = 32;
+    o.optimizer = {.kind = OptimizerKind::Sgd, .lr = 0.05, .momentum = 0.9};
+    o.capture = StepCapture::Off;
+    Trainer stepwise(*a, {gpu_}, o);
+    o.capture = StepCapture::Auto;
+    Trainer captured(*b, {gpu_}, o);
+    DataLoader loader(synthetic(32 * 6), {.batch_size = 32, .pinned = true});
+    loader.start_epoch(0);
+    while (auto batch = loader.next()) {
+      stepwise.step(batch);
+      captured.step(batch);
+    }
+    stepwise.synchronize();
+    captured.synchronize();
+    qInfo("%s, %lld replayed steps", captured.capture_status().c_str(),
+          static_cast<long long>(captured.replayed_steps()));
+    QVERIFY2(captured.capture_status().rfind("replaying a CUDA graph", 0) == 0, captured.capture_status().c_str());
+    QCOMPARE(captured.replayed_steps(), int64_t(4));
+    const double diff = max_rel_diff(*a, *b);
+    qInfo("largest relative parameter difference %.3g", diff);
+    QVERIFY(diff < 1e-3);
   }
 
   // --- the layer ops one by one, on the GPU against the CPU ------------------------------------------------
@@ -212,6 +287,142 @@ class NnCudaTest : public QObject {
     expect_matches_cpu(gc.dw, gg.dw, 1e-3, "conv2d dw");
     QCOMPARE(gg.db.defined(), bias);
     if (bias) expect_matches_cpu(gc.db, gg.db, 1e-3, "conv2d db");
+  }
+
+  // --- channels-last (NHWC): Layout::Blocked on CUDA, against the CPU in NCHW --------------------------------
+
+  void blocked_layout_on_cuda_is_nhwc() {
+    QVERIFY(has_blocked_layout(gpu_));
+    for (int64_t c : {1, 3, 64, 100}) QCOMPARE(layout_block(Layout::Blocked, gpu_, c), c);
+    QCOMPARE(layout_block(Layout::Nchw, gpu_, 64), int64_t{1});
+  }
+
+  void conv2d_nhwc_matches_the_cpu_data() {
+    QTest::addColumn<int>("c");
+    QTest::addColumn<int>("k");
+    QTest::addColumn<int>("r");
+    QTest::addColumn<int>("stride");
+    QTest::addColumn<int>("pad");
+    QTest::addColumn<int>("groups");
+    QTest::addColumn<bool>("bias");
+    QTest::addColumn<bool>("in_nhwc");
+    QTest::addColumn<bool>("out_nhwc");
+    QTest::newRow("3x3 pad 1") << 16 << 32 << 3 << 1 << 1 << 1 << true << true << true;
+    QTest::newRow("3x3 stride 2 pad 1") << 8 << 12 << 3 << 2 << 1 << 1 << true << true << true;
+    QTest::newRow("1x1 stride 2 (projection)") << 16 << 32 << 1 << 2 << 0 << 1 << true << true << true;
+    QTest::newRow("5x5 pad 2, 3 channels, no bias") << 3 << 5 << 5 << 1 << 2 << 1 << false << true << true;
+    QTest::newRow("stem: 1 channel NCHW in") << 1 << 16 << 3 << 1 << 1 << 1 << true << false << true;
+    QTest::newRow("NCHW in, NHWC out") << 4 << 8 << 3 << 1 << 1 << 1 << true << false << true;
+    QTest::newRow("NHWC in, NCHW out, stride 2") << 8 << 4 << 3 << 2 << 1 << 1 << true << true << false;
+    QTest::newRow("groups 2 (runs NCHW inside)") << 8 << 8 << 3 << 1 << 1 << 2 << true << true << true;
+  }
+  void conv2d_nhwc_matches_the_cpu() {
+    QFETCH(int, c);
+    QFETCH(int, k);
+    QFETCH(int, r);
+    QFETCH(int, stride);
+    QFETCH(int, pad);
+    QFETCH(int, groups);
+    QFETCH(bool, bias);
+    QFETCH(bool, in_nhwc);
+    QFETCH(bool, out_nhwc);
+    const Device cpu = Device::cpu();
+    const Layout in = in_nhwc ? Layout::Blocked : Layout::Nchw, out = out_nhwc ? Layout::Blocked : Layout::Nchw;
+    Tensor x = uniform(*rt_, {4, c, 11, 11}, cpu, 1, -1, 1);
+    Tensor w = uniform(*rt_, {k, c / groups, r, r}, cpu, 2, -0.5, 0.5);
+    Tensor b = bias ? uniform(*rt_, {k}, cpu, 3, -1, 1) : Tensor();
+    const Conv2dOptions oc{stride, pad, groups};
+    const Conv2dOptions og{stride, pad, groups, in, out};
+    Tensor yc = conv2d(x, w, b, oc);
+    Tensor xg = in_layout(x, gpu_, in), wg = copy(w, gpu_);
+    Tensor yg = conv2d(xg, wg, bias ? copy(b, gpu_) : Tensor(), og);
+    QCOMPARE(yg.device(), gpu_);
+    QCOMPARE(yg.shape(), yc.shape());
+    expect_matches_cpu(yc, as_nchw(yg, out), 1e-4, "NHWC conv2d forward");
+    Tensor dy = uniform(*rt_, yc.shape(), cpu, 4, -1, 1);
+    Conv2dGrads gc = conv2d_backward(x, w, dy, oc, true, bias);
+    Conv2dGrads gg = conv2d_backward(xg, wg, in_layout(dy, gpu_, out), og, true, bias);
+    expect_matches_cpu(gc.dx, as_nchw(gg.dx, in), 1e-3, "NHWC conv2d dx");
+    expect_matches_cpu(gc.dw, gg.dw, 1e-3, "NHWC conv2d dw (KCRS)");
+    QCOMPARE(gg.db.defined(), bias);
+    if (bias) expect_matches_cpu(gc.db, gg.db, 1e-3, "NHWC conv2d db");
+    // Without dx, the weight gradient is the same.
+    Conv2dGrads g2 = conv2d_backward(xg, wg, in_layout(dy, gpu_, out), og, false, bias);
+    QVERIFY(!g2.dx.defined());
+    expect_matches_cpu(gc.dw, g2.dw, 1e-3, "NHWC conv2d dw without dx");
+  }
+
+  void batchnorm_nhwc_matches_the_cpu_data() {
+    QTest::addColumn<bool>("relu");
+    QTest::addColumn<bool>("residual");
+    QTest::newRow("plain") << false << false;
+    QTest::newRow("relu") << true << false;
+    QTest::newRow("residual and relu (a residual block's bn2)") << true << true;
+  }
+  void batchnorm_nhwc_matches_the_cpu() {
+    QFETCH(bool, relu);
+    QFETCH(bool, residual);
+    const Device cpu = Device::cpu();
+    const Layout nhwc = Layout::Blocked;
+    const int64_t c = 24;
+    const Shape shape{4, c, 5, 6};
+    Tensor x = uniform(*rt_, shape, cpu, 10, -2, 3), dy = uniform(*rt_, shape, cpu, 11, -1, 1);
+    Tensor res = residual ? uniform(*rt_, shape, cpu, 14, -1, 1) : Tensor();
+    Tensor gamma = uniform(*rt_, {c}, cpu, 12, 0.5, 1.5), beta = uniform(*rt_, {c}, cpu, 13, -1, 1);
+    Tensor rmc = zeros(*rt_, {c}, cpu), rvc = ones(*rt_, {c}, cpu);
+    Tensor rmg = zeros(*rt_, {c}, gpu_), rvg = ones(*rt_, {c}, gpu_);
+    Tensor xg = in_layout(x, gpu_, nhwc), gg = copy(gamma, gpu_), bg = copy(beta, gpu_);
+    Tensor resg = residual ? in_layout(res, gpu_, nhwc) : Tensor();
+    const BatchNormOptions oc{.relu = relu};
+    const BatchNormOptions og{.layout = nhwc, .relu = relu};
+    BatchNormResult rc = batchnorm2d(x, gamma, beta, rmc, rvc, oc, res);
+    BatchNormResult rg = batchnorm2d(xg, gg, bg, rmg, rvg, og, resg);
+    expect_matches_cpu(rc.y, as_nchw(rg.y, nhwc), 1e-4, "NHWC batchnorm forward");
+    expect_matches_cpu(rmc, rmg, 1e-5, "NHWC running_mean");
+    expect_matches_cpu(rvc, rvg, 1e-5, "NHWC running_var (unbiased)");
+    expect_matches_cpu(rc.save_mean, rg.save_mean, 1e-5, "NHWC saved mean");
+    expect_matches_cpu(rc.save_invstd, rg.save_invstd, 1e-4, "NHWC saved inverse deviation");
+    BatchNormGrads gc = batchnorm2d_backward(x, dy, gamma, rc.save_mean, rc.save_invstd, oc, rc.y, residual);
+    BatchNormGrads gpu = batchnorm2d_backward(xg, in_layout(dy, gpu_, nhwc), gg, rg.save_mean, rg.save_invstd,
+                                              og, rg.y, residual);
+    expect_matches_cpu(gc.dx, as_nchw(gpu.dx, nhwc), 1e-3, "NHWC batchnorm dx");
+    expect_matches_cpu(gc.dgamma, gpu.dgamma, 1e-3, "NHWC batchnorm dgamma");
+    expect_matches_cpu(gc.dbeta, gpu.dbeta, 1e-4, "NHWC batchnorm dbeta");
+    QCOMPARE(gpu.dresidual.defined(), residual);
+    if (residual) expect_matches_cpu(gc.dresidual, as_nchw(gpu.dresidual, nhwc), 1e-5, "NHWC dresidual");
+    BatchNormOptions ec = oc, eg = og;
+    ec.training = eg.training = false;
+    expect_matches_cpu(batchnorm2d(x, gamma, beta, rmc, rvc, ec, res).y,
+                       as_nchw(batchnorm2d(xg, gg, bg, rmg, rvg, eg, resg).y, nhwc), 1e-4,
+                       "NHWC batchnorm eval");
+  }
+
+  void global_avg_pool_nhwc_matches_the_cpu_data() {
+    QTest::addColumn<int>("n");
+    QTest::addColumn<int>("c");
+    QTest::addColumn<int>("h");
+    QTest::addColumn<int>("w");
+    QTest::newRow("ResNet-18's last stage") << 8 << 512 << 4 << 4;
+    QTest::newRow("odd sizes") << 3 << 37 << 5 << 7;
+    QTest::newRow("one pixel") << 2 << 9 << 1 << 1;
+    QTest::newRow("one channel") << 5 << 1 << 6 << 6;
+  }
+  void global_avg_pool_nhwc_matches_the_cpu() {
+    QFETCH(int, n);
+    QFETCH(int, c);
+    QFETCH(int, h);
+    QFETCH(int, w);
+    const Device cpu = Device::cpu();
+    const Layout nhwc = Layout::Blocked;
+    Tensor x = uniform(*rt_, {n, c, h, w}, cpu, 20, -1, 2);
+    Tensor yc = global_avg_pool(x), yg = global_avg_pool(in_layout(x, gpu_, nhwc), nhwc);
+    QCOMPARE(yg.shape(), (Shape{n, c, 1, 1}));
+    expect_matches_cpu(yc, yg, 1e-5, "NHWC global average pool (the output is NCHW)");
+    Tensor dy = uniform(*rt_, yc.shape(), cpu, 21, -1, 1);
+    Tensor dxc = global_avg_pool_backward(dy, x.shape());
+    Tensor dxg = global_avg_pool_backward(copy(dy, gpu_), x.shape(), nhwc);
+    QCOMPARE(dxg.shape(), x.shape());
+    expect_matches_cpu(dxc, as_nchw(dxg, nhwc), 1e-6, "NHWC global average pool backward");
   }
 
   void linear_without_bias_matches_the_cpu() {

@@ -10,7 +10,9 @@
 #include <random>
 
 #include "gpunodes/errors.h"
+#include "gpunodes/nn/data.h"
 #include "gpunodes/nn/layers.h"
+#include "gpunodes/nn/network.h"
 #include "gpunodes/nn/optim.h"
 #include "gpunodes/nn/trainer.h"
 #include "gpunodes/ops.h"
@@ -570,6 +572,119 @@ class NnOptimTest : public QObject {
       QVERIFY2(std::abs(loss - fp32_loss) < 0.05 * fp32_loss, precision_name(p));
       QVERIFY(t.optimizer_steps() + t.skipped_steps() == 16);
     }
+  }
+
+  // A captured step replays exactly what the step-by-step run does: same parameters, running statistics,
+  // losses and counters, bit for bit, with a schedule (the rate differs every step), Adam and clipping; the
+  // short last batch of each epoch, which the captured step does not fit, runs step by step.
+  void captured_steps_replay_bit_exact() {
+    ModelOptions net;
+    net.arch = Arch::Network;
+    net.network = std::make_shared<const NetworkSpec>(NetworkSpec::parse(
+        "network x:Input(shape=1x28x28); c:Conv2d(out_channels=4,kernel_size=3,padding=1)<-x; "
+        "bn:BatchNorm2d()<-c; r:ReLU()<-bn; p:MaxPool2d(kernel_size=2)<-r; f:Flatten()<-p; "
+        "fc:Linear(out_features=10)<-f"));
+    net.seed = 9;
+    const DatasetPtr data = make_synthetic({.count = 600});  // 9 batches of 64 and one of 24 per epoch
+    TrainOptions o;
+    o.epochs = 2;
+    o.batch_size = 64;
+    o.log_every = 3;
+    o.optimizer = {.kind = OptimizerKind::Adam, .lr = 3e-3};
+    o.schedule = {.kind = ScheduleKind::Cosine, .warmup_epochs = 1};
+    o.clip_grad_norm = 1.0;
+    auto stepwise = Model::create(*rt_, net, device_), captured = Model::create(*rt_, net, device_);
+    o.capture = StepCapture::Off;
+    Trainer ts(*stepwise, {device_}, o);
+    o.capture = StepCapture::On;
+    Trainer tc(*captured, {device_}, o);
+    std::vector<std::string> warnings;
+    const TrainResult rs = ts.fit(data, make_synthetic({.count = 128, .seed = 1}));
+    std::string status;
+    const TrainResult rc = tc.fit(data, make_synthetic({.count = 128, .seed = 1}), [&](const MetricSample& m) {
+      if (m.series == "loss" && status.empty()) status = tc.capture_status();
+    }, [&](const std::string& w) { warnings.push_back(w); });
+    qInfo("%s; %lld of 20 steps from the capture", status.c_str(), static_cast<long long>(tc.replayed_steps()));
+    QVERIFY(warnings.empty());
+    QVERIFY2(QString::fromStdString(status).startsWith(device_.is_cuda() ? "replaying a CUDA graph" : "replaying"),
+             status.c_str());
+    QCOMPARE(tc.replayed_steps(), int64_t(16));  // 7 of epoch 1 (after 2 ordinary ones), 9 of epoch 2
+    QCOMPARE(ts.replayed_steps(), int64_t(0));
+    QCOMPARE(tc.optimizer_steps(), ts.optimizer_steps());
+    QCOMPARE(captured->batches_tracked(), stepwise->batches_tracked());
+    // fit() released it at its end: "replaying 16 recorded ops" became "replayed 16 recorded ops".
+    QCOMPARE(tc.capture_status(), "replayed " + status.substr(std::string("replaying ").size()));
+    for (size_t e = 0; e < rs.epochs.size(); ++e) {
+      QCOMPARE(rc.epochs[e].train_loss, rs.epochs[e].train_loss);
+      QCOMPARE(rc.epochs[e].test_acc, rs.epochs[e].test_acc);
+    }
+    const auto a = stepwise->state(), b = captured->state();
+    for (size_t i = 0; i < a.size(); ++i)
+      QVERIFY2(to_host(a[i]->value) == to_host(b[i]->value), a[i]->name.c_str());
+  }
+
+  // Where a step cannot be captured, training goes on step by step and says why, once.
+  void capture_refusals_say_why() {
+    Runtime rt({.cpu_devices = 2});
+    const DatasetPtr data = make_synthetic({.count = 64 * 4});
+    TrainOptions o;
+    o.epochs = 1;
+    o.batch_size = 64;
+    o.log_every = 0;
+    o.capture = StepCapture::On;
+    auto check = [&](const ModelOptions& mo, std::vector<Device> devices, const TrainOptions& opts, const char* why) {
+      auto m = Model::create(rt, mo, devices.front());
+      Trainer t(*m, devices, opts);
+      std::vector<std::string> warnings;
+      t.fit(data, nullptr, {}, [&](const std::string& w) { warnings.push_back(w); });
+      QCOMPARE(warnings.size(), size_t(1));
+      QVERIFY2(QString::fromStdString(warnings[0]).contains(why), warnings[0].c_str());
+      QVERIFY2(QString::fromStdString(t.capture_status()).contains(why), t.capture_status().c_str());
+      QCOMPARE(t.replayed_steps(), int64_t(0));
+      QCOMPARE(t.optimizer_steps(), int64_t(4));
+    };
+    check(modelOptions(Arch::Mlp), {Device::cpu(0), Device::cpu(1)}, o, "this run trains on 2");
+    ModelOptions dropout;
+    dropout.arch = Arch::Network;
+    dropout.network = std::make_shared<const NetworkSpec>(NetworkSpec::parse(
+        "network x:Input(shape=1x28x28); f:Flatten()<-x; d:Dropout(p=0.5)<-f; fc:Linear(out_features=10)<-d"));
+    check(dropout, {Device::cpu()}, o, "dropout draws a new mask");
+    TrainOptions scaled = o;
+    scaled.loss_scale.mode = LossScaleMode::Dynamic;
+    check(modelOptions(Arch::Mlp), {Device::cpu()}, scaled, "loss scaling");
+    // Auto captures on CUDA devices only; off never: neither says anything.
+    TrainOptions automatic = o;
+    automatic.capture = StepCapture::Auto;
+    auto m = Model::create(rt, modelOptions(Arch::Mlp), Device::cpu());
+    Trainer t(*m, {Device::cpu()}, automatic);
+    std::vector<std::string> warnings;
+    t.fit(data, nullptr, {}, [&](const std::string& w) { warnings.push_back(w); });
+    QVERIFY(warnings.empty());
+    QCOMPARE(t.replayed_steps(), int64_t(0));
+  }
+
+  // A replay checks its labels on the host (a GPU graph's loss cannot report them).
+  void a_replayed_step_refuses_a_bad_label() {
+    auto m = Model::create(*rt_, modelOptions(Arch::Mlp, 2), device_);
+    TrainOptions o;
+    o.batch_size = 8;
+    o.capture = StepCapture::On;
+    Trainer t(*m, {device_}, o);
+    std::vector<float> images(8 * 28 * 28, 0.5f), labels{0, 1, 2, 3, 4, 5, 6, 7};
+    auto batch = [&] {
+      auto b = std::make_shared<HostBatch>();
+      b->size = 8, b->channels = 1, b->height = 28, b->width = 28;
+      b->images = images.data();
+      b->labels = labels.data();
+      return HostBatchPtr(b);
+    };
+    for (int i = 0; i < 4; ++i) t.step(batch());  // two ordinary steps, the capture, a replay
+    t.synchronize();
+    QCOMPARE(t.replayed_steps(), int64_t(2));
+    labels[5] = 10;
+    expect_error([&] { t.step(batch()); }, {"label at row 5", "[0, 10)"});
+    labels[5] = 2.5f;
+    expect_error([&] { t.step(batch()); }, {"label at row 5"});
   }
 
   void trainer_refuses_bad_options() {

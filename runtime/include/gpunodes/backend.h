@@ -4,6 +4,7 @@
 // flight on the GPU but will be complete before any dependent op starts.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +36,18 @@ struct CopyEnd {
   Device device;
 };
 
+// Work recorded once and replayed: a training step as a CUDA graph on a GPU (one launch instead of one per
+// kernel), or as its recorded op bodies on a CPU (one engine op instead of one per layer). A replay works on
+// the memory the captured step used: the caller keeps every tensor the step reads and writes alive, and
+// feeds a new step by writing its inputs into the same tensors.
+class CapturedWork {
+ public:
+  virtual ~CapturedWork() = default;
+  // Inside an op on the captured device's compute stream.
+  virtual void replay(OpContext& ctx) = 0;
+  virtual std::string describe() const = 0;  // "a CUDA graph of 412 nodes", "57 recorded ops"
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -49,11 +62,17 @@ class Backend {
                       OpContext& ctx) = 0;
   virtual void arange(float* y, int64_t n, float start, float step, OpContext& ctx) = 0;
   virtual void gemm(const GemmArgs& args, OpContext& ctx) = 0;
+  // y may be a (in place).
   virtual void binary(BinaryOp op, const float* a, const float* b, float* y, int64_t n, OpContext& ctx) = 0;
   virtual void unary(UnaryOp op, const float* x, float* y, int64_t n, float alpha, float beta,
                      OpContext& ctx) = 0;
   // Writes one float to y, which lives on this device.
   virtual void reduce(ReduceOp op, const float* x, int64_t n, float* y, OpContext& ctx) = 0;
+  // Runs `step` inside the op whose context is ctx (its device's compute stream), capturing the work it
+  // pushes (engine.h's InlineOps), and returns it for replay. The step's work is done for this once when the
+  // call returns. Throws CaptureError when the step cannot be captured; on a GPU none of it ran then.
+  virtual std::unique_ptr<CapturedWork> capture(const std::function<void()>& step, OpContext& ctx,
+                                                Allocator& allocator) = 0;
   // Copies bytes where at least one end is on this backend's kind. `pinned_staging` asks host<->device
   // copies to go through page-locked memory so they run asynchronously to the host.
   virtual void copy(CopyEnd dst, CopyEnd src, int64_t bytes, bool pinned_staging, OpContext& ctx) = 0;

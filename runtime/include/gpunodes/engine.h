@@ -163,6 +163,28 @@ class Engine {
   std::unordered_map<std::string, TagState> tags_;
 };
 
+// Inside an op body: the ops this thread pushes while the scope lives run at once, in push order, in that
+// op's context instead of being queued, and each is then handed to `record` (when given). This is how a
+// training step is captured for replay (backend.h's capture): one op runs the whole step's code. Ops for
+// another device or stream cannot join it: push throws CaptureError. No dependency tracking is needed, as
+// one thread runs them in program order, and the enclosing op declares what the whole sequence reads and
+// writes. The pushed ops' variables are left as they are (no writer recorded, no error stuck to them).
+class InlineOps {
+ public:
+  explicit InlineOps(OpContext& ctx, std::function<void(OpFn)> record = {});
+  ~InlineOps();
+  InlineOps(const InlineOps&) = delete;
+  InlineOps& operator=(const InlineOps&) = delete;
+  // The scope of this thread, or null.
+  static InlineOps* current();
+  void run(OpFn fn, Device device, StreamKind stream, const OpInfo& info);
+
+ private:
+  OpContext& ctx_;
+  std::function<void(OpFn)> record_;
+  InlineOps* previous_;
+};
+
 // One thread with a FIFO of ready ops for one (device, stream). Subclasses prepare the thread (OpenMP
 // thread count, CUDA device and stream) and time ops (steady clock, or CUDA events).
 class StreamWorker {

@@ -36,6 +36,12 @@ struct BackendError : Error {
   using Error::Error;
 };
 
+// A training step could not be captured for replay (a CUDA graph, or recorded ops): the caller runs it the
+// ordinary way instead. The message says why.
+struct CaptureError : Error {
+  using Error::Error;
+};
+
 std::string format_bytes(int64_t bytes);
 
 }  // namespace gn

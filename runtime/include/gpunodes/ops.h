@@ -37,6 +37,8 @@ std::vector<Tensor> matmul_repeat(const Tensor& a, const Tensor& b, int64_t repe
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);  // same shape, same device
 Tensor add(const Tensor& a, const Tensor& b);
+// y += x, in place: y keeps its storage (a running total that a captured step accumulates into).
+void add_into(const Tensor& y, const Tensor& x);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);

@@ -94,6 +94,23 @@ class CpuStreamWorker final : public StreamWorker {
   int threads_;
 };
 
+// A step's op bodies, kept after they ran once, with the tensors they hold: a replay runs them again in
+// order, with no engine bookkeeping between them.
+class RecordedOps final : public CapturedWork {
+ public:
+  void replay(OpContext& ctx) override {
+    for (OpFn& op : ops_) {
+      ctx.check_cancelled();
+      op(ctx);
+    }
+  }
+  std::string describe() const override { return std::to_string(ops_.size()) + " recorded ops"; }
+  void add(OpFn op) { ops_.push_back(std::move(op)); }
+
+ private:
+  std::vector<OpFn> ops_;
+};
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int devices) : devices_(std::max(1, devices)) {}
@@ -236,6 +253,13 @@ class CpuBackend final : public Backend {
       for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];
       *y = static_cast<float>(std::sqrt(acc));
     }
+  }
+
+  std::unique_ptr<CapturedWork> capture(const std::function<void()>& step, OpContext& ctx, Allocator&) override {
+    auto recorded = std::make_unique<RecordedOps>();
+    InlineOps ops(ctx, [&](OpFn op) { recorded->add(std::move(op)); });
+    step();
+    return recorded;
   }
 
   void copy(CopyEnd dst, CopyEnd src, int64_t bytes, bool, OpContext& ctx) override {

@@ -29,7 +29,48 @@ size_t segment_size(size_t size, bool small) {
   return round_up(size, CudaCachingAllocator::kLargeRound);
 }
 
+// The pool this thread allocates from while a PoolScope lives, and whose allocator that is.
+thread_local const CudaCachingAllocator* t_pool_allocator = nullptr;
+thread_local int t_pool_id = -1;
+
 }  // namespace
+
+CudaCachingAllocator::PoolScope::PoolScope(CudaCachingAllocator& allocator, int id)
+    : previous_allocator_(t_pool_allocator), previous_id_(t_pool_id) {
+  t_pool_allocator = &allocator;
+  t_pool_id = id;
+}
+
+CudaCachingAllocator::PoolScope::~PoolScope() {
+  t_pool_allocator = previous_allocator_;
+  t_pool_id = previous_id_;
+}
+
+int CudaCachingAllocator::open_pool() {
+  std::lock_guard lock(mutex_);
+  return next_pool_++;
+}
+
+void CudaCachingAllocator::release_pool(int id) {
+  std::lock_guard lock(mutex_);
+  const int compute = static_cast<int>(StreamKind::Compute);
+  for (Pool* pool : {&small_pool_, &large_pool_}) {
+    std::vector<Block*> moved;
+    for (auto it = pool->begin(); it != pool->end();)
+      if ((*it)->stream == id) {
+        moved.push_back(*it);
+        it = pool->erase(it);
+      } else {
+        ++it;
+      }
+    for (Block* b : moved) {
+      b->stream = compute;
+      pool->insert(b);
+    }
+  }
+  for (auto& [ptr, block] : live_)
+    if (block->stream == id) block->stream = compute;
+}
 
 CudaCachingAllocator::~CudaCachingAllocator() {
   // Tensors should be gone by now; free every segment regardless, ignoring errors (the process may be
@@ -49,7 +90,7 @@ void* CudaCachingAllocator::allocate(size_t bytes, StreamKind stream) {
   if (bytes > std::numeric_limits<size_t>::max() / 2) throw_oom(static_cast<int64_t>(bytes), 0, 0);
   const size_t size = block_size(bytes);
   const bool small = size <= kSmallSize;
-  const int s = static_cast<int>(stream);
+  const int s = t_pool_allocator == this ? t_pool_id : static_cast<int>(stream);
   void* ptr = nullptr;
   size_t given = 0;
   int64_t reserved_delta = 0;

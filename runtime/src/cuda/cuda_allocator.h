@@ -21,6 +21,24 @@ class CudaCachingAllocator final : public Allocator {
   void deallocate(void* ptr) override;
   void empty_cache() override;
 
+  // A private pool for the memory of a CUDA graph being captured (backend.h's capture), as PyTorch's graph
+  // pools: while a PoolScope lives, this thread's allocations come from pool `id` and its frees return there,
+  // so that blocks the graph uses are never handed to work outside it. release_pool gives them back to the
+  // compute stream's cache once the graph is gone (blocks still held by tensors follow when freed).
+  int open_pool();
+  void release_pool(int id);
+  class PoolScope {
+   public:
+    PoolScope(CudaCachingAllocator& allocator, int id);
+    ~PoolScope();
+    PoolScope(const PoolScope&) = delete;
+    PoolScope& operator=(const PoolScope&) = delete;
+
+   private:
+    const CudaCachingAllocator* previous_allocator_;
+    int previous_id_;
+  };
+
   static constexpr size_t kRound = 512;                 // every block is a multiple of this
   static constexpr size_t kSmallSize = 1 << 20;         // requests up to here use the small pool
   static constexpr size_t kSmallSegment = 2 << 20;      // small blocks are carved from segments this size
@@ -35,7 +53,7 @@ class CudaCachingAllocator final : public Allocator {
     size_t size = 0;
     size_t used =
         0;           // the rounded request while allocated (a block may be larger when splitting did not pay)
-    int stream = 0;  // blocks are reused only by allocations on the stream that freed them
+    int stream = 0;  // blocks are reused only by allocations on the stream that freed them (or a pool's id)
     bool small = false;
     bool allocated = false;
     Block* prev = nullptr;
@@ -61,6 +79,7 @@ class CudaCachingAllocator final : public Allocator {
   std::unordered_map<void*, Block*> live_;  // allocated blocks by pointer
   size_t reserved_ = 0;                     // bytes held from cudaMalloc
   size_t allocated_ = 0;                    // bytes in allocated blocks
+  int next_pool_ = 16;                      // pool ids, past every StreamKind
 };
 
 }  // namespace gn::cuda

@@ -111,7 +111,7 @@ struct ArangeFn {
 
 struct BinaryFn {
   BinaryOp op;
-  const float* __restrict__ a;
+  const float* a;  // may be the output (add_into): no __restrict__
   const float* __restrict__ b;
   __device__ float operator()(int64_t i) const {
     const float x = a[i], y = b[i];
@@ -244,6 +244,45 @@ void describe_device(int index, DeviceInfo& info) {
 
 // --- the backend -------------------------------------------------------------------------------------------
 
+// A captured step: an executable CUDA graph, and the private memory pool its kernels use.
+class CudaGraphWork final : public CapturedWork {
+ public:
+  CudaGraphWork(cudaGraph_t graph, cudaGraphExec_t exec, CudaCachingAllocator& allocator, int pool)
+      : graph_(graph), exec_(exec), allocator_(allocator), pool_(pool) {}
+  ~CudaGraphWork() override {
+    // Never throws: it may run as the process exits.
+    (void)cudaGraphExecDestroy(exec_);
+    (void)cudaGraphDestroy(graph_);
+    (void)cudaGetLastError();
+    allocator_.release_pool(pool_);
+  }
+  void replay(OpContext& ctx) override {
+    GN_CUDA_CHECK(cudaGraphLaunch(exec_, static_cast<cudaStream_t>(ctx.native_stream)));
+  }
+  std::string describe() const override {
+    size_t nodes = 0;
+    if (cudaGraphGetNodes(graph_, nullptr, &nodes) != cudaSuccess) (void)cudaGetLastError();
+    return "a CUDA graph of " + std::to_string(nodes) + " nodes";
+  }
+
+ private:
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+  CudaCachingAllocator& allocator_;
+  int pool_;
+};
+
+// Ends a capture that failed and says why; the stream leaves capture mode, nothing of it ran.
+[[noreturn]] void abandon_capture(cudaStream_t stream, CudaCachingAllocator& allocator, int pool,
+                                  const std::string& why) {
+  cudaGraph_t partial = nullptr;
+  (void)cudaStreamEndCapture(stream, &partial);
+  if (partial) (void)cudaGraphDestroy(partial);
+  (void)cudaGetLastError();
+  allocator.release_pool(pool);
+  throw CaptureError("the step could not be captured as a CUDA graph: " + why);
+}
+
 class CudaBackend final : public Backend {
  public:
   DeviceKind kind() const override { return DeviceKind::Cuda; }
@@ -283,6 +322,52 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<Allocator> make_allocator(Device device, Profiler* profiler) override {
     return std::make_unique<CudaCachingAllocator>(device, profiler);
+  }
+
+  // Relaxed capture mode: the step's own code may still allocate (cudaMalloc into the graph's pool) while
+  // the stream captures. Every stream-ordered call of the step lands in the graph; a call that cannot be
+  // captured (a synchronisation, a cuDNN algorithm search) fails the capture with its message.
+  std::unique_ptr<CapturedWork> capture(const std::function<void()>& step, OpContext& ctx,
+                                        Allocator& allocator) override {
+    auto* cache = dynamic_cast<CudaCachingAllocator*>(&allocator);
+    if (!cache || !ctx.device.is_cuda() || !ctx.native_stream)
+      throw CaptureError("a CUDA graph is captured on a CUDA device's compute stream, inside its op");
+    auto stream = static_cast<cudaStream_t>(ctx.native_stream);
+    const int pool = cache->open_pool();
+    {
+      CudaCachingAllocator::PoolScope scope(*cache, pool);
+      if (cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed); err != cudaSuccess) {
+        (void)cudaGetLastError();
+        cache->release_pool(pool);
+        throw CaptureError(std::string("cudaStreamBeginCapture failed: ") + cudaGetErrorString(err));
+      }
+      try {
+        InlineOps ops(ctx);
+        step();
+      } catch (const CancelledError&) {
+        cudaGraph_t partial = nullptr;
+        (void)cudaStreamEndCapture(stream, &partial);
+        if (partial) (void)cudaGraphDestroy(partial);
+        (void)cudaGetLastError();
+        cache->release_pool(pool);
+        throw;
+      } catch (const std::exception& e) {
+        abandon_capture(stream, *cache, pool, e.what());
+      }
+    }
+    cudaGraph_t graph = nullptr;
+    if (cudaError_t err = cudaStreamEndCapture(stream, &graph); err != cudaSuccess || !graph)
+      abandon_capture(stream, *cache, pool, std::string("cudaStreamEndCapture: ") + cudaGetErrorString(err));
+    cudaGraphExec_t exec = nullptr;
+    if (cudaError_t err = cudaGraphInstantiate(&exec, graph, 0); err != cudaSuccess) {
+      (void)cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+      cache->release_pool(pool);
+      throw CaptureError(std::string("cudaGraphInstantiate failed: ") + cudaGetErrorString(err));
+    }
+    auto work = std::make_unique<CudaGraphWork>(graph, exec, *cache, pool);
+    work->replay(ctx);  // the captured step itself: capturing ran none of it
+    return work;
   }
 
   std::unique_ptr<StreamWorker> make_worker(Device device, StreamKind stream) override {

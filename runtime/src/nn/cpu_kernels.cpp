@@ -789,8 +789,11 @@ class CpuNnKernels final : public NnKernels {
 
   // The same float operations in the same order as the CUDA kernels (which spell them with _rn intrinsics),
   // so a CPU replica and a GPU replica take bit-equal steps.
-  void optimizer_step(const std::vector<OptimizerTensor>& tensors, const OptimizerScalars& s,
-                      const float* clip, KernelContext&) override {
+  void optimizer_step(const std::vector<OptimizerTensor>& tensors, OptimizerKind kind,
+                      const OptimizerScalars* scalars, const float* clip, KernelContext&) override {
+    OptimizerScalars s;
+    std::memcpy(&s, scalars, sizeof s);  // the tensor's bytes, whatever their alignment
+    s.kind = kind;
     const float coef = clip ? clip[1] : 1.0f;
     for (const OptimizerTensor& t : tensors) {
       const int64_t n = t.n;

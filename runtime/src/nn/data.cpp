@@ -550,13 +550,26 @@ DeviceBatch to_device(Runtime& rt, const HostBatchPtr& batch, int64_t begin, int
   if (begin < 0 || end > batch->size || begin >= end)
     throw Error("to_device: rows [" + std::to_string(begin) + ", " + std::to_string(end) +
                 ") of a batch of " + std::to_string(batch->size));
-  const int64_t n = end - begin, numel = batch->sample_numel();
+  const int64_t n = end - begin;
   DeviceBatch out{Tensor(rt, {n, batch->channels, batch->height, batch->width}, device, StreamKind::Copy),
                   Tensor(rt, {n}, device, StreamKind::Copy)};
+  copy_batch_into(batch, begin, out);
+  return out;
+}
+
+void copy_batch_into(const HostBatchPtr& batch, int64_t begin, const DeviceBatch& dst) {
+  if (!batch) throw Error("copy_batch_into: no batch");
+  const Tensor images = dst.images, labels = dst.labels;
+  const int64_t n = labels.numel(), numel = batch->sample_numel();
+  if (images.shape() != Shape{n, batch->channels, batch->height, batch->width} || begin < 0 ||
+      begin + n > batch->size)
+    throw ShapeError("copy_batch_into: rows [" + std::to_string(begin) + ", " + std::to_string(begin + n) +
+                     ") of a batch of " + std::to_string(batch->size) + " do not fit " + images.str());
+  Runtime& rt = images.runtime();
+  const Device device = images.device();
   Backend* be = &rt.backend(device);
   const float* img = batch->images + begin * numel;
   const float* lbl = batch->labels + begin;
-  Tensor images = out.images, labels = out.labels;
   // Page-locked sources copy asynchronously as they are; pageable ones go through the backend's staging.
   const bool staging = !batch->pinned;
   rt.engine().push(
@@ -568,7 +581,6 @@ DeviceBatch to_device(Runtime& rt, const HostBatchPtr& batch, int64_t begin, int
       },
       {}, {images.var(), labels.var()}, device, StreamKind::Copy,
       {"batch to device", "", images.bytes() + labels.bytes(), 0});
-  return out;
 }
 
 }  // namespace gn::nn

@@ -21,7 +21,8 @@ struct ConvShape {
   int64_t groups;
   bool bias;  // forward adds b, backward writes db; without, those pointers are null
   // The channel block of the input (x, dx) and of the output (y, dy): 1 for NCHW, otherwise the device's
-  // blocked layout [N, C / block, H, W, block] (layers.h's Layout::Blocked, CPU only).
+  // blocked layout [N, C / block, H, W, block] (layers.h's Layout::Blocked, layout_block): on the CPU its
+  // constant block; on CUDA block == channels (c for the input, k for the output), which is NHWC.
   int64_t in_block = 1, out_block = 1;
 };
 
@@ -34,7 +35,8 @@ struct PoolShape {
 
 struct BnShape {
   int64_t n, c, hw;
-  int64_t block = 1;  // as ConvShape's: 1 for NCHW, otherwise [N, C / block, HW, block] (CPU only)
+  // As ConvShape's: 1 for NCHW, otherwise [N, C / block, HW, block]; on CUDA block == c, which is NHWC.
+  int64_t block = 1;
   // The epilogue fused into the layer: y = bn(x) + residual (when a residual is given), then ReLU.
   bool relu = false;
 };
@@ -53,6 +55,10 @@ struct OptimizerScalars {
   float bias2_sqrt = 1;                                                           // sqrt(1 - beta2^t)
   float decay = 1;  // adamw: 1 - lr * weight_decay; 1 otherwise
 };
+
+// OptimizerScalars as they lie in a tensor of this many floats (layers.h's optimizer_scalars): the optimizer
+// kernels read them from the device's memory, so that a captured step replays with each step's rate.
+constexpr int64_t kOptimizerScalarFloats = (sizeof(OptimizerScalars) + sizeof(float) - 1) / sizeof(float);
 
 // One tensor of an optimizer update. a and b are the state (OptimizerState's), null where the optimizer
 // keeps none; fresh: the state was made for this step and holds nothing yet (a momentum buffer becomes d,
@@ -139,7 +145,8 @@ class NnKernels {
   virtual void pool_backward(const PoolShape& s, const float* x, const float* y, const float* dy, float* dx,
                              KernelContext& kc) = 0;
 
-  // planes = N*C planes of hw values each; x and dx in the layout of `block` (as BnShape's), y and dy [N*C].
+  // planes = N*C planes of hw values each; x and dx in the layout of `block` (as BnShape's: on CUDA 1 or
+  // C, so N = planes / block there), y and dy [N*C].
   virtual void global_avg_pool_forward(int64_t planes, int64_t hw, int64_t block, const float* x, float* y,
                                        KernelContext& kc) = 0;
   virtual void global_avg_pool_backward(int64_t planes, int64_t hw, int64_t block, const float* dy, float* dx,
@@ -151,10 +158,11 @@ class NnKernels {
                                      float* loss, float* stats, float* dlogits, float grad_scale,
                                      float label_smoothing, KernelContext& kc) = 0;
 
-  // One optimizer update of every tensor (optim.h's formulas) with the step's scalars. clip is null or
-  // grad_clip_coefficient's [2] output; gradients are multiplied by clip[1] as they are read.
-  virtual void optimizer_step(const std::vector<OptimizerTensor>& tensors, const OptimizerScalars& s,
-                              const float* clip, KernelContext& kc) = 0;
+  // One optimizer update of every tensor (optim.h's formulas) with the step's scalars, which lie in this
+  // device's memory (their kind is `kind`). clip is null or grad_clip_coefficient's [2] output; gradients are
+  // multiplied by clip[1] as they are read.
+  virtual void optimizer_step(const std::vector<OptimizerTensor>& tensors, OptimizerKind kind,
+                              const OptimizerScalars* scalars, const float* clip, KernelContext& kc) = 0;
   // out[0] = the 2-norm over all gradients, out[1] = min(1, max_norm / (out[0] + 1e-6)), in the fixed order
   // described at kNormLanes.
   virtual void grad_clip_coefficient(const std::vector<GradSpan>& grads, float max_norm, float* out,

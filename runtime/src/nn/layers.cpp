@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "gpunodes/errors.h"
@@ -56,15 +57,22 @@ Precision product_precision(const char* op, Device device) {
   return p;
 }
 
+// layout_block, its errors naming `op` (empty: none).
+int64_t block_of(const std::string& op, Layout layout, Device device, int64_t channels) {
+  if (layout == Layout::Nchw) return 1;
+  const std::string who = op.empty() ? std::string() : op + ": ";
+  if (!has_blocked_layout(device)) throw Error(who + device.str() + " has no blocked layout");
+  if (device.is_cuda()) return channels;  // NHWC: one block of all the channels
+  const int64_t block = cpu_channel_block();
+  if (channels % block != 0)
+    throw ShapeError(who + "the blocked layout on " + device.str() + " needs a multiple of " +
+                     std::to_string(block) + " channels, got " + std::to_string(channels));
+  return block;
+}
+
 // The channel block a tensor of `channels` channels in `layout` has on `device`: 1 for NCHW.
 int64_t layout_block(const char* op, Layout layout, Device device, int64_t channels) {
-  if (layout == Layout::Nchw) return 1;
-  const int64_t block = blocked_layout_channels(device);
-  if (block == 0) throw Error(std::string(op) + ": " + device.str() + " has no blocked layout");
-  if (channels % block != 0)
-    throw ShapeError(std::string(op) + ": the blocked layout needs a multiple of " + std::to_string(block) +
-                     " channels, got " + std::to_string(channels));
-  return block;
+  return block_of(op, layout, device, channels);
 }
 
 ConvShape conv_shape(const char* op, const Tensor& x, const Tensor& w, const Conv2dOptions& o, bool bias) {
@@ -145,8 +153,12 @@ Precision current_precision() {
   return t_precision;
 }
 
-int64_t blocked_layout_channels(Device device) {
-  return device.is_cpu() ? cpu_channel_block() : 0;
+bool has_blocked_layout(Device device) {
+  return device.is_cpu() || device.is_cuda();
+}
+
+int64_t layout_block(Layout layout, Device device, int64_t channels) {
+  return block_of("", layout, device, channels);
 }
 
 NnKernels& nn_kernels(Device device) {
@@ -637,6 +649,15 @@ OptimizerScalars step_scalars(const OptimizerOptions& o, double lr, int64_t step
   return s;
 }
 
+// The scalars as a tensor on `device`, for the kernels to read there.
+Tensor scalars_tensor(Runtime& rt, Device device, const OptimizerScalars& s) {
+  Tensor t(rt, {kOptimizerScalarFloats}, device);
+  std::vector<float> bytes(kOptimizerScalarFloats, 0.0f);
+  std::memcpy(bytes.data(), &s, sizeof s);
+  write_values(t, std::move(bytes));
+  return t;
+}
+
 void check_param_grad(const char* op, const Tensor& param, const Tensor& grad) {
   if (!param.defined() || !grad.defined())
     throw Error(std::string(op) + ": a parameter or gradient is undefined");
@@ -674,7 +695,8 @@ void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grad
     bytes += (use_buf ? 5 : 3) * params[i].bytes();
     count += params[i].numel();
   }
-  const OptimizerScalars scalars = legacy_sgd_scalars(o);
+  const Tensor scalars = scalars_tensor(params.front().runtime(), params.front().device(), legacy_sgd_scalars(o));
+  reads.push_back(scalars.var());
   std::vector<Tensor> bufs = use_buf ? momentum_bufs : std::vector<Tensor>();
   push_kernel(params.front().runtime(), params.front().device(), reads, writes,
               {"sgd", "", bytes, 4.0 * dbl(count)}, [=](NnKernels& k, KernelContext& kc) {
@@ -682,12 +704,46 @@ void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grad
                 for (size_t i = 0; i < params.size(); ++i)
                   ts.push_back({params[i].numel(), params[i].data(), grads[i].data(),
                                 bufs.empty() ? nullptr : bufs[i].data(), nullptr, false});
-                k.optimizer_step(ts, scalars, nullptr, kc);
+                k.optimizer_step(ts, OptimizerKind::Sgd, reinterpret_cast<const OptimizerScalars*>(scalars.data()),
+                                 nullptr, kc);
               });
+}
+
+namespace {
+void check_step(const OptimizerOptions& o, double lr, int64_t step) {
+  const char* name = optimizer_name(o.kind);
+  if (const auto problems = optimizer_problems(o); !problems.empty())
+    throw Error(std::string(name) + ": " + problems.front());
+  if (!(lr >= 0 && std::isfinite(lr)))
+    throw Error(std::string(name) + ": the step's learning rate must be 0 or more, got " +
+                std::to_string(lr));
+  if (step < 1) throw Error(std::string(name) + ": step counts from 1, got " + std::to_string(step));
+}
+}  // namespace
+
+Tensor optimizer_scalars(Runtime& rt, Device device, const OptimizerOptions& o, double lr, int64_t step) {
+  check_step(o, lr, step);
+  return scalars_tensor(rt, device, step_scalars(o, lr, step));
+}
+
+void write_optimizer_scalars(const Tensor& dst, const OptimizerOptions& o, double lr, int64_t step) {
+  check_step(o, lr, step);
+  need_shape("optimizer scalars", "tensor", dst, {kOptimizerScalarFloats});
+  const OptimizerScalars s = step_scalars(o, lr, step);
+  std::vector<float> bytes(kOptimizerScalarFloats, 0.0f);
+  std::memcpy(bytes.data(), &s, sizeof s);
+  write_values(dst, std::move(bytes));
 }
 
 void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                     std::vector<OptimizerState>& states, const OptimizerOptions& o, double lr, int64_t step,
+                    const Tensor& clip) {
+  if (params.empty()) return;
+  optimizer_step(params, grads, states, o, optimizer_scalars(params.front().runtime(), params.front().device(), o, lr, step), clip);
+}
+
+void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                    std::vector<OptimizerState>& states, const OptimizerOptions& o, const Tensor& scalars,
                     const Tensor& clip) {
   const char* name = optimizer_name(o.kind);
   if (grads.size() != params.size() || states.size() != params.size())
@@ -697,10 +753,8 @@ void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>
   if (params.empty()) return;
   if (const auto problems = optimizer_problems(o); !problems.empty())
     throw Error(std::string(name) + ": " + problems.front());
-  if (!(lr >= 0 && std::isfinite(lr)))
-    throw Error(std::string(name) + ": the step's learning rate must be 0 or more, got " +
-                std::to_string(lr));
-  if (step < 1) throw Error(std::string(name) + ": step counts from 1, got " + std::to_string(step));
+  check_same_device({&params.front(), &scalars});
+  need_shape(name, "scalars", scalars, {kOptimizerScalarFloats});
   if (clip.defined()) {
     check_same_device({&params.front(), &clip});
     need_shape(name, "clip coefficient", clip, {2});
@@ -736,7 +790,8 @@ void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>
     bytes += (3 + 2 * (int64_t{need_a} + int64_t{need_b})) * params[i].bytes();
     count += params[i].numel();
   }
-  const OptimizerScalars scalars = step_scalars(o, lr, step);
+  reads.push_back(scalars.var());
+  const OptimizerKind kind = o.kind;
   std::vector<OptimizerState> state(states.begin(), states.end());
   push_kernel(rt, device, reads, writes, {name, "", bytes, (adam ? 12.0 : 5.0) * dbl(count)},
               [=](NnKernels& k, KernelContext& kc) {
@@ -746,7 +801,8 @@ void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>
                   ts.push_back({params[i].numel(), params[i].data(), grads[i].data(),
                                 state[i].a.defined() ? state[i].a.data() : nullptr,
                                 state[i].b.defined() ? state[i].b.data() : nullptr, fresh[i]});
-                k.optimizer_step(ts, scalars, clip.defined() ? clip.data() : nullptr, kc);
+                k.optimizer_step(ts, kind, reinterpret_cast<const OptimizerScalars*>(scalars.data()),
+                                 clip.defined() ? clip.data() : nullptr, kc);
               });
 }
 

@@ -62,10 +62,8 @@ class Builder {
   }
   Tensor constant(const Shape& shape, float v) { return full(rt_, shape, device_, v); }
   // How a built-in network passes its activations between layers: the device's blocked layout where it has
-  // one, which saves the reorders around every convolution.
-  Layout activation_layout() const {
-    return blocked_layout_channels(device_) > 0 ? Layout::Blocked : Layout::Nchw;
-  }
+  // one (the CPU's nChw8c / nChw16c, NHWC on CUDA), which saves the reorders around every convolution.
+  Layout activation_layout() const { return has_blocked_layout(device_) ? Layout::Blocked : Layout::Nchw; }
   // The model's count of Train-mode forwards (Model::batches_tracked()), which numbers dropout's masks.
   const int64_t& train_forwards() const { return train_forwards_; }
 

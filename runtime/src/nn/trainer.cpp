@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "cuda_support.h"
+#include "gpunodes/backend.h"
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/checkpoint.h"
 
@@ -140,6 +141,32 @@ OptimizerOptions resolve_optimizer(const TrainOptions& o) {
 
 // --- Trainer -----------------------------------------------------------------------------------------------
 
+struct Trainer::CapturedStep {
+  int64_t batch = 0, classes = 0;
+  DeviceBatch inputs;  // the captured step's batch: each replay's is copied in
+  Tensor scalars;      // its optimizer scalars: each replay's are written in
+  std::vector<VarPtr> writes;  // everything the step writes (parameters, buffers, optimizer state, totals)
+  std::shared_ptr<CapturedWork> work;
+};
+
+const char* step_capture_name(StepCapture mode) {
+  switch (mode) {
+    case StepCapture::Auto:
+      return "auto";
+    case StepCapture::On:
+      return "on";
+    case StepCapture::Off:
+      return "off";
+  }
+  return "?";
+}
+
+std::optional<StepCapture> parse_step_capture(std::string_view text) {
+  for (StepCapture m : {StepCapture::Auto, StepCapture::On, StepCapture::Off})
+    if (text == step_capture_name(m)) return m;
+  return std::nullopt;
+}
+
 const char* loss_scale_mode_name(LossScaleMode mode) {
   switch (mode) {
     case LossScaleMode::Auto:
@@ -260,6 +287,10 @@ Trainer::~Trainer() {
 
 void Trainer::release_step_state() noexcept {
   in_flight_.clear();
+  // The captured step holds its activations and gradients, and works on the optimizer state as it was.
+  if (captured_) released_capture_ = captured_->work->describe();
+  captured_.reset();
+  uncaptured_steps_ = 0;
   for (Model* m : replicas_) {
     m->clear_cache();
     // PyTorch's zero_grad(set_to_none=True): gradients are temporaries of a step.
@@ -376,36 +407,50 @@ void Trainer::check_same_run_on_every_rank(const Dataset& train) {
   }
 }
 
+
 void Trainer::step(const HostBatchPtr& batch) {
   // A rank's shard of a short last batch may be empty: it still takes part in the all-reduce and the step.
   // global_size 0 means the batch is not a shard: its size is the whole.
   if (!batch || (batch->size < 1 && !world_) || (batch->global_size != 0 && batch->global_size < batch->size))
     throw Error("training step: empty batch");
+  bool done = false;
+  if (capturable(*batch)) {
+    if (captured_ && captured_->batch == batch->size) {
+      replay(batch);
+      done = true;
+    } else if (!captured_ && uncaptured_steps_ >= kCaptureWarmup) {
+      done = capture(batch);
+    }
+  }
+  if (!done) {
+    step_by_step(batch);
+    ++uncaptured_steps_;
+  }
+  while (static_cast<int64_t>(in_flight_.size()) > options_.steps_in_flight) {
+    auto markers = std::move(in_flight_.front());
+    in_flight_.erase(in_flight_.begin());
+    for (const VarPtr& v : markers) rt_.engine().wait(v);
+  }
+}
+
+void Trainer::step_by_step(const HostBatchPtr& batch) {
   const int64_t whole = std::max(batch->global_size, batch->size);
   const std::vector<int64_t> sizes = split(batch->size);
   // Every replica's loss gradient is scaled by 1/(whole batch, over every rank), so the summed gradients are
   // the whole batch's; and by the loss scale when there is one (exactly, for a power of two).
   const float scale = static_cast<float>((loss_scale_ > 0 ? loss_scale_ : 1.0) / static_cast<double>(whole));
-  const ScopedPrecision precision(options_.precision);
   const size_t replicas = replicas_.size();
   std::vector<std::vector<Tensor>> grads(replicas);
   int64_t offset = 0;
   try {
     for (size_t r = 0; r < replicas; ++r) {
-      Model& m = *replicas_[r];
-      auto params = m.parameters();
       if (sizes[r] > 0) {
         DeviceBatch db = to_device(rt_, batch, offset, offset + sizes[r], devices_[r]);
-        Tensor logits = m.forward(db.images, Mode::Train);
-        CrossEntropy ce = softmax_cross_entropy(logits, db.labels, true, scale,
-                                                static_cast<float>(options_.label_smoothing));
-        m.backward(ce.dlogits);
-        totals_[r] = add(totals_[r], ce.stats);
+        forward_backward(r, db.images, db.labels, scale, grads[r]);
         samples_[r] += sizes[r];
-        for (Parameter* p : params) grads[r].push_back(p->grad);
       } else {
         // A share of nothing: this replica contributes zero gradients and still takes the common step.
-        for (Parameter* p : params) {
+        for (Parameter* p : replicas_[r]->parameters()) {
           p->grad = zeros(rt_, p->value.shape(), devices_[r]);
           grads[r].push_back(p->grad);
         }
@@ -422,24 +467,16 @@ void Trainer::step(const HostBatchPtr& batch) {
           for (const Tensor& g : part[0]) world_reduced_bytes_ += g.bytes();
       }
     if (world_) ++world_steps_;
-    std::vector<VarPtr> markers;
     std::vector<Tensor> clip(replicas);
-    const bool update = loss_scale_ > 0 ? unscale(grads, clip) : true;
-    const int64_t t = update ? optimizer_steps_ + 1 : optimizer_steps_;
+    const bool update_now = loss_scale_ > 0 ? unscale(grads, clip) : true;
+    const int64_t t = update_now ? optimizer_steps_ + 1 : optimizer_steps_;
+    std::vector<VarPtr> markers;
     for (size_t r = 0; r < replicas; ++r) {
-      auto params = replicas_[r]->parameters();
-      std::vector<VarPtr> reads;
-      std::vector<Tensor> values;
-      for (Parameter* p : params) {
-        values.push_back(p->value);
-        reads.push_back(p->value.var());
-      }
-      // Each replica measures the norm of its own copy of the summed gradients: equal copies, the same fixed
-      // summation order on every device, so the same factor everywhere, with no host read.
-      if (loss_scale_ == 0 && options_.clip_grad_norm > 0 && !values.empty())
-        clip[r] = grad_clip_coefficient(grads[r], static_cast<float>(options_.clip_grad_norm));
-      if (update) optimizer_step(values, grads[r], optim_state_[r], options_.optimizer, lr_, t, clip[r]);
+      if (update_now)
+        update(r, grads[r], optimizer_scalars(rt_, devices_[r], options_.optimizer, lr_, t), clip[r]);
       // Marks the end of this step on this device: the host waits on it to stay steps_in_flight ahead.
+      std::vector<VarPtr> reads;
+      for (Parameter* p : replicas_[r]->parameters()) reads.push_back(p->value.var());
       VarPtr done = new_var();
       rt_.engine().push([](OpContext&) {}, reads, {done}, devices_[r], StreamKind::Compute,
                         {"step done", "", 0, 0});
@@ -451,11 +488,159 @@ void Trainer::step(const HostBatchPtr& batch) {
     for (Model* m : replicas_) m->clear_cache();
     throw;
   }
-  while (static_cast<int64_t>(in_flight_.size()) > options_.steps_in_flight) {
-    auto markers = std::move(in_flight_.front());
-    in_flight_.erase(in_flight_.begin());
-    for (const VarPtr& v : markers) rt_.engine().wait(v);
+}
+
+int64_t Trainer::forward_backward(size_t r, const Tensor& images, const Tensor& labels, float scale,
+                                  std::vector<Tensor>& grads) {
+  const ScopedPrecision precision(options_.precision);
+  Model& m = *replicas_[r];
+  Tensor logits = m.forward(images, Mode::Train);
+  CrossEntropy ce =
+      softmax_cross_entropy(logits, labels, true, scale, static_cast<float>(options_.label_smoothing));
+  m.backward(ce.dlogits);
+  add_into(totals_[r], ce.stats);
+  for (Parameter* p : m.parameters()) grads.push_back(p->grad);
+  return logits.shape()[1];
+}
+
+void Trainer::update(size_t r, const std::vector<Tensor>& grads, const Tensor& scalars, Tensor clip) {
+  std::vector<Tensor> values;
+  for (Parameter* p : replicas_[r]->parameters()) values.push_back(p->value);
+  if (values.empty()) return;
+  // Each replica measures the norm of its own copy of the summed gradients: equal copies, the same fixed
+  // summation order on every device, so the same factor everywhere, with no host read.
+  if (!clip.defined() && options_.clip_grad_norm > 0)
+    clip = grad_clip_coefficient(grads, static_cast<float>(options_.clip_grad_norm));
+  optimizer_step(values, grads, optim_state_[r], options_.optimizer, scalars, clip);
+}
+
+// --- captured steps ----------------------------------------------------------------------------------------
+
+
+namespace {
+bool has_dropout(const Model& m) {
+  if (m.arch() != Arch::Network) return false;
+  for (const LayerSpec& l : m.options().network->layers)
+    if (l.kind == LayerKind::Dropout && l.p > 0) return true;
+  return false;
+}
+}  // namespace
+
+bool Trainer::capturable(const HostBatch& batch) {
+  if (!capture_off_.empty()) return false;
+  const StepCapture mode = options_.capture;
+  if (mode == StepCapture::Off || (mode == StepCapture::Auto && !devices_[0].is_cuda())) return false;
+  std::string why;
+  if (replicas_.size() > 1)
+    why = "a captured step runs on one device, and this run trains on " + std::to_string(replicas_.size());
+  else if (world_)
+    why = "a distributed run's all-reduce joins other processes, which a captured step cannot";
+  else if (loss_scale_ > 0)
+    why = "loss scaling reads the gradients' norm on the host every step";
+  else if (has_dropout(*replicas_[0]))
+    why = "dropout draws a new mask every step, and a replay would repeat the captured one";
+  else if (batch.global_size != 0 && batch.global_size != batch.size)
+    why = "the batch is a shard of a larger one";
+  if (why.empty()) return true;
+  capture_off_ = why;
+  if (warn_) warn_("training steps are not captured for replay: " + why);
+  return false;
+}
+
+bool Trainer::capture(const HostBatchPtr& batch) {
+  // Nothing of the earlier steps may still run: the capture op declares no writes, so that a capture that
+  // fails leaves no error on the model's tensors.
+  synchronize();
+  Model& m = *replicas_[0];
+  const Device d = devices_[0];
+  const int64_t n = batch->size;
+  auto c = std::make_shared<CapturedStep>();
+  c->batch = n;
+  c->inputs = {Tensor(rt_, {n, batch->channels, batch->height, batch->width}, d), Tensor(rt_, {n}, d)};
+  copy_batch_into(batch, 0, c->inputs);
+  const int64_t t = optimizer_steps_ + 1;
+  c->scalars = optimizer_scalars(rt_, d, options_.optimizer, lr_, t);
+  const float scale = 1.0f / static_cast<float>(n);
+  const int64_t tracked = m.batches_tracked();
+  Backend* backend = &rt_.backend(d);
+  Allocator* allocator = &rt_.allocator(d);
+  std::vector<Tensor> grads;
+  std::string refused;
+  VarPtr done = new_var();
+  // The step's code runs on the device's compute worker, inside this op, while this thread waits.
+  rt_.engine().push(
+      [&](OpContext& ctx) {
+        try {
+          c->work = backend->capture(
+              [&] {
+                c->classes = forward_backward(0, c->inputs.images, c->inputs.labels, scale, grads);
+                update(0, grads, c->scalars, Tensor());
+              },
+              ctx, *allocator);
+        } catch (const CaptureError& e) {
+          refused = e.what();
+        }
+      },
+      {c->inputs.images.var(), c->inputs.labels.var(), c->scalars.var()}, {done}, d, StreamKind::Compute,
+      {"capture training step", "", 0, 0});
+  try {
+    rt_.engine().wait(done);
+  } catch (...) {
+    m.clear_cache();
+    throw;
   }
+  if (!refused.empty()) {
+    m.clear_cache();
+    m.set_batches_tracked(tracked);
+    capture_off_ = refused;
+    if (warn_) warn_("training goes on step by step: " + refused);
+    return false;
+  }
+  for (Parameter* p : m.state()) c->writes.push_back(p->value.var());
+  for (const OptimizerState& st : optim_state_[0])
+    for (const Tensor* x : {&st.a, &st.b})
+      if (x->defined()) c->writes.push_back(x->var());
+  for (const Tensor& g : grads) c->writes.push_back(g.var());
+  c->writes.push_back(totals_[0].var());
+  captured_ = std::move(c);
+  samples_[0] += n;
+  optimizer_steps_ = t;
+  ++replayed_steps_;
+  return true;
+}
+
+void Trainer::replay(const HostBatchPtr& batch) {
+  const CapturedStep& c = *captured_;
+  Model& m = *replicas_[0];
+  // What the captured loss cannot report (a GPU graph reads nothing back): a label that is no class.
+  for (int64_t i = 0; i < batch->size; ++i) {
+    const float label = batch->labels[i];
+    if (!(label >= 0 && label < static_cast<float>(c.classes)) || label != std::floor(label))
+      throw Error("softmax_cross_entropy: the label at row " + std::to_string(i) + " is not a class index in [0, " +
+                  std::to_string(c.classes) + ")");
+  }
+  copy_batch_into(batch, 0, c.inputs);
+  const int64_t t = optimizer_steps_ + 1;
+  write_optimizer_scalars(c.scalars, options_.optimizer, lr_, t);
+  VarPtr done = new_var();
+  std::vector<VarPtr> writes = c.writes;
+  writes.push_back(done);
+  std::shared_ptr<CapturedWork> work = c.work;
+  rt_.engine().push([work](OpContext& ctx) { work->replay(ctx); },
+                    {c.inputs.images.var(), c.inputs.labels.var(), c.scalars.var()}, std::move(writes),
+                    devices_[0], StreamKind::Compute, {"training step (replay)", "", 0, 0});
+  samples_[0] += batch->size;
+  optimizer_steps_ = t;
+  m.set_batches_tracked(m.batches_tracked() + 1);  // what the captured forward counted on the host
+  ++replayed_steps_;
+  in_flight_.push_back({done});
+}
+
+std::string Trainer::capture_status() const {
+  if (captured_) return "replaying " + captured_->work->describe();
+  if (!capture_off_.empty()) return "step by step: " + capture_off_;
+  if (!released_capture_.empty()) return "replayed " + released_capture_;
+  return "step by step";
 }
 
 bool Trainer::unscale(const std::vector<std::vector<Tensor>>& grads, std::vector<Tensor>& clip) {
@@ -520,7 +705,8 @@ StepTotals Trainer::totals() {
 }
 
 void Trainer::reset_totals() {
-  for (size_t r = 0; r < replicas_.size(); ++r) totals_[r] = zeros(rt_, {2}, devices_[r]);
+  // In place: a captured step accumulates into these very tensors.
+  for (const Tensor& t : totals_) write_values(t, {0.0f, 0.0f});
   std::fill(samples_.begin(), samples_.end(), 0);
 }
 
@@ -856,10 +1042,15 @@ TrainResult Trainer::fit(const DatasetPtr& train, const DatasetPtr& test, const 
   // was asked to stop (one 8-byte all-reduce), so that all stop at the same batch and the checkpoint rank 0
   // saves is where every rank is; between those points a rank's cancel waits (abandon_collectives).
   agreed_stops_ = world_ && checkpoints;
+  warn_ = on_warning;
   struct EndOfFit {
     bool& agreed;
-    ~EndOfFit() { agreed = false; }  // evaluate() outside fit() hears a cancel at once
-  } end_of_fit{agreed_stops_};
+    WarningCallback& warn;
+    ~EndOfFit() {
+      agreed = false;  // evaluate() outside fit() hears a cancel at once
+      warn = nullptr;
+    }
+  } end_of_fit{agreed_stops_, warn_};
   auto stop_agreed = [&] {
     if (!agreed_stops_ || rt_.engine().cancelled()) return stop_requested();
     double asked = cancel_requested_ ? 1.0 : 0.0;

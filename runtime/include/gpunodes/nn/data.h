@@ -170,6 +170,9 @@ struct DeviceBatch {
   Tensor images, labels;
 };
 DeviceBatch to_device(Runtime& rt, const HostBatchPtr& batch, int64_t begin, int64_t end, Device device);
+// Copies rows [begin, begin + n) of the batch into dst's tensors (n = dst.labels' length), which keep their
+// storage: a captured step's inputs.
+void copy_batch_into(const HostBatchPtr& batch, int64_t begin, const DeviceBatch& dst);
 
 // Fisher-Yates permutation of 0..n-1 from (seed, epoch), the same on every platform.
 std::vector<int64_t> shuffled_indices(int64_t n, uint64_t seed, int64_t epoch);

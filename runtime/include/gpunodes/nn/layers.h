@@ -24,16 +24,24 @@ struct LinearGrads {
 LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, bool need_dx = true,
                             bool need_db = true);
 
-// --- layouts
-// ------------------------------------------------------------------------------------------------ Where the
-// values of a 4-d activation [N, C, H, W] lie in memory. Nchw is the layout of every tensor a caller sees.
-// Blocked is the device's own: channels in blocks of blocked_layout_channels(device), [N, C / block, H, W,
-// block] (oneDNN's nChw8c or nChw16c), the layout its convolutions run in. A network that passes Blocked
-// activations from layer to layer reorders only at its edges instead of around every convolution. The
-// tensor's shape stays [N, C, H, W] either way, C a multiple of the block.
+// --- layouts -------------------------------------------------------------------------------------------
+// Where the values of a 4-d activation [N, C, H, W] lie in memory. Nchw is the layout of every tensor a
+// caller sees. Blocked is the device's own, the layout its convolutions run fastest in: channels in blocks of
+// layout_block(Layout::Blocked, device, C) lanes, [N, C / block, H, W, block].
+//   - CPU: a constant block, the one oneDNN's convolutions prefer on this machine (nChw8c with AVX2,
+//     nChw16c with AVX-512); C must be a multiple of it.
+//   - CUDA: one block of all C channels, [N, 1, H, W, C], which is channels-last NHWC: cuDNN's tensor-core
+//     convolution kernels read and write NHWC, and run NCHW through transposes around them. Any C works.
+// A network that passes Blocked activations from layer to layer reorders only at its edges instead of
+// around every convolution. The tensor's shape stays [N, C, H, W] either way. Where C is 1 (or H = W = 1)
+// every layout is the same memory.
 enum class Layout { Nchw, Blocked };
-// The channel block of `device`'s Blocked layout, or 0 where it has none (CUDA devices: cuDNN runs NCHW).
-int64_t blocked_layout_channels(Device device);
+// Whether `device` has a Blocked layout of its own (CPU and CUDA devices do).
+bool has_blocked_layout(Device device);
+// The channel block of a tensor of `channels` channels in `layout` on `device`: 1 for Nchw; for Blocked the
+// CPU's constant block (ShapeError when `channels` is not a multiple of it) or, on CUDA, `channels` itself
+// (NHWC). Throws Error for a device without a Blocked layout.
+int64_t layout_block(Layout layout, Device device, int64_t channels);
 
 // --- conv2d: x [N, C, H, W], w [K, C / groups, R, S], b [K] -> y [N, K, OH, OW] ------------------------
 // b may be undefined (bias=False); backward then takes need_db = false and leaves db undefined. With groups
@@ -180,6 +188,15 @@ struct OptimizerState {
 // way in (the gradient tensors are left as they are).
 void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                     std::vector<OptimizerState>& states, const OptimizerOptions& o, double lr, int64_t step,
+                    const Tensor& clip = Tensor());
+// The scalars of one update (the rate, Adam's bias corrections, ...) at rate lr and step `step`, as a small
+// tensor on `device`: what optimizer_step's kernels read. A captured training step reads one such tensor,
+// which the trainer rewrites before each replay (write_optimizer_scalars, same options).
+Tensor optimizer_scalars(Runtime& rt, Device device, const OptimizerOptions& o, double lr, int64_t step);
+void write_optimizer_scalars(const Tensor& dst, const OptimizerOptions& o, double lr, int64_t step);
+// optimizer_step with the scalars already on the parameters' device.
+void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                    std::vector<OptimizerState>& states, const OptimizerOptions& o, const Tensor& scalars,
                     const Tensor& clip = Tensor());
 // torch.nn.utils.clip_grad_norm_(grads, max_norm)'s numbers, computed on the gradients' device with no host
 // read: [2] {the total 2-norm over every gradient, min(1, max_norm / (norm + 1e-6))}. The sum of squares runs

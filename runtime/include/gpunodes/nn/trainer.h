@@ -61,6 +61,19 @@ struct LossScaleOptions {
   }
 };
 
+// Captured steps (backend.h's CapturedWork): after kCaptureWarmup ordinary steps, one step is captured, and
+// the later steps of that batch size replay it, with their batch written into the captured step's input
+// tensors and their rate into its scalars. On a GPU the capture is a CUDA graph (a 28x28 ResNet-18 step is
+// bound by kernel launches, and a graph launches them all at once); on a CPU the replay runs the recorded op
+// bodies as one engine op. Only a single-device run without loss scaling (which reads the gradient norm on
+// the host) and without dropout (a new mask every step) can be captured; otherwise, or when capturing fails,
+// training goes on step by step and the reason goes to the warning callback once. Auto: on a CUDA device.
+// On: also on a CPU. Off: never.
+enum class StepCapture { Auto, On, Off };
+const char* step_capture_name(StepCapture mode);  // "auto", "on", "off"
+std::optional<StepCapture> parse_step_capture(std::string_view text);
+constexpr int64_t kCaptureWarmup = 2;  // cuDNN's algorithm search, the caches and the optimizer state settle
+
 struct TrainOptions {
   int64_t epochs = 10;
   int64_t batch_size = 256;  // the whole minibatch, split across the devices
@@ -78,6 +91,7 @@ struct TrainOptions {
   // every device must allow it (check_precision), or the Trainer refuses to start.
   Precision precision = Precision::Fp32;
   LossScaleOptions loss_scale;
+  StepCapture capture = StepCapture::Auto;
   uint64_t shuffle_seed = 0;
   int64_t resize = 0;      // images resized to resize x resize (the seed uses 96 for ResNet); 0: as stored
   int64_t log_every = 50;  // loss and train accuracy every N batches; 0: per epoch only
@@ -197,6 +211,12 @@ class Trainer {
   double loss_scale() const { return loss_scale_; }
   // Steps skipped because their gradients overflowed, over every fit() and step().
   int64_t skipped_steps() const { return skipped_steps_; }
+  // How steps run: "replaying a CUDA graph of 412 nodes", "replaying 57 recorded ops", "step by step: <why>",
+  // or "step by step" (not captured yet, or capture off); after fit(), which releases the captured step,
+  // "replayed 57 recorded ops".
+  std::string capture_status() const;
+  // Steps that were replays of the captured step, over every fit() and step().
+  int64_t replayed_steps() const { return replayed_steps_; }
   // The optimizer in use (options.sgd resolved into it).
   const OptimizerOptions& optimizer() const { return options_.optimizer; }
   // Waits for every step enqueued so far; rethrows their errors.
@@ -249,6 +269,26 @@ class Trainer {
   double lr_ = 0;
   double loss_scale_ = 0;  // 0: off
   int64_t loss_scale_good_steps_ = 0, skipped_steps_ = 0;
+  // A step's parts: replica r's forward and backward on its batch (the loss gradient scaled by `scale`),
+  // accumulating its loss and hits into totals_[r] and leaving its gradients in `grads`; and the update of
+  // replica r with the step's scalars and clip factor (either may be undefined: then computed here).
+  void step_by_step(const HostBatchPtr& batch);
+  // Returns the number of classes (the logits' width).
+  int64_t forward_backward(size_t r, const Tensor& images, const Tensor& labels, float scale,
+                           std::vector<Tensor>& grads);
+  void update(size_t r, const std::vector<Tensor>& grads, const Tensor& scalars, Tensor clip);
+  // The captured step: what it reads (its batch and scalars) and writes, and its work.
+  struct CapturedStep;
+  std::shared_ptr<CapturedStep> captured_;
+  std::string capture_off_;  // why steps are not captured; empty while they may be
+  std::string released_capture_;  // what the last captured step was, once fit() released it
+  int64_t uncaptured_steps_ = 0, replayed_steps_ = 0;
+  WarningCallback warn_;  // fit()'s, while it runs
+  // Whether this step can be (or is) a captured one; says why not once, when it never can.
+  bool capturable(const HostBatch& batch);
+  // Captures the step on this batch (which it then trains on); false, with capture turned off, on failure.
+  bool capture(const HostBatchPtr& batch);
+  void replay(const HostBatchPtr& batch);
   // The loss scaler's part of a step, after the all-reduce: reads the gradients' norm, and returns false
   // (the step is to be skipped) when it overflowed; otherwise sets clip[r] to each replica's factor, the
   // unscaling and clip_grad_norm's together. Updates the scale either way.

@@ -2,7 +2,9 @@
 // small kernels only where no library call fits (bias broadcast and sums, global average pooling, the fused
 // softmax cross-entropy, the optimizers and the gradient norm, GELU, dropout); channel concat and split are
 // strided copies. Every call enqueues on the op's stream (the device worker's); the worker waits for the
-// stream when the op ends. Every library return code is checked.
+// stream when the op ends. Every library return code is checked. Convolution, batch norm and global average
+// pooling also take layers.h's Layout::Blocked, which on CUDA is channels-last NHWC (see "layouts" below);
+// pooling windows (pool2d) are NCHW only.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -122,7 +124,17 @@ class Stream {
   Handles* h_ = nullptr;
 };
 
-// Workspace from the device's caching allocator, released after the stream has finished with it.
+// Whether `stream` is being captured into a CUDA graph (backend.h's capture): then nothing may wait for it,
+// and what its work would read back only exists when the graph runs.
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  GN_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Workspace from the device's caching allocator, released after the stream has finished with it. While the
+// stream is captured it comes from the graph's private pool, to which it returns at once: later work of the
+// same graph may reuse it, in stream order, and nothing outside the graph can.
 class Workspace {
  public:
   Workspace(Allocator& a, Stream& s, size_t bytes) : a_(a), s_(s), bytes_(bytes) {
@@ -130,7 +142,7 @@ class Workspace {
   }
   ~Workspace() {
     if (!ptr_) return;
-    (void)cudaStreamSynchronize(s_.get());
+    if (!capturing(s_.get())) (void)cudaStreamSynchronize(s_.get());
     a_.deallocate(ptr_);
   }
   Workspace(const Workspace&) = delete;
@@ -147,18 +159,30 @@ class Workspace {
 
 // --- cuDNN descriptors -------------------------------------------------------------------------------------
 
+// The dimensions of a 4-d tensor as cuDNN names them: [n, c, h, w] for activations, [k, c / groups, r, s]
+// for filters. Which of them varies fastest in memory is the format's business (cudnnTensorFormat_t).
+struct Dims4 {
+  int64_t n, c, h, w;
+  int64_t count() const { return n * c * h * w; }
+};
+
+// A packed 4-d tensor in `format`: CUDNN_TENSOR_NCHW, or CUDNN_TENSOR_NHWC (channels-last: the same
+// dimensions, with c varying fastest; cuDNN derives the strides).
 struct TensorDesc {
   cudnnTensorDescriptor_t d = nullptr;
-  TensorDesc(int64_t n, int64_t c, int64_t h, int64_t w, cudnnDataType_t type = CUDNN_DATA_FLOAT) {
+  TensorDesc(int64_t n, int64_t c, int64_t h, int64_t w, cudnnDataType_t type = CUDNN_DATA_FLOAT,
+             cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW) {
     GN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
-    const cudnnStatus_t st =
-        cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, type, to_int(n, "batch"), to_int(c, "channels"),
-                                   to_int(h, "height"), to_int(w, "width"));
+    const cudnnStatus_t st = cudnnSetTensor4dDescriptor(d, format, type, to_int(n, "batch"),
+                                                        to_int(c, "channels"), to_int(h, "height"),
+                                                        to_int(w, "width"));
     if (st != CUDNN_STATUS_SUCCESS) {
       (void)cudnnDestroyTensorDescriptor(d);
       GN_CUDNN_CHECK(st);
     }
   }
+  TensorDesc(const Dims4& dims, cudnnDataType_t type, cudnnTensorFormat_t format)
+      : TensorDesc(dims.n, dims.c, dims.h, dims.w, type, format) {}
   ~TensorDesc() { (void)cudnnDestroyTensorDescriptor(d); }
   TensorDesc(const TensorDesc&) = delete;
   TensorDesc& operator=(const TensorDesc&) = delete;
@@ -171,13 +195,14 @@ TensorDesc flat_desc(int64_t n) {
   return TensorDesc(n / c, c, 1, 1);
 }
 
+// Filters [k, c, r, s]: format NCHW is KCRS (our weights' own layout), NHWC is KRSC.
 struct FilterDesc {
   cudnnFilterDescriptor_t d = nullptr;
-  FilterDesc(int64_t k, int64_t c, int64_t r, int64_t s, cudnnDataType_t type) {
+  FilterDesc(const Dims4& dims, cudnnDataType_t type, cudnnTensorFormat_t format) {
     GN_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d));
     const cudnnStatus_t st =
-        cudnnSetFilter4dDescriptor(d, type, CUDNN_TENSOR_NCHW, to_int(k, "filters"), to_int(c, "channels"),
-                                   to_int(r, "kernel"), to_int(s, "kernel"));
+        cudnnSetFilter4dDescriptor(d, type, format, to_int(dims.n, "filters"), to_int(dims.c, "channels"),
+                                   to_int(dims.h, "kernel"), to_int(dims.w, "kernel"));
     if (st != CUDNN_STATUS_SUCCESS) {
       (void)cudnnDestroyFilterDescriptor(d);
       GN_CUDNN_CHECK(st);
@@ -283,7 +308,7 @@ struct ActDesc {
 enum class Pass { Forward, BackwardData, BackwardFilter };
 
 using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int>;
+                           int64_t, int64_t, int, int>;
 
 struct Algo {
   int algo = 0;
@@ -296,9 +321,11 @@ struct Algo {
 std::mutex g_algo_mutex;
 std::map<AlgoKey, Algo> g_algos;
 
-AlgoKey algo_key(int device, Pass pass, const ConvShape& s, Precision p) {
+// `format` is the one the convolution runs in (ConvFormats::conv): an NHWC and an NCHW convolution of one
+// shape are different problems to cuDNN.
+AlgoKey algo_key(int device, Pass pass, const ConvShape& s, Precision p, cudnnTensorFormat_t format) {
   return {device, static_cast<int>(pass), s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad, s.groups,
-          static_cast<int>(p)};
+          static_cast<int>(p), static_cast<int>(format)};
 }
 
 // The math a found algorithm runs with: Find's own outside fp32, FMA in fp32.
@@ -395,6 +422,29 @@ __global__ void plane_broadcast_kernel(const float* __restrict__ dy, float* __re
   const float inv = 1.0f / static_cast<float>(hw);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     dx[i] = dy[i / hw] * inv;
+}
+
+// The same two for NHWC x [n, hw, c] (y and dy [n, c] as before). Forward: one thread per (sample, channel),
+// adjacent threads on adjacent channels (coalesced), each summing its hw values in order in double:
+// deterministic, no atomics.
+__global__ void nhwc_mean_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, int64_t hw,
+                                 int64_t c) {
+  const int64_t planes = n * c, stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < planes; p += stride) {
+    const float* base = x + (p / c) * hw * c + p % c;  // sample p / c, channel p % c, pixel 0
+    double acc = 0;
+    for (int64_t j = 0; j < hw; ++j) acc += base[j * c];
+    y[p] = static_cast<float>(acc / static_cast<double>(hw));
+  }
+}
+
+__global__ void nhwc_broadcast_kernel(const float* __restrict__ dy, float* __restrict__ dx, int64_t n,
+                                      int64_t hw, int64_t c) {
+  const int64_t total = n * hw * c, stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  const float inv = 1.0f / static_cast<float>(hw);
+  // Element i of dx is sample i / (hw c), channel i % c.
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride)
+    dx[i] = dy[(i / (hw * c)) * c + i % c] * inv;
 }
 
 // (::exp and ::log: inside gn, plain exp would find gn::exp on tensors.)
@@ -499,7 +549,9 @@ void copy_rows(float* dst, int64_t dst_row, const float* src, int64_t src_row, i
 // The optimizer updates of optim.h with explicit round-to-nearest operations in the CPU loop's order, so
 // that no FMA contraction makes a GPU replica's step differ from a CPU replica's in the last bit. One thread
 // per element, grid-stride; launched per tensor.
-__global__ void sgd_kernel(OptimizerTensor t, OptimizerScalars s, const float* __restrict__ clip) {
+__global__ void sgd_kernel(OptimizerTensor t, const OptimizerScalars* __restrict__ scalars,
+                           const float* __restrict__ clip) {
+  const OptimizerScalars s = *scalars;
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   const float coef = clip ? clip[1] : 1.0f;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < t.n; i += stride) {
@@ -515,7 +567,9 @@ __global__ void sgd_kernel(OptimizerTensor t, OptimizerScalars s, const float* _
   }
 }
 
-__global__ void adam_kernel(OptimizerTensor t, OptimizerScalars s, const float* __restrict__ clip) {
+__global__ void adam_kernel(OptimizerTensor t, const OptimizerScalars* __restrict__ scalars,
+                            const float* __restrict__ clip) {
+  const OptimizerScalars s = *scalars;
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   const float coef = clip ? clip[1] : 1.0f;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < t.n; i += stride) {
@@ -617,48 +671,161 @@ void widen(const void* x, float* y, int64_t n, cudnnDataType_t type, cudaStream_
   GN_CUDA_CHECK_LAUNCH();
 }
 
-// A float32 operand as a convolution in `m` reads it: the tensor itself, or a copy rounded to bf16 / fp16.
+// --- layouts ---------------------------------------------------------------------------------------------
+//
+// An activation's channel block (kernels.h) is 1 for NCHW; on CUDA the only other block layers.cpp hands out
+// is the channel count, [N, C / C = 1, H, W, C]: NHWC, which cuDNN describes with CUDNN_TENSOR_NHWC.
+//
+// Convolutions run in one format for every operand, filters included (ConvFormats): NHWC when either
+// activation is NHWC, NCHW otherwise. What this relies on in cuDNN's documentation (legacy convolution API,
+// cudnn_cnn library; cudnn_ops for cudnnTransformTensor):
+//   - cudnnSetFilter4dDescriptor takes a format: CUDNN_TENSOR_NCHW means the filter is laid out KCRS,
+//     CUDNN_TENSOR_NHWC means KRSC.
+//   - The supported-configuration tables of cudnnConvolutionForward, cudnnConvolutionBackwardData and
+//     cudnnConvolutionBackwardFilter come in two sets keyed by the filter format (wDesc / dwDesc NCHW or
+//     NHWC). With an NHWC filter the data tensors (x and y, dx and dy) are NHWC and fully packed: the
+//     configuration of cuDNN's NHWC tensor-core (implicit GEMM) kernels, and the one PyTorch's channels_last
+//     convolutions use (it puts the weight in the input's memory format). Which algorithms accept an NCHW
+//     filter with NHWC data, or mixed data formats in one call, varies by row; this code depends on none of
+//     those rows: each call is NCHW throughout or NHWC throughout.
+//   - cudnnTransformTensor copies a tensor into another of the same dimensions and data type but other
+//     strides, "to convert a tensor with an unsupported format to a supported one". It reorders the float32
+//     KCRS weights into a KRSC workspace before an NHWC convolution (and the KRSC weight gradient back into
+//     KCRS), and, in the rare mixed case (an NCHW input and an NHWC output, or the other way round), the
+//     activation whose format differs, so that each cuDNN convolution call sees a single format. Where both
+//     formats are the same memory (one channel, or one pixel: a 1x1 filter or a depthwise filter's single
+//     input channel) nothing is copied.
+//   - In bf16 / fp16 the reorder happens in float32 first and the narrowing copy (narrow) is elementwise on
+//     the reordered values, so cudnnTransformTensor never needs a type conversion; results are widened and
+//     then reordered back the same way.
+// Grouped convolutions run NCHW whatever the activations' layout (the NHWC rows of those tables are the
+// dense tensor-core kernels; grouped and depthwise NHWC support varies by algorithm and version).
+
+// The cuDNN format of a tensor of `channels` channels with channel block `block`.
+cudnnTensorFormat_t layout_format(int64_t block, int64_t channels, const char* what) {
+  if (block == 1) return CUDNN_TENSOR_NCHW;
+  if (block == channels) return CUDNN_TENSOR_NHWC;
+  throw BackendError(std::string(what) + ": a blocked layout on CUDA is NHWC, one block of all " +
+                     std::to_string(channels) + " channels, not blocks of " + std::to_string(block));
+}
+
+// Whether a tensor of these dimensions lies the same in both formats: one channel, or one pixel.
+bool same_memory(const Dims4& d, cudnnTensorFormat_t a, cudnnTensorFormat_t b) {
+  return a == b || d.c == 1 || d.h * d.w == 1;
+}
+
+// float32 `d` in format `from` at src into format `to` at dst (which must not overlap).
+void reorder(Stream& s, const Dims4& d, cudnnTensorFormat_t from, const float* src, cudnnTensorFormat_t to,
+             float* dst) {
+  if (d.count() == 0) return;
+  TensorDesc a(d, CUDNN_DATA_FLOAT, from), b(d, CUDNN_DATA_FLOAT, to);
+  const float one = 1.0f, zero = 0.0f;
+  GN_CUDNN_CHECK(cudnnTransformTensor(s.cudnn(), &one, a.d, src, &zero, b.d, dst));
+}
+
+// The formats of a convolution: of its input (x, dx), of its output (y, dy), and the one it runs in.
+struct ConvFormats {
+  cudnnTensorFormat_t in, out, conv;
+  explicit ConvFormats(const ConvShape& sh)
+      : in(layout_format(sh.in_block, sh.c, "convolution input")),
+        out(layout_format(sh.out_block, sh.k, "convolution output")),
+        conv(sh.groups == 1 && (in == CUDNN_TENSOR_NHWC || out == CUDNN_TENSOR_NHWC) ? CUDNN_TENSOR_NHWC
+                                                                                      : CUDNN_TENSOR_NCHW) {}
+};
+
+size_t float_bytes(int64_t n) {
+  return static_cast<size_t>(n) * sizeof(float);
+}
+
+// A float32 operand of dimensions `d`, stored in format `have`, as a convolution in `m` running in format
+// `want` reads it: the tensor itself, or a copy reordered into `want` (float32) and / or rounded to
+// bf16 / fp16.
 class ConvInput {
  public:
-  ConvInput(KernelContext& kc, Stream& s, const ConvMath& m, const float* x, int64_t n)
-      : copy_(kc.allocator, s, m.half() ? static_cast<size_t>(n) * 2 : 0), ptr_(x) {
+  ConvInput(KernelContext& kc, Stream& s, const ConvMath& m, const float* x, const Dims4& d,
+            cudnnTensorFormat_t have, cudnnTensorFormat_t want)
+      : reordered_(kc.allocator, s, same_memory(d, have, want) ? 0 : float_bytes(d.count())),
+        copy_(kc.allocator, s, m.half() ? static_cast<size_t>(d.count()) * 2 : 0),
+        ptr_(x) {
+    const float* wide = x;
+    if (reordered_.get()) {
+      auto* r = static_cast<float*>(reordered_.get());
+      reorder(s, d, have, x, want, r);
+      wide = r;
+      ptr_ = r;
+    }
     if (!m.half()) return;
-    narrow(x, copy_.get(), n, m.data, s.get());
+    narrow(wide, copy_.get(), d.count(), m.data, s.get());
     ptr_ = copy_.get();
   }
   const void* get() const { return ptr_; }
 
  private:
-  Workspace copy_;
+  Workspace reordered_;  // float32 in `want`, when the formats differ in memory
+  Workspace copy_;       // bf16 / fp16
   const void* ptr_;
 };
 
-// Where a convolution in `m` writes a float32 result: the tensor itself, or a bf16 / fp16 buffer that
-// finish() widens into it.
+// Where a convolution in `m` running in format `conv` writes a float32 result of dimensions `d` stored in
+// format `have`: the tensor itself, or a buffer (bf16 / fp16, and / or float32 in `conv`) that finish()
+// widens and reorders into it.
 class ConvOutput {
  public:
-  ConvOutput(KernelContext& kc, Stream& s, const ConvMath& m, float* y, int64_t n)
-      : narrow_(kc.allocator, s, m.half() ? static_cast<size_t>(n) * 2 : 0), s_(s), type_(m.data), y_(y), n_(n) {}
-  void* get() const { return narrow_.get() ? narrow_.get() : y_; }
+  ConvOutput(KernelContext& kc, Stream& s, const ConvMath& m, float* y, const Dims4& d,
+             cudnnTensorFormat_t have, cudnnTensorFormat_t conv)
+      : reordered_(kc.allocator, s, same_memory(d, have, conv) ? 0 : float_bytes(d.count())),
+        narrow_(kc.allocator, s, m.half() ? static_cast<size_t>(d.count()) * 2 : 0),
+        s_(s),
+        type_(m.data),
+        y_(y),
+        d_(d),
+        have_(have),
+        conv_(conv) {}
+  void* get() const {
+    if (narrow_.get()) return narrow_.get();
+    if (reordered_.get()) return reordered_.get();
+    return y_;
+  }
   void finish() {
-    if (narrow_.get()) widen(narrow_.get(), y_, n_, type_, s_.get());
+    float* wide = reordered_.get() ? static_cast<float*>(reordered_.get()) : y_;
+    if (narrow_.get()) widen(narrow_.get(), wide, d_.count(), type_, s_.get());
+    if (reordered_.get()) reorder(s_, d_, conv_, wide, have_, y_);
   }
 
  private:
-  Workspace narrow_;
+  Workspace reordered_;  // float32 in `conv`, when the formats differ in memory
+  Workspace narrow_;     // bf16 / fp16 in `conv`
   Stream& s_;
   cudnnDataType_t type_;
   float* y_;
-  int64_t n_;
+  Dims4 d_;
+  cudnnTensorFormat_t have_, conv_;
 };
 
-// --- the kernels -------------------------------------------------------------------------------------------
-
-// Blocked layouts are the CPU's (layers.cpp refuses them for a CUDA device); read as NCHW they would be
-// wrong.
-void need_nchw(int64_t block, const char* what) {
-  if (block != 1) throw BackendError(std::string(what) + ": cuDNN runs NCHW, not a blocked layout");
+// The bias of a convolution's output [n, k, oh, ow] in `format`, as cudnnAddTensor and
+// cudnnConvolutionBackwardBias see it: the output itself and b as [1, k, 1, 1]. An NHWC output is the same
+// memory as the NCHW tensor [n * oh * ow, k, 1, 1] (pixel-major rows of k channels), which is how it is
+// described here: cuDNN's plain broadcast over packed NCHW, whatever its NHWC paths do.
+Dims4 bias_view(const Dims4& d, cudnnTensorFormat_t format) {
+  return format == CUDNN_TENSOR_NHWC ? Dims4{d.n * d.h * d.w, d.c, 1, 1} : d;
 }
+struct BiasDescs {
+  TensorDesc y, b;
+  BiasDescs(const Dims4& d, cudnnTensorFormat_t format)
+      : y(bias_view(d, format), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW), b(1, d.c, 1, 1) {}
+};
+
+// Global average pooling's channel count when its input is NHWC (block > 1: the block is C), 0 for NCHW.
+int64_t nhwc_channels(int64_t planes, int64_t block) {
+  if (block == 1) return 0;
+  if (block < 1 || planes % block != 0)
+    throw BackendError("global average pooling: a blocked layout on CUDA is NHWC, one block of all channels; "
+                       "a block of " + std::to_string(block) + " does not divide " + std::to_string(planes) +
+                       " planes");
+  return block;
+}
+
+// --- the kernels -------------------------------------------------------------------------------------------
 
 class CudaNnKernels final : public NnKernels {
  public:
@@ -694,15 +861,18 @@ class CudaNnKernels final : public NnKernels {
 
   void conv2d_forward(const ConvShape& sh, const float* x, const float* w, const float* b, float* y,
                       KernelContext& kc) override {
-    need_nchw(std::max(sh.in_block, sh.out_block), "convolution");
+    const ConvFormats f(sh);
     Stream s(kc);
     const ConvMath m(kc.precision);
-    TensorDesc xd(sh.n, sh.c, sh.h, sh.w, m.data), yd(sh.n, sh.k, sh.oh, sh.ow, m.data);
-    FilterDesc wd(sh.k, sh.c / sh.groups, sh.r, sh.s, m.data);
+    const Dims4 xdim{sh.n, sh.c, sh.h, sh.w}, ydim{sh.n, sh.k, sh.oh, sh.ow},
+        wdim{sh.k, sh.c / sh.groups, sh.r, sh.s};
+    // Every operand in the convolution's format (see "layouts" above); the weights are KCRS (NCHW).
+    TensorDesc xd(xdim, m.data, f.conv), yd(ydim, m.data, f.conv);
+    FilterDesc wd(wdim, m.data, f.conv);
     ConvDesc cd(sh.pad, sh.stride, sh.groups, m);
-    ConvInput hx(kc, s, m, x, sh.n * sh.c * sh.h * sh.w), hw(kc, s, m, w, sh.k * sh.c / sh.groups * sh.r * sh.s);
-    ConvOutput hy(kc, s, m, y, sh.n * sh.k * sh.oh * sh.ow);
-    const AlgoKey key = algo_key(s.device(), Pass::Forward, sh, m.precision);
+    ConvInput hx(kc, s, m, x, xdim, f.in, f.conv), hw(kc, s, m, w, wdim, CUDNN_TENSOR_NCHW, f.conv);
+    ConvOutput hy(kc, s, m, y, ydim, f.out, f.conv);
+    const AlgoKey key = algo_key(s.device(), Pass::Forward, sh, m.precision, f.conv);
     Algo algo;
     if (!cached_algo(key, algo)) {
       size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_FWD_ALGO_COUNT, [&](int a, size_t* out) {
@@ -728,32 +898,34 @@ class CudaNnKernels final : public NnKernels {
                                            static_cast<cudnnConvolutionFwdAlgo_t>(algo.algo), ws.get(),
                                            ws.size(), &zero, yd.d, hy.get()));
     hy.finish();
-    if (b) {
-      TensorDesc yfd(sh.n, sh.k, sh.oh, sh.ow), bd(1, sh.k, 1, 1);
-      GN_CUDNN_CHECK(cudnnAddTensor(s.cudnn(), &one, bd.d, b, &one, yfd.d, y));
+    if (b) {  // y, in its own layout, += b
+      BiasDescs bd(ydim, f.out);
+      GN_CUDNN_CHECK(cudnnAddTensor(s.cudnn(), &one, bd.b.d, b, &one, bd.y.d, y));
     }
   }
 
   void conv2d_backward(const ConvShape& sh, const float* x, const float* w, const float* dy, float* dx,
                        float* dw, float* db, KernelContext& kc) override {
-    need_nchw(std::max(sh.in_block, sh.out_block), "convolution");
+    const ConvFormats f(sh);
     Stream s(kc);
     const ConvMath m(kc.precision);
-    TensorDesc xd(sh.n, sh.c, sh.h, sh.w, m.data), yd(sh.n, sh.k, sh.oh, sh.ow, m.data);
-    FilterDesc wd(sh.k, sh.c / sh.groups, sh.r, sh.s, m.data);
+    const Dims4 xdim{sh.n, sh.c, sh.h, sh.w}, ydim{sh.n, sh.k, sh.oh, sh.ow},
+        wdim{sh.k, sh.c / sh.groups, sh.r, sh.s};
+    // Every operand in the convolution's format (see "layouts" above); the weights are KCRS (NCHW).
+    TensorDesc xd(xdim, m.data, f.conv), yd(ydim, m.data, f.conv);
+    FilterDesc wd(wdim, m.data, f.conv);
     ConvDesc cd(sh.pad, sh.stride, sh.groups, m);
     const float one = 1.0f, zero = 0.0f;
-    if (db) {  // the bias gradient sums the float32 dy, in float32
-      TensorDesc yfd(sh.n, sh.k, sh.oh, sh.ow), bd(1, sh.k, 1, 1);
-      GN_CUDNN_CHECK(cudnnConvolutionBackwardBias(s.cudnn(), &one, yfd.d, dy, &zero, bd.d, db));
+    if (db) {  // the bias gradient sums the float32 dy, in its own layout, in float32
+      BiasDescs bd(ydim, f.out);
+      GN_CUDNN_CHECK(cudnnConvolutionBackwardBias(s.cudnn(), &one, bd.y.d, dy, &zero, bd.b.d, db));
     }
-    const int64_t w_count = sh.k * sh.c / sh.groups * sh.r * sh.s, x_count = sh.n * sh.c * sh.h * sh.w;
-    ConvInput hdy(kc, s, m, dy, sh.n * sh.k * sh.oh * sh.ow);
+    ConvInput hdy(kc, s, m, dy, ydim, f.out, f.conv);
 
-    const AlgoKey fkey = algo_key(s.device(), Pass::BackwardFilter, sh, m.precision);
+    const AlgoKey fkey = algo_key(s.device(), Pass::BackwardFilter, sh, m.precision, f.conv);
     {
-      ConvInput hx(kc, s, m, x, x_count);
-      ConvOutput hdw(kc, s, m, dw, w_count);
+      ConvInput hx(kc, s, m, x, xdim, f.in, f.conv);
+      ConvOutput hdw(kc, s, m, dw, wdim, CUDNN_TENSOR_NCHW, f.conv);
       Algo falgo;
       if (!cached_algo(fkey, falgo)) {
         size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, [&](int a, size_t* out) {
@@ -780,9 +952,9 @@ class CudaNnKernels final : public NnKernels {
       hdw.finish();
     }
     if (!dx) return;
-    ConvInput hw(kc, s, m, w, w_count);
-    ConvOutput hdx(kc, s, m, dx, x_count);
-    const AlgoKey dkey = algo_key(s.device(), Pass::BackwardData, sh, m.precision);
+    ConvInput hw(kc, s, m, w, wdim, CUDNN_TENSOR_NCHW, f.conv);
+    ConvOutput hdx(kc, s, m, dx, xdim, f.in, f.conv);
+    const AlgoKey dkey = algo_key(s.device(), Pass::BackwardData, sh, m.precision, f.conv);
     Algo dalgo;
     if (!cached_algo(dkey, dalgo)) {
       size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, [&](int a, size_t* out) {
@@ -813,9 +985,12 @@ class CudaNnKernels final : public NnKernels {
                          float* running_mean, float* running_var, const float* residual, float* y,
                          float* save_mean, float* save_invstd, bool training, float momentum, float eps,
                          KernelContext& kc) override {
-    need_nchw(sh.block, "batch norm");
+    // x, y and the residual [N, C, HW, 1] in the activation's format (NHWC: [N, HW, C] in memory; cuDNN's
+    // spatial batch norm takes NHWC descriptors). The per-channel parameters [1, C, 1, 1] are the same memory
+    // in either format and keep the packed NCHW descriptor, as PyTorch's channels_last batch norm does.
+    const cudnnTensorFormat_t format = layout_format(sh.block, sh.c, "batch norm");
     Stream s(kc);
-    TensorDesc xd(sh.n, sh.c, sh.hw, 1), pd(1, sh.c, 1, 1);
+    TensorDesc xd(sh.n, sh.c, sh.hw, 1, CUDNN_DATA_FLOAT, format), pd(1, sh.c, 1, 1);
     const float one = 1.0f, zero = 0.0f;
     const double e = std::max<double>(eps, CUDNN_BN_MIN_EPSILON);
     // cuDNN updates the running variance with the unbiased batch variance, as PyTorch does.
@@ -827,17 +1002,22 @@ class CudaNnKernels final : public NnKernels {
       GN_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero,
                                                              xd.d, x, xd.d, y, pd.d, gamma, beta,
                                                              running_mean, running_var, e));
-    // The fused epilogue, in place: y += residual, then ReLU.
-    if (residual) GN_CUDNN_CHECK(cudnnAddTensor(s.cudnn(), &one, xd.d, residual, &one, xd.d, y));
-    if (sh.relu) activation_forward(Activation::Relu, y, y, sh.n * sh.c * sh.hw, kc);
+    // The fused epilogue, in place: y += residual, then ReLU. Both are elementwise on tensors of one layout,
+    // so they run on the flat arrays.
+    const int64_t n = sh.n * sh.c * sh.hw;
+    if (residual && n > 0) {
+      TensorDesc flat = flat_desc(n);
+      GN_CUDNN_CHECK(cudnnAddTensor(s.cudnn(), &one, flat.d, residual, &one, flat.d, y));
+    }
+    if (sh.relu) activation_forward(Activation::Relu, y, y, n, kc);
   }
 
   void batchnorm_backward(const BnShape& sh, const float* x, const float* y, const float* dy,
                           const float* gamma, const float* save_mean, const float* save_invstd, float* dx,
                           float* dresidual, float* dgamma, float* dbeta, KernelContext& kc) override {
-    need_nchw(sh.block, "batch norm");
+    const cudnnTensorFormat_t format = layout_format(sh.block, sh.c, "batch norm");  // as forward's
     Stream s(kc);
-    TensorDesc xd(sh.n, sh.c, sh.hw, 1), pd(1, sh.c, 1, 1);
+    TensorDesc xd(sh.n, sh.c, sh.hw, 1, CUDNN_DATA_FLOAT, format), pd(1, sh.c, 1, 1);
     const float one = 1.0f, zero = 0.0f;
     // The gradient past the fused ReLU goes where the residual's is wanted, or to a workspace.
     const int64_t n = sh.n * sh.c * sh.hw;
@@ -928,22 +1108,30 @@ class CudaNnKernels final : public NnKernels {
     GN_CUDNN_CHECK(cudnnPoolingBackward(s.cudnn(), p.d, &one, yd.d, y, yd.d, dy, xd.d, x, &zero, xd.d, dx));
   }
 
+  // x and dx NCHW (block 1) or NHWC (block = C, so N = planes / block).
   void global_avg_pool_forward(int64_t planes, int64_t hw, int64_t block, const float* x, float* y,
                                KernelContext& kc) override {
-    need_nchw(block, "global average pooling");
+    const int64_t c = nhwc_channels(planes, block);
     Stream s(kc);
     if (planes == 0) return;
-    plane_mean_kernel<<<static_cast<int>(std::min<int64_t>(planes, kMaxBlocks)), kThreads, 0, s.get()>>>(
-        x, y, planes, hw);
+    if (c == 0) {
+      plane_mean_kernel<<<static_cast<int>(std::min<int64_t>(planes, kMaxBlocks)), kThreads, 0, s.get()>>>(
+          x, y, planes, hw);
+    } else {
+      nhwc_mean_kernel<<<blocks_for(planes), kThreads, 0, s.get()>>>(x, y, planes / c, hw, c);
+    }
     GN_CUDA_CHECK_LAUNCH();
   }
 
   void global_avg_pool_backward(int64_t planes, int64_t hw, int64_t block, const float* dy, float* dx,
                                 KernelContext& kc) override {
-    need_nchw(block, "global average pooling");
+    const int64_t c = nhwc_channels(planes, block);
     Stream s(kc);
     if (planes == 0) return;
-    plane_broadcast_kernel<<<blocks_for(planes * hw), kThreads, 0, s.get()>>>(dy, dx, planes, hw);
+    if (c == 0)
+      plane_broadcast_kernel<<<blocks_for(planes * hw), kThreads, 0, s.get()>>>(dy, dx, planes, hw);
+    else
+      nhwc_broadcast_kernel<<<blocks_for(planes * hw), kThreads, 0, s.get()>>>(dy, dx, planes / c, hw, c);
     GN_CUDA_CHECK_LAUNCH();
   }
 
@@ -953,29 +1141,32 @@ class CudaNnKernels final : public NnKernels {
     Stream s(kc);
     Workspace flag(kc.allocator, s, sizeof(long long));
     auto* bad = static_cast<long long*>(flag.get());
-    const long long none = LLONG_MAX;
-    GN_CUDA_CHECK(cudaMemcpyAsync(bad, &none, sizeof none, cudaMemcpyHostToDevice, s.get()));
+    // Bytes of 0x7f: a row number no batch reaches, set by a memset, which a graph can capture too.
+    constexpr long long none = 0x7f7f7f7f7f7f7f7fLL;
+    GN_CUDA_CHECK(cudaMemsetAsync(bad, 0x7f, sizeof(long long), s.get()));
     softmax_ce_kernel<<<1, kThreads, 0, s.get()>>>(logits, labels, n, classes, loss, stats, dlogits,
                                                    grad_scale, label_smoothing, bad);
     GN_CUDA_CHECK_LAUNCH();
+    // A captured step cannot read the flag back: the trainer checks a captured step's labels on the host.
+    if (capturing(s.get())) return;
     // A bad label is the op's error: read the flag back (into pageable memory, so the copy completes first).
-    long long first_bad = LLONG_MAX;
+    long long first_bad = none;
     GN_CUDA_CHECK(cudaMemcpyAsync(&first_bad, bad, sizeof first_bad, cudaMemcpyDeviceToHost, s.get()));
     s.sync();
-    if (first_bad != LLONG_MAX)
+    if (first_bad != none)
       throw Error("softmax_cross_entropy: the label at row " + std::to_string(first_bad) +
                   " is not a class index in [0, " + std::to_string(classes) + ")");
   }
 
-  void optimizer_step(const std::vector<OptimizerTensor>& tensors, const OptimizerScalars& sc,
-                      const float* clip, KernelContext& kc) override {
+  void optimizer_step(const std::vector<OptimizerTensor>& tensors, OptimizerKind kind,
+                      const OptimizerScalars* scalars, const float* clip, KernelContext& kc) override {
     Stream s(kc);
     for (const OptimizerTensor& t : tensors) {
       if (t.n == 0) continue;
-      if (sc.kind == OptimizerKind::Sgd)
-        sgd_kernel<<<blocks_for(t.n), kThreads, 0, s.get()>>>(t, sc, clip);
+      if (kind == OptimizerKind::Sgd)
+        sgd_kernel<<<blocks_for(t.n), kThreads, 0, s.get()>>>(t, scalars, clip);
       else
-        adam_kernel<<<blocks_for(t.n), kThreads, 0, s.get()>>>(t, sc, clip);
+        adam_kernel<<<blocks_for(t.n), kThreads, 0, s.get()>>>(t, scalars, clip);
       GN_CUDA_CHECK_LAUNCH();
     }
   }
