@@ -247,6 +247,28 @@ class NnCudaTest : public QObject {
     QVERIFY(diff < 1e-3);
   }
 
+  // On a GPU: each reduced precision trains LeNet as fp32 does, within rounding, and fp16 with its scaler.
+  void reduced_precision_training_follows_fp32() {
+    const DatasetPtr data = make_synthetic({.count = 64 * 8});
+    TrainOptions o;
+    o.epochs = 2;
+    o.batch_size = 64;
+    o.log_every = 0;
+    auto reference = Model::create(*rt_, modelOptions(Arch::LeNet, 5), gpu_);
+    const double fp32_loss = Trainer(*reference, {gpu_}, o).fit(data, nullptr).epochs.back().train_loss;
+    for (Precision p : {Precision::Tf32, Precision::Bf16, Precision::Fp16}) {
+      o.precision = p;
+      auto m = Model::create(*rt_, modelOptions(Arch::LeNet, 5), gpu_);
+      Trainer t(*m, {gpu_}, o);
+      QCOMPARE(t.loss_scale() > 0, p == Precision::Fp16);
+      const double loss = t.fit(data, nullptr).epochs.back().train_loss;
+      qInfo("%s: loss %.5f (fp32 %.5f), %lld steps skipped", precision_name(p), loss, fp32_loss,
+            static_cast<long long>(t.skipped_steps()));
+      QVERIFY2(std::abs(loss - fp32_loss) < 0.05 * fp32_loss, precision_name(p));
+      QVERIFY(t.optimizer_steps() + t.skipped_steps() == 16);
+    }
+  }
+
   // --- the layer ops one by one, on the GPU against the CPU ------------------------------------------------
 
   void grouped_conv2d_matches_the_cpu_data() {

@@ -551,29 +551,6 @@ class NnOptimTest : public QObject {
     }
   }
 
-  // On a GPU: each reduced precision trains LeNet as fp32 does, within rounding, and fp16 with its scaler.
-  void reduced_precision_training_follows_fp32() {
-    if (!device_.is_cuda()) QSKIP("tensor-core precisions: CUDA devices only (the CPU's refusal is tested above)");
-    const DatasetPtr data = make_synthetic({.count = 64 * 8});
-    TrainOptions o;
-    o.epochs = 2;
-    o.batch_size = 64;
-    o.log_every = 0;
-    auto reference = Model::create(*rt_, modelOptions(Arch::LeNet, 5), device_);
-    const double fp32_loss = Trainer(*reference, {device_}, o).fit(data, nullptr).epochs.back().train_loss;
-    for (Precision p : {Precision::Tf32, Precision::Bf16, Precision::Fp16}) {
-      o.precision = p;
-      auto m = Model::create(*rt_, modelOptions(Arch::LeNet, 5), device_);
-      Trainer t(*m, {device_}, o);
-      QCOMPARE(t.loss_scale() > 0, p == Precision::Fp16);
-      const double loss = t.fit(data, nullptr).epochs.back().train_loss;
-      qInfo("%s: loss %.5f (fp32 %.5f), %lld steps skipped", precision_name(p), loss, fp32_loss,
-            static_cast<long long>(t.skipped_steps()));
-      QVERIFY2(std::abs(loss - fp32_loss) < 0.05 * fp32_loss, precision_name(p));
-      QVERIFY(t.optimizer_steps() + t.skipped_steps() == 16);
-    }
-  }
-
   // A captured step replays exactly what the step-by-step run does: same parameters, running statistics,
   // losses and counters, bit for bit, with a schedule (the rate differs every step), Adam and clipping; the
   // short last batch of each epoch, which the captured step does not fit, runs step by step.
