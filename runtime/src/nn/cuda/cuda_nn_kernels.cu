@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "../../cuda/cuda_check.h"
 #include "../../cuda/cuda_math.h"
@@ -376,6 +377,26 @@ void* find_alloc(Allocator& alloc, size_t& bytes) {
     }
   }
   return nullptr;
+}
+
+// The algorithm for `key`: the cached one, or the fastest that cuDNN's Find measures now (then cached).
+// size_of(a, &bytes) is the pass's workspace query for algorithm a; find(perf, &count, ws, bytes) its FindEx.
+template <class Perf, class SizeOf, class Find>
+Algo find_algo(const AlgoKey& key, int algo_count, KernelContext& kc, Stream& s, SizeOf size_of, Find find,
+               const char* what) {
+  Algo algo;
+  if (cached_algo(key, algo)) return algo;
+  size_t bytes = find_workspace_bytes(algo_count, size_of);
+  void* ws = find_alloc(kc.allocator, bytes);
+  std::vector<Perf> perf(static_cast<size_t>(algo_count));
+  int count = 0;
+  const cudnnStatus_t st = find(perf.data(), &count, ws, bytes);
+  (void)cudaStreamSynchronize(s.get());
+  if (ws) kc.allocator.deallocate(ws);
+  GN_CUDNN_CHECK(st);
+  algo = pick(perf.data(), count, bytes, what);
+  store_algo(key, algo);
+  return algo;
 }
 
 // --- small kernels -----------------------------------------------------------------------------------------
@@ -873,24 +894,18 @@ class CudaNnKernels final : public NnKernels {
     ConvInput hx(kc, s, m, x, xdim, f.in, f.conv), hw(kc, s, m, w, wdim, CUDNN_TENSOR_NCHW, f.conv);
     ConvOutput hy(kc, s, m, y, ydim, f.out, f.conv);
     const AlgoKey key = algo_key(s.device(), Pass::Forward, sh, m.precision, f.conv);
-    Algo algo;
-    if (!cached_algo(key, algo)) {
-      size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_FWD_ALGO_COUNT, [&](int a, size_t* out) {
-        return cudnnGetConvolutionForwardWorkspaceSize(s.cudnn(), xd.d, wd.d, cd.d, yd.d,
-                                                       static_cast<cudnnConvolutionFwdAlgo_t>(a), out);
-      });
-      void* ws = find_alloc(kc.allocator, bytes);
-      cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-      int count = 0;
-      const cudnnStatus_t st = cudnnFindConvolutionForwardAlgorithmEx(
-          s.cudnn(), xd.d, hx.get(), wd.d, hw.get(), cd.d, yd.d, hy.get(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-          &count, perf, ws, bytes);
-      (void)cudaStreamSynchronize(s.get());
-      if (ws) kc.allocator.deallocate(ws);
-      GN_CUDNN_CHECK(st);
-      algo = pick(perf, count, bytes, "forward convolution");
-      store_algo(key, algo);
-    }
+    const Algo algo = find_algo<cudnnConvolutionFwdAlgoPerf_t>(
+        key, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, kc, s,
+        [&](int a, size_t* out) {
+          return cudnnGetConvolutionForwardWorkspaceSize(s.cudnn(), xd.d, wd.d, cd.d, yd.d,
+                                                         static_cast<cudnnConvolutionFwdAlgo_t>(a), out);
+        },
+        [&](cudnnConvolutionFwdAlgoPerf_t* perf, int* count, void* ws, size_t bytes) {
+          return cudnnFindConvolutionForwardAlgorithmEx(s.cudnn(), xd.d, hx.get(), wd.d, hw.get(), cd.d, yd.d,
+                                                        hy.get(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT, count, perf,
+                                                        ws, bytes);
+        },
+        "forward convolution");
     set_algo_math(cd, m, algo);
     Workspace ws(kc.allocator, s, algo.workspace);
     const float one = 1.0f, zero = 0.0f;
@@ -926,24 +941,19 @@ class CudaNnKernels final : public NnKernels {
     {
       ConvInput hx(kc, s, m, x, xdim, f.in, f.conv);
       ConvOutput hdw(kc, s, m, dw, wdim, CUDNN_TENSOR_NCHW, f.conv);
-      Algo falgo;
-      if (!cached_algo(fkey, falgo)) {
-        size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, [&](int a, size_t* out) {
-          return cudnnGetConvolutionBackwardFilterWorkspaceSize(
-              s.cudnn(), xd.d, yd.d, cd.d, wd.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(a), out);
-        });
-        void* ws = find_alloc(kc.allocator, bytes);
-        cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-        int count = 0;
-        const cudnnStatus_t st = cudnnFindConvolutionBackwardFilterAlgorithmEx(
-            s.cudnn(), xd.d, hx.get(), yd.d, hdy.get(), cd.d, wd.d, hdw.get(),
-            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf, ws, bytes);
-        (void)cudaStreamSynchronize(s.get());
-        if (ws) kc.allocator.deallocate(ws);
-        GN_CUDNN_CHECK(st);
-        falgo = pick(perf, count, bytes, "backward-filter convolution");
-        store_algo(fkey, falgo);
-      }
+      const Algo falgo = find_algo<cudnnConvolutionBwdFilterAlgoPerf_t>(
+          fkey, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, kc, s,
+          [&](int a, size_t* out) {
+            return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                s.cudnn(), xd.d, yd.d, cd.d, wd.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(a), out);
+          },
+          [&](cudnnConvolutionBwdFilterAlgoPerf_t* perf, int* count, void* ws, size_t bytes) {
+            return cudnnFindConvolutionBackwardFilterAlgorithmEx(s.cudnn(), xd.d, hx.get(), yd.d, hdy.get(), cd.d,
+                                                                 wd.d, hdw.get(),
+                                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, count,
+                                                                 perf, ws, bytes);
+          },
+          "backward-filter convolution");
       set_algo_math(cd, m, falgo);
       Workspace ws(kc.allocator, s, falgo.workspace);
       GN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(s.cudnn(), &one, xd.d, hx.get(), yd.d, hdy.get(), cd.d,
@@ -955,24 +965,18 @@ class CudaNnKernels final : public NnKernels {
     ConvInput hw(kc, s, m, w, wdim, CUDNN_TENSOR_NCHW, f.conv);
     ConvOutput hdx(kc, s, m, dx, xdim, f.in, f.conv);
     const AlgoKey dkey = algo_key(s.device(), Pass::BackwardData, sh, m.precision, f.conv);
-    Algo dalgo;
-    if (!cached_algo(dkey, dalgo)) {
-      size_t bytes = find_workspace_bytes(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, [&](int a, size_t* out) {
-        return cudnnGetConvolutionBackwardDataWorkspaceSize(
-            s.cudnn(), wd.d, yd.d, cd.d, xd.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(a), out);
-      });
-      void* ws = find_alloc(kc.allocator, bytes);
-      cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-      int count = 0;
-      const cudnnStatus_t st = cudnnFindConvolutionBackwardDataAlgorithmEx(
-          s.cudnn(), wd.d, hw.get(), yd.d, hdy.get(), cd.d, xd.d, hdx.get(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-          &count, perf, ws, bytes);
-      (void)cudaStreamSynchronize(s.get());
-      if (ws) kc.allocator.deallocate(ws);
-      GN_CUDNN_CHECK(st);
-      dalgo = pick(perf, count, bytes, "backward-data convolution");
-      store_algo(dkey, dalgo);
-    }
+    const Algo dalgo = find_algo<cudnnConvolutionBwdDataAlgoPerf_t>(
+        dkey, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, kc, s,
+        [&](int a, size_t* out) {
+          return cudnnGetConvolutionBackwardDataWorkspaceSize(
+              s.cudnn(), wd.d, yd.d, cd.d, xd.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(a), out);
+        },
+        [&](cudnnConvolutionBwdDataAlgoPerf_t* perf, int* count, void* ws, size_t bytes) {
+          return cudnnFindConvolutionBackwardDataAlgorithmEx(s.cudnn(), wd.d, hw.get(), yd.d, hdy.get(), cd.d, xd.d,
+                                                             hdx.get(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, count,
+                                                             perf, ws, bytes);
+        },
+        "backward-data convolution");
     set_algo_math(cd, m, dalgo);
     Workspace ws(kc.allocator, s, dalgo.workspace);
     GN_CUDNN_CHECK(cudnnConvolutionBackwardData(s.cudnn(), &one, wd.d, hw.get(), yd.d, hdy.get(), cd.d,
