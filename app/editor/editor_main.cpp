@@ -13,7 +13,7 @@
 #include <functional>
 #include <memory>
 
-#include "canvas.h"
+#include "canvas/graph_view.h"
 #include "gpunodes/core/registry.h"
 #include "graph_editor.h"
 #include "main_window.h"

@@ -8,7 +8,7 @@
 #include <QLineEdit>
 #include <QToolButton>
 
-#include "canvas.h"
+#include "canvas/graph_view.h"
 #include "style.h"
 
 namespace gn::editor {

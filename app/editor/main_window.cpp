@@ -34,7 +34,7 @@
 #include <QUndoStack>
 #include <QVBoxLayout>
 
-#include "canvas.h"
+#include "canvas/graph_view.h"
 #include "gpunodes/core/executor.h"
 #include "gpunodes/core/plugin.h"
 #include "gpunodes/core/registry.h"
@@ -111,7 +111,8 @@ MainWindow::MainWindow(const core::NodeTypeRegistry* registry, QWidget* parent)
   connect(inspector_, &InspectorPanel::enterRequested, navigator_, &SubgraphNavigator::enter);
   connect(palette_, &PalettePanel::blockRequested, this, [this](const core::subgraph::LibraryBlock& block) {
     GraphView* view = navigator_->currentView();
-    addBlock(block, view->mapToScene(view->viewport()->rect().center()) + QPointF(-80, -40));
+    // At the cursor, or beside the last node added, never on another node (as a node type's entry).
+    addBlock(block, view->newNodePosition(view->newNodeSize(core::subgraph::kType)));
   });
   connect(palette_, &PalettePanel::libraryChanged, inspector_, &InspectorPanel::refresh);
 
@@ -131,9 +132,12 @@ MainWindow::MainWindow(const core::NodeTypeRegistry* registry, QWidget* parent)
   connectView(view_);
   connect(palette_, &PalettePanel::addRequested, this, [this](const QString& type) {
     GraphView* view = navigator_->currentView();
-    const QPointF at = view->mapToScene(view->viewport()->rect().center()) + QPointF(-80, -40);
+    // At the cursor when it is over the canvas, else beside the node added last, never on another node: a
+    // fixed spot stacked every double-clicked node exactly on the one before.
+    const QPointF at = view->newNodePosition(view->newNodeSize(type));
     const QString id = navigator_->currentEditor()->addNode(type, at);
     navigator_->currentScene()->selectNodes({id});
+    view->ensureNodeVisible(id);
   });
   connect(run_, &RunController::batch, this, &MainWindow::onBatch);
   connect(run_, &RunController::finished, this, &MainWindow::onRunFinished);

@@ -4,7 +4,7 @@
 #include <QPainter>
 #include <QScrollBar>
 
-#include "canvas.h"
+#include "canvas/graph_view.h"
 #include "style.h"
 
 namespace gn::editor {

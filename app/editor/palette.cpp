@@ -5,7 +5,7 @@
 #include <QMimeData>
 #include <QVBoxLayout>
 
-#include "canvas.h"
+#include "canvas/drop_formats.h"
 #include "gpunodes/core/registry.h"
 #include "style.h"
 

@@ -17,6 +17,21 @@ QColor nodeColor(const QString& nodeId);
 QColor seriesColor(int index);
 QColor statusColor(const QString& status);
 
+// The canvas's colours, named for what they paint. Port, category and status colours come from the
+// functions above; these are the rest: the node's body and its text, the marks for selection and problems,
+// the facts band, the grid.
+extern const QColor kCanvasBackground, kGridMinor, kGridMajor;
+extern const QColor kNodeBody, kNodeOutline, kNodeText, kNodeDimText, kNodeIdText;
+// The header of a node whose type is not loaded or that is muted, and the collapse toggle drawn on a header.
+extern const QColor kNodeHeaderInactive, kNodeToggle;
+extern const QColor kBadgeText, kDimmedPortLabel, kProgressTrack;
+extern const QColor kError, kWarning, kSelection;
+extern const QColor kErrorStrip, kErrorStripText;
+// Facts (shapes, parameter counts) in a light tint of the Layer wire colour, on a band darker than the body.
+extern const QColor kFactText, kFactBand;
+// Ports that cannot take the wire being dragged keep this much of their colour's alpha.
+inline constexpr int kDimmedPortAlpha = 45;
+
 QString formatMs(double ms);
 QString formatBytes(double bytes);
 // A param value as the node summary shows it: shapes as 4000×4000, bools as on/off.

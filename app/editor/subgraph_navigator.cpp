@@ -7,7 +7,7 @@
 #include <QToolButton>
 #include <QUndoStack>
 
-#include "canvas.h"
+#include "canvas/graph_view.h"
 #include "graph_editor.h"
 
 namespace gn::editor {

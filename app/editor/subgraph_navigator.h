@@ -15,7 +15,7 @@
 #include <memory>
 #include <optional>
 
-#include "canvas.h"
+#include "canvas/graph_view.h"
 #include "gpunodes/core/subgraph.h"
 #include "gpunodes/core/validation.h"
 

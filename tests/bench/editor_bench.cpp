@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "canvas.h"
+#include "canvas/graph_view.h"
 #include "fake_nodes.h"
 #include "gpunodes/core/registry.h"
 #include "gpunodes/core/serializer.h"

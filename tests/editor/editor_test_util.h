@@ -13,7 +13,7 @@
 #include <algorithm>
 #include <memory>
 
-#include "canvas.h"
+#include "canvas/graph_view.h"
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/registry.h"
 #include "gpunodes/core/serializer.h"

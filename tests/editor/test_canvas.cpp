@@ -10,8 +10,8 @@
 #include <QUndoStack>
 
 #include "editor_test_util.h"
-#include "find_bar.h"
 #include "fake_nodes.h"
+#include "find_bar.h"
 #include "gpunodes/core/registry.h"
 #include "graph_editor.h"
 #include "inspector.h"
@@ -100,6 +100,52 @@ class TestCanvas : public QObject {
     const QPointF landed = doc()->nodes().last().position;
     QVERIFY(QLineF(landed, view()->mapToScene(at)).length() < 40);
     QCOMPARE(ed()->undoStack()->count(), 2);
+  }
+
+  // Double-clicking palette entries with the mouse away from the canvas: each node goes beside the one
+  // added before, none on another (six double-clicks once gave one visible node).
+  void paletteAddsNeverStack() {
+    editor::PalettePanel* pal = w_->palette();
+    QCursor::setPos(pal->mapToGlobal(pal->rect().center()));
+    for (int i = 0; i < 6; ++i) {
+      QTreeWidgetItem* entry = pal->itemForType(i % 2 ? "Tensor" : "MatMul");
+      QVERIFY(entry);
+      emit pal->tree()->itemDoubleClicked(entry, 0);
+    }
+    QCOMPARE(doc()->nodes().size(), 6);
+    QList<QRectF> rects;
+    const QRectF visible = view()->mapToScene(vp()->rect()).boundingRect();
+    for (const core::GraphNode& n : doc()->nodes()) rects << w_->scene()->nodeItem(n.id)->sceneBoundingRect();
+    // The view follows: the newest node is in it.
+    QVERIFY(visible.contains(rects.last()));
+    for (int i = 0; i < rects.size(); ++i) {
+      for (int j = i + 1; j < rects.size(); ++j)
+        QVERIFY2(!rects[i].intersects(rects[j]),
+                 qPrintable(QString("node %1 overlaps node %2").arg(i).arg(j)));
+      // Beside the one before: no further than a node's width or so away.
+      if (i > 0) QVERIFY(QLineF(rects[i - 1].center(), rects[i].center()).length() < 2.5 * rects[i].width());
+    }
+    QCOMPARE(ed()->undoStack()->count(), 6);
+  }
+
+  // With the mouse over the canvas, the node goes where the mouse is, as a drop would put it; over another
+  // node, beside it instead.
+  void paletteAddsGoAtTheCursor() {
+    editor::PalettePanel* pal = w_->palette();
+    const QPoint at(260, 220);
+    QCursor::setPos(vp()->mapToGlobal(at));
+    if (vp()->mapFromGlobal(QCursor::pos()) != at) QSKIP("this platform does not move the cursor");
+    emit pal->tree()->itemDoubleClicked(pal->itemForType("MatMul"), 0);
+    QCOMPARE(doc()->nodes().size(), 1);
+    const QString first = doc()->nodes().first().id;
+    QCOMPARE(doc()->nodes().first().position, view()->mapToScene(at) - QPointF(20, 13));
+    // The mouse now over that node: the next one does not cover it.
+    emit pal->tree()->itemDoubleClicked(pal->itemForType("MatMul"), 0);
+    QCOMPARE(doc()->nodes().size(), 2);
+    const QRectF a = w_->scene()->nodeItem(first)->sceneBoundingRect();
+    const QRectF b = w_->scene()->nodeItem(doc()->nodes().last().id)->sceneBoundingRect();
+    QVERIFY(!a.intersects(b));
+    QVERIFY(QLineF(a.center(), b.center()).length() < 2.5 * a.height() + a.width());
   }
 
   void connectByDragging() {

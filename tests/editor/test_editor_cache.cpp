@@ -6,7 +6,7 @@
 #include <QSet>
 #include <QtTest>
 
-#include "canvas.h"
+#include "canvas/graph_view.h"
 #include "editor_test_util.h"
 #include "gpunodes/core/registry.h"
 #include "graph_editor.h"
