@@ -10,6 +10,7 @@
 #include "gpunodes/core/executor.h"
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/plugin.h"
+#include "gpunodes/core/run_cache.h"
 #include "test_support.h"
 
 using namespace gn::core;
@@ -68,6 +69,21 @@ void sumGraph(GraphDocument& doc) {
 
 QJsonObject nodeReport(const Executor& ex, const QString& id) {
   return ex.report().value("nodes").toObject().value(id).toObject();
+}
+
+// Each node's outcome as its last event carries it, read back from the event stream's JSON lines (what the
+// process runner and `--events` consumers see); fails the test when a line does not read back the same.
+QHash<QString, NodeStatus> outcomesOf(const QList<RunEvent>& events) {
+  QHash<QString, NodeStatus> out;
+  for (const RunEvent& e : events) {
+    RunEvent back;
+    QString why;
+    if (!eventFromJson(eventToJson(e), &back, &why)) qFatal("%s", qPrintable(why));
+    if (back.status != e.status) qFatal("%s lost its status", qPrintable(e.node));
+    if (e.kind == Kind::NodeFinished || e.kind == Kind::NodeFailed || e.kind == Kind::NodeCached)
+      out.insert(e.node, back.status);
+  }
+  return out;
 }
 
 // A node set linked into the test: no run session, and node types that misbehave in ways a plugin can.
@@ -314,6 +330,72 @@ class ExecutorTest : public QObject {
     QCOMPARE(nodeReport(ex, "c1").value("calls").toInt(), 1);
     QCOMPARE(nodeReport(ex, "c2").value("calls").toInt(), 1);
     QVERIFY(nodeReport(ex, "a1").value("calls").toInt() <= 1);  // at most the job cancel cut short
+  }
+
+  void everyOutcomeIsOneStatusOnTheEventsAndInTheReport() {
+    // c1 ok; a1 fails (throws) and a2 after it is skipped; b1 bypassed; m1 muted and m2 after it skipped.
+    GraphDocument doc;
+    doc.addNode(makeNode("c1", "TestConst", {{"value", 2}}));
+    doc.addNode(makeNode("a1", "TestAdd", {{"throw", true}}));
+    doc.addNode(makeNode("a2", "TestAdd"));
+    doc.addNode(makeNode("b1", "TestAdd"));
+    doc.addNode(makeNode("m1", "TestAdd"));
+    doc.addNode(makeNode("m2", "TestAdd"));
+    for (const char* to : {"a1.a", "b1.a", "m1.a"}) doc.addConnection(wire("c1.out", to));
+    doc.addConnection(wire("a1.out", "a2.a"));
+    doc.addConnection(wire("m1.out", "m2.a"));
+    doc.setBypassed("b1", true);
+    doc.setMuted("m1", true);
+    RunCache cache;
+    Executor ex(testRegistry());
+    QVERIFY(ex.start(doc, RunSettings(), nullptr, {.cache = &cache}));
+    const QHash<QString, NodeStatus> first = outcomesOf(collect(ex));
+    const QHash<QString, NodeStatus> expected{{"c1", NodeStatus::Ok},      {"a1", NodeStatus::Failed},
+                                              {"a2", NodeStatus::Skipped}, {"b1", NodeStatus::Bypassed},
+                                              {"m1", NodeStatus::Muted},   {"m2", NodeStatus::Skipped}};
+    auto describe = [](const QHash<QString, NodeStatus>& m) {
+      QStringList out;
+      for (auto it = m.begin(); it != m.end(); ++it) out << it.key() + "=" + nodeStatusName(it.value());
+      out.sort();
+      return out.join(", ");
+    };
+    QCOMPARE(describe(first), describe(expected));
+    for (auto it = expected.begin(); it != expected.end(); ++it)
+      QCOMPARE(nodeReport(ex, it.key()).value("status").toString(), nodeStatusName(it.value()));
+
+    // A second run takes c1 from the cache: Cached on its event, ok with the cache flag in the report.
+    QVERIFY(ex.start(doc, RunSettings(), nullptr, {.cache = &cache}));
+    const QHash<QString, NodeStatus> second = outcomesOf(collect(ex));
+    QCOMPARE(second.value("c1"), NodeStatus::Cached);
+    QCOMPARE(nodeReport(ex, "c1").value("status").toString(), QStringLiteral("ok"));
+    QVERIFY(nodeReport(ex, "c1").value("cached").toBool());
+
+    // A cancelled node is Cancelled whatever its work's error says: here the words name no cancel.
+    GraphDocument slow;
+    slow.addNode(makeNode("c1", "TestConst"));
+    slow.addNode(makeNode("s1", "TestAdd", {{"delay_ms", 60000}, {"label", "stop"}}));
+    slow.addConnection(wire("c1.out", "s1.a"));
+    QVERIFY(ex.start(slow, RunSettings()));
+    QList<RunEvent> events;
+    QVERIFY(waitFor(ex, Kind::NodeStarted, "s1", events));
+    ex.cancel();
+    events += collect(ex);
+    const int s1 = find(events, Kind::NodeFailed, "s1");
+    QVERIFY(s1 >= 0);
+    QCOMPARE(events[s1].message, QStringLiteral("stopped before the end"));
+    QCOMPARE(events[s1].status, NodeStatus::Cancelled);
+    QCOMPARE(outcomesOf(events).value("s1"), NodeStatus::Cancelled);
+    QCOMPARE(nodeReport(ex, "s1").value("status").toString(), QStringLiteral("cancelled"));
+    QCOMPARE(events.last().kind, Kind::RunFinished);
+    QCOMPARE(events.last().status, NodeStatus::Cancelled);
+
+    // A stream line with a status that is no outcome is refused, naming it.
+    RunEvent bad;
+    QString why;
+    QVERIFY(!eventFromJson(QJsonObject{{"kind", "NodeFailed"}, {"node", "x"}, {"status", "running"}}, &bad,
+                           &why));
+    QVERIFY2(why.contains("running"), qPrintable(why));
+    QVERIFY(!eventFromJson(QJsonObject{{"kind", "NodeFailed"}, {"status", "exploded"}}, &bad, &why));
   }
 
   void aSecondRunIsRefusedWhileOneIsGoing() {

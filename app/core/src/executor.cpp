@@ -40,18 +40,12 @@ QString withoutNode(const Issue& issue) {
   return issue.field.isEmpty() ? issue.message : issue.field + QStringLiteral(": ") + issue.message;
 }
 
-bool terminal(const QString& status) {
-  return status == "ok" || status == "failed" || status == "skipped" || status == "cancelled" ||
-         status == "muted" || status == "bypassed";
-}
-
 struct NodeState {
   QString id, type;
-  QString status = QStringLiteral("pending");
+  NodeStatus status = NodeStatus::Pending;
   QString error;
   QStringList warnings;
   QJsonObject fields;   // from NodeContext::reportField
-  bool cached = false;  // its outputs came from the run cache
   bool notRun = false;  // bypassed, muted or a muted node's dependent: not run, as asked
   qint64 calls = 0, bytes = 0;
   double timeUs = 0, flops = 0, peakGflops = 0;
@@ -91,53 +85,46 @@ struct RunShared {
   double wallMs = 0;
   QString firstError;
 
-  // Under the lock. Idempotent: the first outcome of a node stands.
-  void completeLocked(int i, const QString& error, const QString& skippedStatus = {}, bool cached = false) {
+  // Under the lock. Idempotent: the first outcome of a node stands. This is where a node's status is
+  // decided: `decided` is an outcome the caller already knows (Skipped, Cancelled, Cached); otherwise no
+  // error is Ok, an error during a cancel is Cancelled (whatever its text says), any other is Failed.
+  void completeLocked(int i, const QString& error, std::optional<NodeStatus> decided = std::nullopt) {
     NodeState& n = nodes[i];
-    if (terminal(n.status) || closed) return;
-    n.cached = cached;
-    n.wallMs = n.status == "running"
+    if (isFinal(n.status) || closed) return;
+    n.wallMs = n.status == NodeStatus::Running
                    ? std::chrono::duration<double, std::milli>(Clock::now() - n.started).count()
                    : 0;
     n.error = error;
-    if (!skippedStatus.isEmpty()) {
-      n.status = skippedStatus;
-    } else if (error.isEmpty()) {
-      n.status = QStringLiteral("ok");
-    } else if (cancelled->load()) {
-      n.status = QStringLiteral("cancelled");
-    } else {
-      n.status = QStringLiteral("failed");
-      if (firstError.isEmpty()) firstError = n.id + QStringLiteral(": ") + error;
-    }
+    n.status = decided             ? *decided
+               : error.isEmpty()   ? NodeStatus::Ok
+               : cancelled->load() ? NodeStatus::Cancelled
+                                   : NodeStatus::Failed;
+    if (n.status == NodeStatus::Failed && firstError.isEmpty())
+      firstError = n.id + QStringLiteral(": ") + error;
     ++done;
-    QList<RunEvent> out;
-    if (cached) {
-      out.append(event(RunEvent::Kind::NodeCached, n.id));
-    } else if (n.status == "ok") {
-      RunEvent e = event(RunEvent::Kind::NodeFinished, n.id);
-      e.value = n.wallMs;
-      out.append(e);
-    } else {
-      out.append(event(RunEvent::Kind::NodeFailed, n.id, n.error));
-    }
-    RunEvent p = event(RunEvent::Kind::Progress);
+    using K = RunEvent::Kind;
+    const K kind = n.status == NodeStatus::Ok       ? K::NodeFinished
+                   : n.status == NodeStatus::Cached ? K::NodeCached
+                                                    : K::NodeFailed;
+    RunEvent e = event(kind, n.id, kind == K::NodeFailed ? n.error : QString());
+    e.status = n.status;
+    if (kind == K::NodeFinished) e.value = n.wallMs;
+    RunEvent p = event(K::Progress);
     p.value = nodes.isEmpty() ? 1.0 : double(done) / double(nodes.size());
-    out.append(p);
-    events->push(std::move(out));
+    events->push(QList<RunEvent>{std::move(e), std::move(p)});
   }
 
-  void complete(int i, const QString& error, const QString& status = {}) {
+  void complete(int i, const QString& error, std::optional<NodeStatus> decided = std::nullopt) {
     std::lock_guard lock(mutex);
-    completeLocked(i, error, status);
+    completeLocked(i, error, decided);
   }
 
   // "skipped: input a (m1.out) failed" when one of node i's inputs comes from a node that did not finish;
   // empty otherwise. Under the lock.
   QString failedInputLocked(int i) const {
     for (const Input& in : inputs[i]) {
-      const QString& s = nodes[in.node].status;
-      if (s == "failed" || s == "skipped" || s == "cancelled")
+      const NodeStatus s = nodes[in.node].status;
+      if (s == NodeStatus::Failed || s == NodeStatus::Skipped || s == NodeStatus::Cancelled)
         return QStringLiteral("skipped: input %1 (%2) failed").arg(in.port, in.from);
     }
     return {};
@@ -151,7 +138,7 @@ struct RunShared {
     if (skipped.isEmpty())
       completeLocked(i, error);
     else
-      completeLocked(i, skipped, QStringLiteral("skipped"));
+      completeLocked(i, skipped, NodeStatus::Skipped);
   }
 
   // A session's onDone: the node's outcome, and one less to wait for.
@@ -394,7 +381,7 @@ void Executor::Run::executeNode(int i) {
     skipped = shared->failedInputLocked(i);
   }
   if (!skipped.isEmpty()) {
-    shared->complete(i, skipped, QStringLiteral("skipped"));
+    shared->complete(i, skipped, NodeStatus::Skipped);
     return;
   }
   for (int w : wiresIn[i]) {
@@ -412,7 +399,7 @@ void Executor::Run::executeNode(int i) {
   if (!keys[i].isEmpty() && options.reuse && reuse(i, keys[i])) return;
   {
     std::lock_guard lock(shared->mutex);
-    shared->nodes[i].status = QStringLiteral("running");
+    shared->nodes[i].status = NodeStatus::Running;
     shared->nodes[i].started = Clock::now();
     shared->events->push(event(RunEvent::Kind::NodeStarted, node.id));
   }
@@ -509,7 +496,7 @@ bool Executor::Run::reuse(int i, const QByteArray& key) {
   }
   n.devices = hit->devices;
   shared->events->push(std::move(replay));
-  shared->completeLocked(i, {}, {}, true);
+  shared->completeLocked(i, {}, NodeStatus::Cached);
   return true;
 }
 
@@ -520,7 +507,7 @@ void Executor::Run::keepInCache() {
     std::lock_guard lock(shared->mutex);
     for (int i = 0; i < nodes.size(); ++i) {
       const NodeState& n = shared->nodes[i];
-      if (keys[i].isEmpty() || n.cached || n.status != "ok") continue;
+      if (keys[i].isEmpty() || n.status != NodeStatus::Ok) continue;
       entries.append({keys[i], contexts[i]->cacheEntryLocked(plugins[i]->setName(), n.devices)});
     }
   }
@@ -601,16 +588,17 @@ void Executor::Run::execute(const std::atomic<bool>& cancelled) {
     const bool wasCancelled = cancelled.load();
     for (int i = 0; i < shared->nodes.size(); ++i) {
       NodeState& n = shared->nodes[i];
-      if (terminal(n.status)) continue;
+      if (isFinal(n.status)) continue;
       if (wasCancelled) {
-        shared->completeLocked(i, QStringLiteral("cancelled"), QStringLiteral("cancelled"));
+        shared->completeLocked(i, QStringLiteral("cancelled"), NodeStatus::Cancelled);
       } else {
         const QString why = runError.isEmpty() ? QStringLiteral("did not finish") : runError;
-        shared->completeLocked(i, n.status == "running" ? why : QStringLiteral("not run: ") + why);
+        shared->completeLocked(i, n.status == NodeStatus::Running ? why : QStringLiteral("not run: ") + why);
       }
     }
     bool allOk = runError.isEmpty() && !wasCancelled;
-    for (const NodeState& n : shared->nodes) allOk = allOk && (n.status == "ok" || n.notRun);
+    for (const NodeState& n : shared->nodes)
+      allOk = allOk && (n.status == NodeStatus::Ok || n.status == NodeStatus::Cached || n.notRun);
     if (shared->firstError.isEmpty() && !runError.isEmpty()) shared->firstError = runError;
     shared->ok = allOk;
     shared->finished = true;
@@ -620,6 +608,7 @@ void Executor::Run::execute(const std::atomic<bool>& cancelled) {
                        : wasCancelled ? QStringLiteral("cancelled")
                                       : shared->firstError);
     e.ok = allOk;
+    e.status = allOk ? NodeStatus::Ok : wasCancelled ? NodeStatus::Cancelled : NodeStatus::Failed;
     e.value = shared->wallMs;
     shared->events->push(e);
     shared->closed = true;  // late callbacks and context calls from here on do nothing
@@ -697,7 +686,7 @@ bool Executor::start(const GraphDocument& doc, const RunSettings& settings, Vali
     for (NodeState& n : shared.nodes) {
       if (n.notRun) continue;
       n.error = firstError.value(n.id);
-      n.status = registry_.find(n.type) ? QStringLiteral("invalid") : QStringLiteral("missing");
+      n.status = registry_.find(n.type) ? NodeStatus::Invalid : NodeStatus::Missing;
     }
     shared.finished = true;
     shared.ok = false;
@@ -750,8 +739,12 @@ bool Executor::start(const GraphDocument& doc, const RunSettings& settings, Vali
 
   QList<RunEvent> first{event(RunEvent::Kind::RunStarted, {}, doc.name())};
   for (int i : run->order) first.append(event(RunEvent::Kind::NodeQueued, run->nodes[i].id));
-  for (const RunGraph::NotRun& r : graph.notRun)
-    first.append(event(RunEvent::Kind::NodeFailed, r.id, r.message.isEmpty() ? r.status : r.message));
+  for (const RunGraph::NotRun& r : graph.notRun) {
+    RunEvent e =
+        event(RunEvent::Kind::NodeFailed, r.id, r.message.isEmpty() ? nodeStatusName(r.status) : r.message);
+    e.status = r.status;
+    first.append(e);
+  }
   for (const Issue& issue : report.issues())
     if (issue.severity == Issue::Severity::Warning)
       first.append(event(RunEvent::Kind::NodeWarning, issue.node,
@@ -801,8 +794,10 @@ QJsonObject Executor::report() const {
     if (k > 0 && s.nodes[order[k - 1]].id == n.id) continue;
     QJsonObject o = n.fields;
     o.insert("type", n.type);
-    o.insert("status", n.status);
-    o.insert("cached", n.cached);
+    // A cached node is an ok one whose outputs came from the cache: the report's format has a flag for it.
+    const bool cached = n.status == NodeStatus::Cached;
+    o.insert("status", nodeStatusName(cached ? NodeStatus::Ok : n.status));
+    o.insert("cached", cached);
     o.insert("device", n.devices.join(", "));
     o.insert("calls", n.calls);
     o.insert("time_ms", n.timeUs / 1000.0);
@@ -812,7 +807,7 @@ QJsonObject Executor::report() const {
              n.peakGflops > 0 && n.flops > 0 ? QJsonValue(gflops / n.peakGflops * 100.0) : QJsonValue());
     o.insert("bytes", n.bytes);
     o.insert("flops", n.flops);
-    o.insert("wall_ms", n.status == "running" ? msSince(n.started) : n.wallMs);
+    o.insert("wall_ms", n.status == NodeStatus::Running ? msSince(n.started) : n.wallMs);
     o.insert("error", n.error);
     if (!n.warnings.isEmpty()) o.insert("warnings", QJsonArray::fromStringList(n.warnings));
     nodes.insert(n.id, o);

@@ -36,6 +36,25 @@ QList<RunEvent> EventChannel::waitAndDrain(int timeoutMs) {
 
 namespace {
 
+constexpr std::pair<NodeStatus, const char*> kStatuses[] = {
+    {NodeStatus::Pending, "pending"},
+    {NodeStatus::Running, "running"},
+    {NodeStatus::Ok, "ok"},
+    {NodeStatus::Cached, "cached"},
+    {NodeStatus::Failed, "failed"},
+    {NodeStatus::Skipped, "skipped"},
+    {NodeStatus::Cancelled, "cancelled"},
+    {NodeStatus::Bypassed, "bypassed"},
+    {NodeStatus::Muted, "muted"},
+    {NodeStatus::Invalid, "invalid"},
+    {NodeStatus::Missing, "missing"},
+};
+
+bool carriesStatus(RunEvent::Kind kind) {
+  return kind == RunEvent::Kind::NodeFinished || kind == RunEvent::Kind::NodeFailed ||
+         kind == RunEvent::Kind::NodeCached || kind == RunEvent::Kind::RunFinished;
+}
+
 constexpr std::pair<RunEvent::Kind, const char*> kKinds[] = {
     {RunEvent::Kind::RunStarted, "RunStarted"},
     {RunEvent::Kind::RunFinished, "RunFinished"},
@@ -53,12 +72,29 @@ constexpr std::pair<RunEvent::Kind, const char*> kKinds[] = {
 
 }  // namespace
 
+QString nodeStatusName(NodeStatus status) {
+  for (const auto& [s, name] : kStatuses)
+    if (s == status) return QString::fromLatin1(name);
+  return {};
+}
+
+std::optional<NodeStatus> nodeStatusFromName(const QString& name) {
+  for (const auto& [s, n] : kStatuses)
+    if (name == QLatin1String(n)) return s;
+  return std::nullopt;
+}
+
+bool isFinal(NodeStatus status) {
+  return status != NodeStatus::Pending && status != NodeStatus::Running;
+}
+
 QJsonObject eventToJson(const RunEvent& e) {
   QJsonObject o;
   for (const auto& [kind, name] : kKinds)
     if (kind == e.kind) o.insert("kind", name);
   using K = RunEvent::Kind;
   if (!e.node.isEmpty()) o.insert("node", e.node);
+  if (carriesStatus(e.kind)) o.insert("status", nodeStatusName(e.status));
   switch (e.kind) {
     case K::RunStarted:
     case K::NodeFailed:
@@ -114,7 +150,7 @@ bool eventFromJson(const QJsonObject& o, RunEvent* out, QString* error) {
     *error = QStringLiteral("unknown event kind \"%1\"").arg(kind);
     return false;
   }
-  for (const char* key : {"node", "message", "series"})
+  for (const char* key : {"node", "message", "series", "status"})
     if (o.contains(key) && !o.value(key).isString()) {
       *error = QStringLiteral("%1: \"%2\" is not a string").arg(kind, key);
       return false;
@@ -130,6 +166,20 @@ bool eventFromJson(const QJsonObject& o, RunEvent* out, QString* error) {
   e.t = o.value("t").toDouble();
   e.value = o.value("value").toDouble();
   e.ok = o.value("ok").toBool(true);
+  if (carriesStatus(e.kind)) {
+    // A stream without statuses (a gpunodes before they existed) says only what its kinds say.
+    const NodeStatus byKind = e.kind == RunEvent::Kind::NodeFinished          ? NodeStatus::Ok
+                              : e.kind == RunEvent::Kind::NodeCached          ? NodeStatus::Cached
+                              : e.kind == RunEvent::Kind::RunFinished && e.ok ? NodeStatus::Ok
+                                                                              : NodeStatus::Failed;
+    const std::optional<NodeStatus> status =
+        o.contains("status") ? nodeStatusFromName(o.value("status").toString()) : byKind;
+    if (!status || !isFinal(*status)) {
+      *error = QStringLiteral("%1: \"%2\" is not a node outcome").arg(kind, o.value("status").toString());
+      return false;
+    }
+    e.status = *status;
+  }
   const QJsonObject s = o.value("span").toObject();
   e.span = {s.value("node").toString(),
             s.value("op").toString(),

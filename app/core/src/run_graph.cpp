@@ -191,23 +191,24 @@ RunGraph runGraph(const GraphDocument& doc, const NodeTypeRegistry& registry, co
   for (int i = 0; i < nodes.size(); ++i) {
     const GraphNode& n = nodes[i];
     const bool first = index.value(n.id) == i;
-    QString status, message;
+    std::optional<NodeStatus> status;
+    QString message;
     if (first && n.muted)
-      status = QStringLiteral("muted");
+      status = NodeStatus::Muted;
     else if (first && bypassed(i))
-      status = QStringLiteral("bypassed");
+      status = NodeStatus::Bypassed;
     else if (first && skipped.contains(i))
-      status = QStringLiteral("skipped"), message = skipped.value(i);
+      status = NodeStatus::Skipped, message = skipped.value(i);
     if (!needed[i]) {
       if (first) removed.insert(n.id);
       continue;
     }
-    if (status.isEmpty()) {
+    if (!status) {
       kept.append(n);
       continue;
     }
     removed.insert(n.id);
-    g.notRun.append({n.id, n.type, status, message});
+    g.notRun.append({n.id, n.type, *status, message});
   }
   QList<GraphConnection> keptWires;
   for (const GraphConnection& c : wires)

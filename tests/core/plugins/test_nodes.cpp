@@ -54,6 +54,8 @@ class TestSession : public RunSession {
     QString node;
     int sleepMs = 0;
     bool fail = false;
+    // What the work says when a cancel cuts it short; a runtime's own words need not name the cancel.
+    QString cancelledText = QStringLiteral("cancelled");
     qint64 bytes = 0;
     double flops = 0;
     std::function<void(const QString&)> done;  // set on the end-of-node marker
@@ -127,13 +129,13 @@ class TestSession : public RunSession {
         job.done(error);
         lock.lock();
       } else if (cancelled_) {
-        errors_.insert(job.node, QStringLiteral("cancelled"));
+        errors_.insert(job.node, job.cancelledText);
       } else {
         const double start = nowUs();
         // Sleeps in a cancellable wait, so cancel() ends a long job at once.
         cv_.wait_for(lock, std::chrono::milliseconds(job.sleepMs), [this] { return cancelled_; });
         if (cancelled_) {
-          errors_.insert(job.node, QStringLiteral("cancelled"));
+          errors_.insert(job.node, job.cancelledText);
         } else if (job.fail && !errors_.contains(job.node)) {
           errors_.insert(job.node, QStringLiteral("TestAdd work failed as asked"));
         }
@@ -229,7 +231,8 @@ class TestAdd : public NodeType {
         {.name = "label",
          .type = ParamType::String,
          .defaultValue = "",
-         .doc = "\"warn\" warns; \"forbidden\" is refused"},
+         .doc = "\"warn\" warns; \"forbidden\" is refused; \"stop\": a cancel ends the work with "
+                "\"stopped before the end\""},
         {.name = "mode",
          .type = ParamType::Enum,
          .defaultValue = "add",
@@ -266,6 +269,9 @@ class TestAdd : public NodeType {
     for (int i = 0; i < repeat; ++i) {
       session->enqueue({.sleepMs = p.value("delay_ms").toInt(),
                         .fail = p.value("fail").toBool(),
+                        .cancelledText = p.value("label").toString() == "stop"
+                                             ? QStringLiteral("stopped before the end")
+                                             : QStringLiteral("cancelled"),
                         .bytes = qint64(8 * elements),
                         .flops = elements});
       ctx.progress(double(i + 1) / repeat);

@@ -5,8 +5,10 @@
 //
 // start/cancel/wait/report are called from one controlling thread (the UI thread, the CLI's main loop).
 // A node whose input comes from a failed, skipped or cancelled node is skipped ("skipped: input a (x1.out)
-// failed"). Node statuses in the report: pending, running, ok, failed, skipped, cancelled, muted, bypassed;
-// after a refused start (validation failed): invalid, or missing for a node whose type no plugin provides.
+// failed"). Each node's status (run_events.h's NodeStatus) is decided here, once, and carried on its last
+// event; the report writes its name: pending, running, ok (with "cached": true for a cached node), failed,
+// skipped, cancelled, muted, bypassed; after a refused start (validation failed): invalid, or missing for a
+// node whose type no plugin provides.
 //
 // What runs is runGraph(doc) (run_graph.h): bypassed and muted nodes, and a muted node's dependents
 // ("skipped: input a (m1.out) is muted"), do not run, and count as intended: the run is still ok. With a

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "gpunodes/core/graph_document.h"
+#include "gpunodes/core/run_events.h"
 #include "gpunodes/core/validation.h"
 
 namespace gn::core {
@@ -22,10 +23,12 @@ namespace gn::core {
 class NodeTypeRegistry;
 
 struct RunGraph {
-  // A node that is part of the run but does not execute: status "bypassed", "muted" or "skipped" (a muted
+  // A node that is part of the run but does not execute: status Bypassed, Muted or Skipped (a muted
   // node's dependent; message "skipped: input a (m1.out) is muted").
   struct NotRun {
-    QString id, type, status, message;
+    QString id, type;
+    NodeStatus status = NodeStatus::Bypassed;
+    QString message;
   };
   QList<NotRun> notRun;  // in document order
   QList<Issue> issues;   // nodes that cannot be bypassed, and subgraphs that cannot be flattened
