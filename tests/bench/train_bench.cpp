@@ -425,7 +425,7 @@ bool gpu_section(const std::string& data_arg, const std::vector<Precision>& prec
       TrainOptions o;
       o.epochs = 1;
       o.batch_size = 256 * n;
-      o.sgd.lr = 0.1f * static_cast<float>(n);
+      o.optimizer.lr = 0.1 * static_cast<double>(n);
       o.resize = 96;
       o.log_every = 0;
       o.precision = precision;

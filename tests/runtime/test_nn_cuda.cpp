@@ -141,7 +141,8 @@ class NnCudaTest : public QObject {
     auto g = Model::create(*rt_, modelOptions(Arch::LeNet, 1), gpu_);
     TrainOptions o;
     o.batch_size = 128;
-    o.sgd = {0.1f, 0.9f, 0};
+    o.optimizer.lr = 0.1;
+    o.optimizer.momentum = 0.9;
     Trainer tc(*c, {Device::cpu()}, o), tg(*g, {gpu_}, o);
     DataLoader loader(synthetic(128 * 5), {.batch_size = 128, .pinned = true});
     loader.start_epoch(0);

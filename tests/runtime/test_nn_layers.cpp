@@ -9,6 +9,7 @@
 
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/layers.h"
+#include "gpunodes/nn/optim.h"
 #include "gpunodes/ops.h"
 #include "gpunodes/random.h"
 #include "nn_test_util.h"
@@ -751,10 +752,14 @@ class NnLayersTest : public QObject {
   void sgd_momentum_and_weight_decay() {
     const Device d = device_;
     Vec p = random_vec(50, 91), g = random_vec(50, 92);
-    Tensor tp = make(*rt_, d, {50}, p), tg = make(*rt_, d, {50}, g), buf = zeros(*rt_, {50}, d);
-    SgdOptions o{0.1f, 0.9f, 0.01f};
-    sgd_step(tp, tg, buf, o);
-    sgd_step(tp, tg, buf, o);
+    Tensor tp = make(*rt_, d, {50}, p), tg = make(*rt_, d, {50}, g);
+    OptimizerOptions o;
+    o.lr = 0.1;
+    o.momentum = 0.9;
+    o.weight_decay = 0.01;
+    std::vector<OptimizerState> buf(1);
+    optimizer_step({tp}, {tg}, buf, o, o.lr, 1);
+    optimizer_step({tp}, {tg}, buf, o, o.lr, 2);
     // PyTorch: d = g + wd p; buf = m buf + d (buf = d at first); p -= lr buf.
     Vec want = p, b(50, 0.0);
     for (int step = 0; step < 2; ++step)
@@ -765,7 +770,8 @@ class NnLayersTest : public QObject {
       }
     expect_close(to_d(to_host(tp)), want, 1e-6, 1e-5, "sgd with momentum");
     Tensor tp2 = make(*rt_, d, {50}, p);
-    sgd_step(tp2, tg, Tensor(), {0.5f, 0, 0});
+    std::vector<OptimizerState> none(1);
+    optimizer_step({tp2}, {tg}, none, OptimizerOptions{.lr = 0.5}, 0.5, 1);
     Vec want2(50);
     for (size_t i = 0; i < p.size(); ++i) want2[i] = p[i] - 0.5 * g[i];
     expect_close(to_d(to_host(tp2)), want2, 1e-6, 1e-5, "plain sgd");
@@ -773,16 +779,16 @@ class NnLayersTest : public QObject {
     const Vec q = random_vec(10, 93), gq = random_vec(10, 94);
     std::vector<Tensor> ps{make(*rt_, d, {50}, p), make(*rt_, d, {10}, q)};
     std::vector<Tensor> gs{tg, make(*rt_, d, {10}, gq)};
-    std::vector<Tensor> bufs{zeros(*rt_, {50}, d), zeros(*rt_, {10}, d)};
+    std::vector<OptimizerState> bufs(2);
     std::vector<Tensor> ps1{make(*rt_, d, {50}, p), make(*rt_, d, {10}, q)};
-    std::vector<Tensor> bufs1{zeros(*rt_, {50}, d), zeros(*rt_, {10}, d)};
-    for (int step = 0; step < 2; ++step) {
-      sgd_step(ps, gs, bufs, o);
-      for (size_t i = 0; i < 2; ++i) sgd_step(ps1[i], gs[i], bufs1[i], o);
+    std::vector<std::vector<OptimizerState>> bufs1(2, std::vector<OptimizerState>(1));
+    for (int step = 1; step <= 2; ++step) {
+      optimizer_step(ps, gs, bufs, o, o.lr, step);
+      for (size_t i = 0; i < 2; ++i) optimizer_step({ps1[i]}, {gs[i]}, bufs1[i], o, o.lr, step);
     }
     for (size_t i = 0; i < 2; ++i) {
       QCOMPARE(to_host(ps[i]), to_host(ps1[i]));
-      QCOMPARE(to_host(bufs[i]), to_host(bufs1[i]));
+      QCOMPARE(to_host(bufs[i].a), to_host(bufs1[i][0].a));
     }
   }
 

@@ -165,7 +165,7 @@ class NnModelsTest : public QObject {
     DatasetPtr tiny = take(load_fashion_mnist(Split::Train), 16);
     TrainOptions to;
     to.batch_size = 16;
-    to.sgd.lr = 0.05f;
+    to.optimizer.lr = 0.05;
     Trainer trainer(*net, {Device::cpu()}, to);
     DataLoader loader(tiny, {.batch_size = 16, .shuffle = false});
     loader.start_epoch(0);

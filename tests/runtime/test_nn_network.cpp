@@ -10,6 +10,7 @@
 
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/network.h"
+#include "gpunodes/nn/optim.h"
 #include "gpunodes/nn/serialize.h"
 #include "nn_test_util.h"
 
@@ -353,7 +354,8 @@ class NnNetworkTest : public QObject {
       m->backward(softmax_cross_entropy(logits, labels).dlogits);
       std::vector<Tensor> params, grads;
       for (Parameter* p : m->parameters()) params.push_back(p->value), grads.push_back(p->grad);
-      sgd_step(params, grads, {}, SgdOptions{.lr = 0.9f});
+      std::vector<OptimizerState> states(params.size());
+      optimizer_step(params, grads, states, OptimizerOptions{.lr = 0.9}, 0.9, 1);
     }
     for (size_t i = 0; i < a->state().size(); ++i)
       QVERIFY2(max_abs_diff(to_host(b->state()[i]->value), to_host(a->state()[i]->value)) <= 1e-5,
@@ -384,7 +386,8 @@ class NnNetworkTest : public QObject {
       m->backward(softmax_cross_entropy(logits, labels).dlogits);
       std::vector<Tensor> params, grads;
       for (Parameter* p : m->parameters()) params.push_back(p->value), grads.push_back(p->grad);
-      sgd_step(params, grads, {}, SgdOptions{.lr = 0.5f});
+      std::vector<OptimizerState> states(params.size());
+      optimizer_step(params, grads, states, OptimizerOptions{.lr = 0.5}, 0.5, 1);
     }
     std::map<std::string, Tensor> drawn;
     for (const Parameter* p : b->state()) drawn[p->name] = p->value;

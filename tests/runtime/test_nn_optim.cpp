@@ -179,27 +179,26 @@ class NnOptimTest : public QObject {
     }
   }
 
-  void older_sgd_interface_steps_as_before() {
-    // sgd_step with zeroed buffers and optimizer_step's fresh buffers take bit-equal steps.
+  void scalars_on_the_device_step_as_the_host_rates() {
+    // optimizer_step reading its scalars from a tensor (what a captured step replays with) and optimizer_step
+    // given the rate and step take bit-equal steps.
     const Vec p0 = random_vec(300, 1), p1 = random_vec(7, 2);
     std::vector<Tensor> a{make(*rt_, device_, p0), make(*rt_, device_, p1)};
     std::vector<Tensor> b{make(*rt_, device_, p0), make(*rt_, device_, p1)};
-    std::vector<Tensor> bufs{zeros(*rt_, {300}, device_), zeros(*rt_, {7}, device_)};
-    std::vector<OptimizerState> states(2);
-    const SgdOptions old{0.1f, 0.9f, 1e-3f};
+    std::vector<OptimizerState> bufs(2), states(2);
     OptimizerOptions o;
-    o.lr = old.lr;
-    o.momentum = old.momentum;
-    o.weight_decay = old.weight_decay;
+    o.lr = 0.1;
+    o.momentum = 0.9;
+    o.weight_decay = 1e-3;
     for (int t = 1; t <= 3; ++t) {
       std::vector<Tensor> g{make(*rt_, device_, random_vec(300, 10 + t)),
                             make(*rt_, device_, random_vec(7, 20 + t))};
-      sgd_step(a, g, bufs, old);
+      optimizer_step(a, g, bufs, o, optimizer_scalars(*rt_, device_, o, o.lr, t));
       optimizer_step(b, g, states, o, o.lr, t);
     }
     for (size_t i = 0; i < 2; ++i) {
       QCOMPARE(to_host(a[i]), to_host(b[i]));
-      QCOMPARE(to_host(bufs[i]), to_host(states[i].a));
+      QCOMPARE(to_host(bufs[i].a), to_host(states[i].a));
     }
   }
 
@@ -676,11 +675,11 @@ class NnOptimTest : public QObject {
       QVERIFY2(QString(e.what()).contains("nesterov: needs momentum above 0"), e.what());
     }
     o = {};
-    o.sgd.lr = 0.05f;  // the older spelling still works alone ...
-    Trainer legacy(*m, {Device::cpu()}, o);
-    QCOMPARE(legacy.optimizer().lr, double(0.05f));
-    QCOMPARE(legacy.lr(), double(0.05f));
-    o.optimizer.kind = OptimizerKind::Adam;  // ... but not beside a new optimizer
+    o.optimizer.lr = 0.05;  // plain SGD at its own rate ...
+    Trainer sgd(*m, {Device::cpu()}, o);
+    QCOMPARE(sgd.optimizer().lr, 0.05);
+    QCOMPARE(sgd.lr(), 0.05);
+    o.optimizer.lr = -1;  // ... but not at a negative one
     QVERIFY_THROWS_EXCEPTION(Error, Trainer(*m, {Device::cpu()}, o));
     o = {};
     o.clip_grad_norm = -1;

@@ -50,7 +50,7 @@ class NnTrainTest : public QObject {
     TrainOptions o;
     o.epochs = 3;
     o.batch_size = 256;
-    o.sgd.lr = 0.1f;
+    o.optimizer.lr = 0.1;
     o.log_every = 50;
     // Deterministic for a given thread count. Model and shuffle seeds 0..3 give 0.790-0.818 at epoch 3 here,
     // PyTorch 0.798-0.816 (torch seeds 0..2).
@@ -97,7 +97,9 @@ class NnTrainTest : public QObject {
     auto parallel = Model::create(rt, o, Device::cpu(0));
     TrainOptions to;
     to.batch_size = 128;
-    to.sgd = {0.1f, 0.9f, 1e-4f};  // momentum and weight decay too
+    to.optimizer.lr = 0.1;
+    to.optimizer.momentum = 0.9;  // momentum and weight decay too
+    to.optimizer.weight_decay = 1e-4;
     Trainer one(*single, {Device::cpu(0)}, to);
     Trainer two(*parallel, {Device::cpu(0), Device::cpu(1)}, to);
     two.set_shares({share0, 1 - share0});

@@ -1,6 +1,6 @@
 // What a device kind implements for the layers: raw-pointer kernels called inside an engine op body, on the
-// device's worker (ctx.native_stream is where CUDA work goes). The ops in layers.cpp check shapes and devices
-// and pick the kernels with nn_kernels(device).
+// device's worker (ctx.native_stream is where CUDA work goes). The ops in layers.cpp and optimizer_ops.cpp
+// check shapes and devices and pick the kernels with nn_kernels(device).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -10,6 +10,7 @@
 #include "gpunodes/engine.h"
 #include "gpunodes/memory.h"
 #include "gpunodes/nn/layers.h"
+#include "gpunodes/nn/optim.h"
 
 namespace gn::nn {
 
@@ -56,7 +57,7 @@ struct OptimizerScalars {
   float decay = 1;  // adamw: 1 - lr * weight_decay; 1 otherwise
 };
 
-// OptimizerScalars as they lie in a tensor of this many floats (layers.h's optimizer_scalars): the optimizer
+// OptimizerScalars as they lie in a tensor of this many floats (optim.h's optimizer_scalars): the optimizer
 // kernels read them from the device's memory, so that a captured step replays with each step's rate.
 constexpr int64_t kOptimizerScalarFloats = (sizeof(OptimizerScalars) + sizeof(float) - 1) / sizeof(float);
 

@@ -5,48 +5,23 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cstring>
 #include <string>
 
 #include "gpunodes/errors.h"
 #include "gpunodes/runtime.h"
 #include "kernels.h"
+#include "op_helpers.h"
 
 namespace gn::nn {
 namespace {
 
 thread_local Precision t_precision = Precision::Fp32;
 
-// Runs `body` with the kernels of `device` on its compute stream: it reads `reads` and writes `writes`.
-template <class Body>
-void push_kernel(Runtime& rt, Device device, std::vector<VarPtr> reads, std::vector<VarPtr> writes,
-                 OpInfo info, Body body) {
-  NnKernels* kernels = &nn_kernels(device);
-  Allocator* alloc = &rt.allocator(device);
-  rt.engine().push(
-      [kernels, alloc, body = std::move(body)](OpContext& ctx) {
-        KernelContext kc{ctx, *alloc};
-        body(*kernels, kc);
-      },
-      reads, writes, device, StreamKind::Compute, std::move(info));
-}
-
 void need_rank(const char* op, const char* what, const Tensor& t, size_t rank) {
   if (!t.defined()) throw Error(std::string(op) + ": " + what + " is undefined");
   if (t.shape().size() != rank)
     throw ShapeError(std::string(op) + ": " + what + " must have " + std::to_string(rank) +
                      " dimensions, got " + shape_str(t.shape()));
-}
-
-void need_shape(const char* op, const char* what, const Tensor& t, const Shape& shape) {
-  if (!t.defined()) throw Error(std::string(op) + ": " + what + " is undefined");
-  if (t.shape() != shape)
-    throw ShapeError(std::string(op) + ": " + what + " must be " + shape_str(shape) + ", got " +
-                     shape_str(t.shape()));
-}
-
-double dbl(int64_t v) {
-  return static_cast<double>(v);
 }
 
 // The precision a product op enqueued now computes in: the thread's scope, refused at once where the device
@@ -606,228 +581,6 @@ CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, b
                                         dl.defined() ? dl.data() : nullptr, scale, label_smoothing, kc);
               });
   return r;
-}
-
-// --- optimisers --------------------------------------------------------------------------------------------
-
-namespace {
-
-// The older SGD interface's scalars: its caller's buffers start at zero, so m * 0 + d is the first d and no
-// step counts as fresh.
-OptimizerScalars legacy_sgd_scalars(const SgdOptions& o) {
-  OptimizerScalars s;
-  s.kind = OptimizerKind::Sgd;
-  s.lr = o.lr;
-  s.momentum = o.momentum;
-  s.weight_decay = o.weight_decay;
-  return s;
-}
-
-// Rounds each scalar once from the double the host computed, as PyTorch hands its Python floats to float
-// kernels.
-OptimizerScalars step_scalars(const OptimizerOptions& o, double lr, int64_t step) {
-  OptimizerScalars s;
-  s.kind = o.kind;
-  s.lr = static_cast<float>(lr);
-  if (o.kind == OptimizerKind::Sgd) {
-    s.weight_decay = static_cast<float>(o.weight_decay);
-    s.momentum = static_cast<float>(o.momentum);
-    s.keep = static_cast<float>(1.0 - o.dampening);
-    s.nesterov = o.nesterov;
-    return s;
-  }
-  const double t = static_cast<double>(step);
-  s.weight_decay = o.kind == OptimizerKind::Adam ? static_cast<float>(o.weight_decay) : 0.0f;
-  s.decay = o.kind == OptimizerKind::AdamW ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f;
-  s.beta1 = static_cast<float>(o.beta1);
-  s.beta2 = static_cast<float>(o.beta2);
-  s.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
-  s.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
-  s.eps = static_cast<float>(o.eps);
-  s.step_size = static_cast<float>(lr / (1.0 - std::pow(o.beta1, t)));
-  s.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));
-  return s;
-}
-
-// The scalars as a tensor on `device`, for the kernels to read there.
-Tensor scalars_tensor(Runtime& rt, Device device, const OptimizerScalars& s) {
-  Tensor t(rt, {kOptimizerScalarFloats}, device);
-  std::vector<float> bytes(kOptimizerScalarFloats, 0.0f);
-  std::memcpy(bytes.data(), &s, sizeof s);
-  write_values(t, std::move(bytes));
-  return t;
-}
-
-void check_param_grad(const char* op, const Tensor& param, const Tensor& grad) {
-  if (!param.defined() || !grad.defined())
-    throw Error(std::string(op) + ": a parameter or gradient is undefined");
-  check_same_device({&param, &grad});
-  if (param.shape() != grad.shape())
-    throw ShapeError(std::string(op) + ": parameter " + shape_str(param.shape()) + " and gradient " +
-                     shape_str(grad.shape()) + " differ");
-}
-
-}  // namespace
-
-void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdOptions& o) {
-  sgd_step(std::vector<Tensor>{param}, std::vector<Tensor>{grad},
-           o.momentum != 0 ? std::vector<Tensor>{momentum_buf} : std::vector<Tensor>{}, o);
-}
-
-void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-              const std::vector<Tensor>& momentum_bufs, const SgdOptions& o) {
-  if (params.empty()) return;
-  const bool use_buf = o.momentum != 0;
-  if (grads.size() != params.size() || (use_buf && momentum_bufs.size() != params.size()))
-    throw Error("sgd: one gradient (and, with momentum, one buffer) per parameter expected");
-  std::vector<VarPtr> reads, writes;
-  int64_t bytes = 0, count = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    check_param_grad("sgd", params[i], grads[i]);
-    check_same_device({&params.front(), &params[i]});
-    if (use_buf) {
-      check_same_device({&params[i], &momentum_bufs[i]});
-      need_shape("sgd", "momentum buffer", momentum_bufs[i], params[i].shape());
-      writes.push_back(momentum_bufs[i].var());
-    }
-    reads.push_back(grads[i].var());
-    writes.push_back(params[i].var());
-    bytes += (use_buf ? 5 : 3) * params[i].bytes();
-    count += params[i].numel();
-  }
-  const Tensor scalars = scalars_tensor(params.front().runtime(), params.front().device(), legacy_sgd_scalars(o));
-  reads.push_back(scalars.var());
-  std::vector<Tensor> bufs = use_buf ? momentum_bufs : std::vector<Tensor>();
-  push_kernel(params.front().runtime(), params.front().device(), reads, writes,
-              {"sgd", "", bytes, 4.0 * dbl(count)}, [=](NnKernels& k, KernelContext& kc) {
-                std::vector<OptimizerTensor> ts;
-                for (size_t i = 0; i < params.size(); ++i)
-                  ts.push_back({params[i].numel(), params[i].data(), grads[i].data(),
-                                bufs.empty() ? nullptr : bufs[i].data(), nullptr, false});
-                k.optimizer_step(ts, OptimizerKind::Sgd, reinterpret_cast<const OptimizerScalars*>(scalars.data()),
-                                 nullptr, kc);
-              });
-}
-
-namespace {
-void check_step(const OptimizerOptions& o, double lr, int64_t step) {
-  const char* name = optimizer_name(o.kind);
-  if (const auto problems = optimizer_problems(o); !problems.empty())
-    throw Error(std::string(name) + ": " + problems.front());
-  if (!(lr >= 0 && std::isfinite(lr)))
-    throw Error(std::string(name) + ": the step's learning rate must be 0 or more, got " +
-                std::to_string(lr));
-  if (step < 1) throw Error(std::string(name) + ": step counts from 1, got " + std::to_string(step));
-}
-}  // namespace
-
-Tensor optimizer_scalars(Runtime& rt, Device device, const OptimizerOptions& o, double lr, int64_t step) {
-  check_step(o, lr, step);
-  return scalars_tensor(rt, device, step_scalars(o, lr, step));
-}
-
-void write_optimizer_scalars(const Tensor& dst, const OptimizerOptions& o, double lr, int64_t step) {
-  check_step(o, lr, step);
-  need_shape("optimizer scalars", "tensor", dst, {kOptimizerScalarFloats});
-  const OptimizerScalars s = step_scalars(o, lr, step);
-  std::vector<float> bytes(kOptimizerScalarFloats, 0.0f);
-  std::memcpy(bytes.data(), &s, sizeof s);
-  write_values(dst, std::move(bytes));
-}
-
-void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                    std::vector<OptimizerState>& states, const OptimizerOptions& o, double lr, int64_t step,
-                    const Tensor& clip) {
-  if (params.empty()) return;
-  optimizer_step(params, grads, states, o, optimizer_scalars(params.front().runtime(), params.front().device(), o, lr, step), clip);
-}
-
-void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                    std::vector<OptimizerState>& states, const OptimizerOptions& o, const Tensor& scalars,
-                    const Tensor& clip) {
-  const char* name = optimizer_name(o.kind);
-  if (grads.size() != params.size() || states.size() != params.size())
-    throw Error(std::string(name) + ": one gradient and one state per parameter expected, got " +
-                std::to_string(params.size()) + " parameters, " + std::to_string(grads.size()) +
-                " gradients and " + std::to_string(states.size()) + " states");
-  if (params.empty()) return;
-  if (const auto problems = optimizer_problems(o); !problems.empty())
-    throw Error(std::string(name) + ": " + problems.front());
-  check_same_device({&params.front(), &scalars});
-  need_shape(name, "scalars", scalars, {kOptimizerScalarFloats});
-  if (clip.defined()) {
-    check_same_device({&params.front(), &clip});
-    need_shape(name, "clip coefficient", clip, {2});
-  }
-  const bool adam = o.kind != OptimizerKind::Sgd;
-  const bool need_a = adam || o.momentum != 0, need_b = adam;
-  Runtime& rt = params.front().runtime();
-  const Device device = params.front().device();
-  std::vector<VarPtr> reads, writes;
-  if (clip.defined()) reads.push_back(clip.var());
-  std::vector<bool> fresh(params.size(), false);
-  int64_t bytes = 0, count = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    check_param_grad(name, params[i], grads[i]);
-    check_same_device({&params.front(), &params[i]});
-    OptimizerState& st = states[i];
-    if (st.a.defined() != st.b.defined() && need_b)
-      throw Error(std::string(name) + ": parameter " + std::to_string(i) + " has half an optimizer state");
-    // Made here, unfilled: the kernel treats a fresh state as PyTorch's first step does, which saves a pass.
-    if (need_a && !st.a.defined()) {
-      st.a = Tensor(rt, params[i].shape(), device);
-      if (need_b) st.b = Tensor(rt, params[i].shape(), device);
-      fresh[i] = true;
-    }
-    for (Tensor* t : {&st.a, &st.b})
-      if (t->defined()) {
-        check_same_device({&params[i], t});
-        need_shape(name, "optimizer state", *t, params[i].shape());
-        writes.push_back(t->var());
-      }
-    reads.push_back(grads[i].var());
-    writes.push_back(params[i].var());
-    bytes += (3 + 2 * (int64_t{need_a} + int64_t{need_b})) * params[i].bytes();
-    count += params[i].numel();
-  }
-  reads.push_back(scalars.var());
-  const OptimizerKind kind = o.kind;
-  std::vector<OptimizerState> state(states.begin(), states.end());
-  push_kernel(rt, device, reads, writes, {name, "", bytes, (adam ? 12.0 : 5.0) * dbl(count)},
-              [=](NnKernels& k, KernelContext& kc) {
-                std::vector<OptimizerTensor> ts;
-                ts.reserve(params.size());
-                for (size_t i = 0; i < params.size(); ++i)
-                  ts.push_back({params[i].numel(), params[i].data(), grads[i].data(),
-                                state[i].a.defined() ? state[i].a.data() : nullptr,
-                                state[i].b.defined() ? state[i].b.data() : nullptr, fresh[i]});
-                k.optimizer_step(ts, kind, reinterpret_cast<const OptimizerScalars*>(scalars.data()),
-                                 clip.defined() ? clip.data() : nullptr, kc);
-              });
-}
-
-Tensor grad_clip_coefficient(const std::vector<Tensor>& grads, float max_norm) {
-  if (grads.empty()) throw Error("clip_grad_norm: no gradients");
-  if (!(max_norm > 0 && std::isfinite(max_norm)))
-    throw Error("clip_grad_norm: max_norm must be above 0, got " + std::to_string(max_norm));
-  std::vector<VarPtr> reads;
-  int64_t bytes = 0, count = 0;
-  for (const Tensor& g : grads) {
-    if (!g.defined()) throw Error("clip_grad_norm: a gradient is undefined");
-    check_same_device({&grads.front(), &g});
-    reads.push_back(g.var());
-    bytes += g.bytes();
-    count += g.numel();
-  }
-  Tensor out(grads.front().runtime(), {2}, grads.front().device());
-  push_kernel(out.runtime(), out.device(), reads, {out.var()},
-              {"clip grad norm", "", bytes, 2.0 * dbl(count)}, [=](NnKernels& k, KernelContext& kc) {
-                std::vector<GradSpan> spans;
-                spans.reserve(grads.size());
-                for (const Tensor& g : grads) spans.push_back({g.data(), g.numel()});
-                k.grad_clip_coefficient(spans, max_norm, out.data(), kc);
-              });
-  return out;
 }
 
 // --- helpers -----------------------------------------------------------------------------------------------

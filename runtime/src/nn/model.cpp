@@ -82,6 +82,8 @@ void push_param(std::vector<Parameter*>& out, const std::string& prefix, Paramet
 
 class LinearM final : public Module {
  public:
+  // The values of a biased Linear(in, out): the weight and the bias.
+  static double elements(double in, double out) { return out * in + out; }
   LinearM(Builder& b, int64_t in, int64_t out, bool bias = true) : in_(in), out_(out) {
     w_.value = b.weight({out, in}, in, out);
     if (bias) b_.value = b.constant({out}, 0.0f);
@@ -117,6 +119,11 @@ class LinearM final : public Module {
 
 class Conv2dM final : public Module {
  public:
+  // The values of a biased Conv2d(in, out, kernel, groups): the weight and the bias.
+  static double elements(double in, double out, int64_t kernel, int64_t groups) {
+    const double k = static_cast<double>(kernel);
+    return out * (in / static_cast<double>(groups)) * k * k + out;
+  }
   Conv2dM(Builder& b, int64_t in, int64_t out, int64_t kernel, const Conv2dOptions& opts, bool bias = true)
       : in_(in), out_(out), kernel_(kernel), opts_(opts) {
     // PyTorch's fans: the weight's dimension 1 (in / groups) and 0 (out), times the window.
@@ -165,6 +172,8 @@ class Conv2dM final : public Module {
 // relu, a ReLU fused after it (and after the residual add, when forward is given one).
 class BatchNorm2dM final : public Module {
  public:
+  // Weight, bias, running mean and running variance.
+  static double elements(double channels) { return 4 * channels; }
   BatchNorm2dM(Builder& b, int64_t channels, float eps = 1e-5f, float momentum = 0.1f, bool flat = false,
                Layout layout = Layout::Nchw, bool relu = false)
       : c_(channels), flat_(flat) {
@@ -374,6 +383,11 @@ class SequentialM final : public Module {
 // `layout` throughout.
 class ResidualM final : public Module {
  public:
+  // What the constructor makes: conv1, conv2, the projection conv3 when there is one, bn1 and bn2.
+  static double elements(double in, double out, bool projection) {
+    return Conv2dM::elements(in, out, 3, 1) + Conv2dM::elements(out, out, 3, 1) +
+           (projection ? Conv2dM::elements(in, out, 1, 1) : 0) + 2 * BatchNorm2dM::elements(out);
+  }
   ResidualM(Builder& b, int64_t in, int64_t out, bool use_1x1conv, int64_t stride, Layout layout)
       : conv1_(b, in, out, 3, {stride, 1, 1, layout, layout}),
         conv2_(b, out, out, 3, {1, 1, 1, layout, layout}),
@@ -623,64 +637,145 @@ class GraphM final : public Module {
   std::vector<bool> needs_grad_;
 };
 
-std::unique_ptr<Module> build(Builder& b, const ModelOptions& o) {
-  if (o.arch == Arch::Network) return std::make_unique<GraphM>(b, *o.network, o.seed);
-  auto net = std::make_unique<SequentialM>();
-  const int64_t c = o.in_channels, s = o.image_size;
+// --- the built-in architectures ---------------------------------------------------------------------------
+
+// Each built-in architecture, described once: `net` is told every layer in construction order (which is
+// PyTorch's state_dict order) with its name and sizes, and opens a nested Sequential with begin(name) and
+// closes it with end(). build() hands it a ModuleMaker, which makes the modules; state_elements() an
+// ElementCounter, which counts their parameters and buffers. The sizes are doubles, so that counting absurd
+// options gives a huge number instead of overflowing; create() bounds the options so that building sees
+// exact integers. `act` is the layout of the activations between the ResNet's stem and its pooling.
+template <class Net>
+void describe_builtin(const ModelOptions& o, Layout act, Net& net) {
+  const double c = static_cast<double>(o.in_channels), s = static_cast<double>(o.image_size);
+  const double classes = static_cast<double>(o.classes);
   switch (o.arch) {
     case Arch::Linear:
-      net->add("0", std::make_unique<LinearM>(b, c, o.classes));
-      break;
+      net.linear("0", c, classes);
+      return;
     case Arch::Mlp:
-      net->add("0", std::make_unique<FlattenM>());
-      net->add("1", std::make_unique<LinearM>(b, c * s * s, 256));
-      net->add("2", std::make_unique<ActivationM>(Activation::Relu));
-      net->add("3", std::make_unique<LinearM>(b, 256, o.classes));
-      break;
+      net.flatten("0");
+      net.linear("1", c * s * s, 256);
+      net.activation("2", Activation::Relu);
+      net.linear("3", 256, classes);
+      return;
     case Arch::LeNet: {
-      const int64_t side = ((s + 4 - 4) / 2 - 4) / 2;  // 28 -> 28 -> 14 -> 10 -> 5
-      net->add("0", std::make_unique<Conv2dM>(b, c, 6, 5, Conv2dOptions{1, 2}));
-      net->add("1", std::make_unique<ActivationM>(Activation::Sigmoid));
-      net->add("2", std::make_unique<PoolM>(Pool2dOptions{PoolKind::Avg, 2, 2, 0}));
-      net->add("3", std::make_unique<Conv2dM>(b, 6, 16, 5, Conv2dOptions{1, 0}));
-      net->add("4", std::make_unique<ActivationM>(Activation::Sigmoid));
-      net->add("5", std::make_unique<PoolM>(Pool2dOptions{PoolKind::Avg, 2, 2, 0}));
-      net->add("6", std::make_unique<FlattenM>());
-      net->add("7", std::make_unique<LinearM>(b, 16 * side * side, 120));
-      net->add("8", std::make_unique<ActivationM>(Activation::Sigmoid));
-      net->add("9", std::make_unique<LinearM>(b, 120, 84));
-      net->add("10", std::make_unique<ActivationM>(Activation::Sigmoid));
-      net->add("11", std::make_unique<LinearM>(b, 84, o.classes));
-      break;
+      const double side =
+          static_cast<double>(((o.image_size + 4 - 4) / 2 - 4) / 2);  // 28 -> 28 -> 14 -> 10 -> 5
+      const Pool2dOptions pool{PoolKind::Avg, 2, 2, 0};
+      net.conv("0", c, 6, 5, Conv2dOptions{1, 2});
+      net.activation("1", Activation::Sigmoid);
+      net.pool("2", pool);
+      net.conv("3", 6, 16, 5, Conv2dOptions{1, 0});
+      net.activation("4", Activation::Sigmoid);
+      net.pool("5", pool);
+      net.flatten("6");
+      net.linear("7", 16 * side * side, 120);
+      net.activation("8", Activation::Sigmoid);
+      net.linear("9", 120, 84);
+      net.activation("10", Activation::Sigmoid);
+      net.linear("11", 84, classes);
+      return;
     }
     case Arch::ResNet18: {
       // NCHW images in, blocked activations from the stem's output to the pooling (see Layout).
-      const Layout act = b.activation_layout();
-      net->add("0", std::make_unique<Conv2dM>(b, c, 64, 3, Conv2dOptions{1, 1, 1, Layout::Nchw, act}));
-      net->add("1", std::make_unique<BatchNorm2dM>(b, 64, 1e-5f, 0.1f, false, act));
-      net->add("2", std::make_unique<ActivationM>(Activation::Relu));
-      const int64_t widths[4] = {64, 128, 256, 512};
-      int64_t in = 64;
+      net.conv("0", c, 64, 3, Conv2dOptions{1, 1, 1, Layout::Nchw, act});
+      net.batchnorm("1", 64, act);
+      net.activation("2", Activation::Relu);
+      const double widths[4] = {64, 128, 256, 512};
+      double in = 64;
       for (int stage = 0; stage < 4; ++stage) {
-        auto blk = std::make_unique<SequentialM>();
-        const int64_t out = widths[stage];
+        const double out = widths[stage];
+        net.begin("resnet_block" + std::to_string(stage + 1));
         // The first stage keeps 64 channels at stride 1; the others open with a strided 1x1 projection.
-        blk->add("0", std::make_unique<ResidualM>(b, in, out, stage > 0, stage > 0 ? 2 : 1, act));
-        blk->add("1", std::make_unique<ResidualM>(b, out, out, false, 1, act));
-        net->add("resnet_block" + std::to_string(stage + 1), std::move(blk));
+        net.residual("0", in, out, stage > 0, stage > 0 ? 2 : 1, act);
+        net.residual("1", out, out, false, 1, act);
+        net.end();
         in = out;
       }
-      net->add("global_avg_pool", std::make_unique<GlobalAvgPoolM>(act));
-      auto fc = std::make_unique<SequentialM>();
-      fc->add("0", std::make_unique<FlattenM>());
-      fc->add("1", std::make_unique<LinearM>(b, 512, o.classes));
-      net->add("fc", std::move(fc));
-      break;
+      net.global_avg_pool("global_avg_pool", act);
+      net.begin("fc");
+      net.flatten("0");
+      net.linear("1", 512, classes);
+      net.end();
+      return;
     }
-    case Arch::Network:  // handled above
-      break;
+    case Arch::Network:  // not built in: its layers are data (GraphM)
+      return;
   }
-  return net;
+}
+
+// describe_builtin()'s net that makes the modules, in a tree of Sequentials.
+class ModuleMaker {
+ public:
+  explicit ModuleMaker(Builder& b) : b_(b), root_(std::make_unique<SequentialM>()), open_{root_.get()} {}
+  std::unique_ptr<Module> take() { return std::move(root_); }
+
+  void linear(const std::string& name, double in, double out) {
+    add(name, std::make_unique<LinearM>(b_, dim(in), dim(out)));
+  }
+  void conv(const std::string& name, double in, double out, int64_t kernel, const Conv2dOptions& o) {
+    add(name, std::make_unique<Conv2dM>(b_, dim(in), dim(out), kernel, o));
+  }
+  void batchnorm(const std::string& name, double channels, Layout layout) {
+    add(name, std::make_unique<BatchNorm2dM>(b_, dim(channels), 1e-5f, 0.1f, false, layout));
+  }
+  void residual(const std::string& name, double in, double out, bool projection, int64_t stride,
+                Layout layout) {
+    add(name, std::make_unique<ResidualM>(b_, dim(in), dim(out), projection, stride, layout));
+  }
+  void activation(const std::string& name, Activation kind) {
+    add(name, std::make_unique<ActivationM>(kind));
+  }
+  void pool(const std::string& name, const Pool2dOptions& o) { add(name, std::make_unique<PoolM>(o)); }
+  void global_avg_pool(const std::string& name, Layout layout) {
+    add(name, std::make_unique<GlobalAvgPoolM>(layout));
+  }
+  void flatten(const std::string& name) { add(name, std::make_unique<FlattenM>()); }
+  void begin(const std::string& name) {
+    auto child = std::make_unique<SequentialM>();
+    SequentialM* opened = child.get();
+    add(name, std::move(child));
+    open_.push_back(opened);
+  }
+  void end() { open_.pop_back(); }
+
+ private:
+  static int64_t dim(double v) { return static_cast<int64_t>(v); }
+  void add(const std::string& name, std::unique_ptr<Module> m) { open_.back()->add(name, std::move(m)); }
+  Builder& b_;
+  std::unique_ptr<SequentialM> root_;
+  std::vector<SequentialM*> open_;  // the Sequentials being filled, innermost last
+};
+
+// describe_builtin()'s net that counts the float32 values of the state, as the modules hold them.
+class ElementCounter {
+ public:
+  double count() const { return n_; }
+  void linear(const std::string&, double in, double out) { n_ += LinearM::elements(in, out); }
+  void conv(const std::string&, double in, double out, int64_t kernel, const Conv2dOptions& o) {
+    n_ += Conv2dM::elements(in, out, kernel, o.groups);
+  }
+  void batchnorm(const std::string&, double channels, Layout) { n_ += BatchNorm2dM::elements(channels); }
+  void residual(const std::string&, double in, double out, bool projection, int64_t, Layout) {
+    n_ += ResidualM::elements(in, out, projection);
+  }
+  void activation(const std::string&, Activation) {}
+  void pool(const std::string&, const Pool2dOptions&) {}
+  void global_avg_pool(const std::string&, Layout) {}
+  void flatten(const std::string&) {}
+  void begin(const std::string&) {}
+  void end() {}
+
+ private:
+  double n_ = 0;
+};
+
+std::unique_ptr<Module> build(Builder& b, const ModelOptions& o) {
+  if (o.arch == Arch::Network) return std::make_unique<GraphM>(b, *o.network, o.seed);
+  ModuleMaker maker(b);
+  describe_builtin(o, b.activation_layout(), maker);
+  return maker.take();
 }
 
 }  // namespace
@@ -733,34 +828,9 @@ double state_elements(const ModelOptions& o) {
     for (const LayerInfo& i : o.network->infer()) n += i.params + i.buffers;
     return n;
   }
-  // The layers build() makes, counted: weight and bias per linear and conv, four vectors per BatchNorm.
-  auto linear = [](double in, double out) { return out * in + out; };
-  auto conv = [](double in, double out, double k) { return out * in * k * k + out; };
-  auto bn = [](double c) { return 4 * c; };
-  auto residual = [&](double in, double out, bool projection) {
-    return conv(in, out, 3) + conv(out, out, 3) + (projection ? conv(in, out, 1) : 0) + 2 * bn(out);
-  };
-  const double c = static_cast<double>(o.in_channels), s = static_cast<double>(o.image_size);
-  const double classes = static_cast<double>(o.classes);
-  switch (o.arch) {
-    case Arch::Linear:
-      return linear(c, classes);
-    case Arch::Mlp:
-      return linear(c * s * s, 256) + linear(256, classes);
-    case Arch::LeNet: {
-      const double side = static_cast<double>(((o.image_size + 4 - 4) / 2 - 4) / 2);
-      return conv(c, 6, 5) + conv(6, 16, 5) + linear(16 * side * side, 120) + linear(120, 84) +
-             linear(84, classes);
-    }
-    case Arch::ResNet18: {
-      double n = conv(c, 64, 3) + bn(64) + 2 * residual(64, 64, false);
-      for (double out : {128.0, 256.0, 512.0}) n += residual(out / 2, out, true) + residual(out, out, false);
-      return n + linear(512, classes);
-    }
-    case Arch::Network:  // handled above
-      break;
-  }
-  return 0;
+  ElementCounter counter;
+  describe_builtin(o, Layout::Nchw, counter);
+  return counter.count();
 }
 
 // --- Model -------------------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "gpunodes/nn/optim.h"
 #include "gpunodes/ops.h"
 #include "gpunodes/precision.h"
 #include "gpunodes/tensor.h"
@@ -63,11 +62,10 @@ struct Conv2dGrads {
 Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                             const Conv2dOptions& options = {}, bool need_dx = true, bool need_db = true);
 
-// --- batchnorm2d over (N, H, W) per channel; also BatchNorm1d: x [N, C] normalises over N per feature
-// ----------------------------------------------------------------- Training: normalises with the batch's
-// mean and biased variance, and updates the running statistics in place as PyTorch does: running = (1 -
-// momentum) * running + momentum * batch, with the unbiased variance. Eval: normalises with the running
-// statistics.
+// --- batchnorm2d over (N, H, W) per channel; also BatchNorm1d: x [N, C] normalises over N per feature ---
+// Training: normalises with the batch's mean and biased variance, and updates the running statistics in place
+// as PyTorch does: running = (1 - momentum) * running + momentum * batch, with the unbiased variance. Eval:
+// normalises with the running statistics.
 struct BatchNormOptions {
   bool training = true;
   float momentum = 0.1f;
@@ -159,54 +157,8 @@ struct CrossEntropy {
 CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool want_grad = true,
                                    float grad_scale = 0, float label_smoothing = 0);
 
-// --- optimisers --------------------------------------------------------------------------------------------
-// PyTorch's SGD, in place: g = grad + weight_decay * p; buf = momentum * buf + g; p -= lr * buf (plain
-// p -= lr * g without momentum). `momentum_buf` starts at zero and may be undefined when momentum is 0.
-// The older interface, kept for its callers: optimizer_step below covers it and Adam, AdamW and Nesterov.
-struct SgdOptions {
-  float lr = 0.1f;
-  float momentum = 0;
-  float weight_decay = 0;
-};
-void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdOptions& options);
-// The same for a whole model in one op (one stream synchronisation on a GPU instead of one per tensor).
-// momentum_bufs may be empty when momentum is 0.
-void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-              const std::vector<Tensor>& momentum_bufs, const SgdOptions& options);
-
-// What optimizer_step keeps per parameter, made on the parameter's device at its first step: sgd with
-// momentum keeps its buffer in `a`; adam and adamw keep exp_avg in `a` and exp_avg_sq in `b`.
-struct OptimizerState {
-  Tensor a, b;
-};
-// One update (the formulas in optim.h) of every parameter, in place, as one engine op on their device (all
-// on one device). lr is this step's rate (the schedule's, not necessarily o.lr); step counts the updates so
-// far including this one (1, 2, ...) and gives Adam's bias corrections, computed on the host. `states` holds
-// one entry per parameter; empty entries are filled here, and a state made now starts as PyTorch's does (a
-// momentum buffer equal to its first d, Adam's averages at zero). `clip` is undefined or
-// grad_clip_coefficient's result on the same device: every gradient is multiplied by its coefficient on the
-// way in (the gradient tensors are left as they are).
-void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                    std::vector<OptimizerState>& states, const OptimizerOptions& o, double lr, int64_t step,
-                    const Tensor& clip = Tensor());
-// The scalars of one update (the rate, Adam's bias corrections, ...) at rate lr and step `step`, as a small
-// tensor on `device`: what optimizer_step's kernels read. A captured training step reads one such tensor,
-// which the trainer rewrites before each replay (write_optimizer_scalars, same options).
-Tensor optimizer_scalars(Runtime& rt, Device device, const OptimizerOptions& o, double lr, int64_t step);
-void write_optimizer_scalars(const Tensor& dst, const OptimizerOptions& o, double lr, int64_t step);
-// optimizer_step with the scalars already on the parameters' device.
-void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                    std::vector<OptimizerState>& states, const OptimizerOptions& o, const Tensor& scalars,
-                    const Tensor& clip = Tensor());
-// torch.nn.utils.clip_grad_norm_(grads, max_norm)'s numbers, computed on the gradients' device with no host
-// read: [2] {the total 2-norm over every gradient, min(1, max_norm / (norm + 1e-6))}. The sum of squares runs
-// in double in a fixed order that the CPU and CUDA kernels share, so equal gradients give bit-equal results
-// on every device. max_norm > 0.
-Tensor grad_clip_coefficient(const std::vector<Tensor>& grads, float max_norm);
-
-// --- in-place helpers the trainer and loaders use
-// ------------------------------------------------------------ dst <- src, between any two devices (same
-// shape). Ordered after everything that reads or writes dst.
+// --- in-place helpers the trainer and loaders use ---------------------------------------------------------
+// dst <- src, between any two devices (same shape). Ordered after everything that reads or writes dst.
 void copy_into(const Tensor& dst, const Tensor& src);
 // dst <- host values, asynchronously: the values are captured.
 void write_values(const Tensor& dst, std::vector<float> values);

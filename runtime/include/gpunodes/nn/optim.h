@@ -1,11 +1,14 @@
 // Optimizers and learning-rate schedules as PyTorch defines them: the host-side description that the Trainer
-// and the Train node share. The update itself is one engine op per device (optimizer_step in layers.h); the
-// rates, the step counts and Adam's bias corrections are computed here, on the host, per step, so that every
-// replica takes the very same step.
+// and the Train node share, and the update ops. The update itself is one engine op per device
+// (optimizer_step, at the end); the rates, the step counts and Adam's bias corrections are computed on the
+// host, per step, so that every replica takes the very same step.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "gpunodes/runtime.h"
+#include "gpunodes/tensor.h"
 
 namespace gn::nn {
 
@@ -89,5 +92,36 @@ double scheduled_lr(const ScheduleOptions& s, double base_lr, int64_t step, int6
                     int64_t epochs);
 // For reports: "cosine (warmup 1 epoch, min_lr 0)".
 std::string describe(const ScheduleOptions& s);
+
+// --- the update ops (optimizer_ops.cpp) ------------------------------------------------------------------
+// What optimizer_step keeps per parameter, made on the parameter's device at its first step: sgd with
+// momentum keeps its buffer in `a`; adam and adamw keep exp_avg in `a` and exp_avg_sq in `b`.
+struct OptimizerState {
+  Tensor a, b;
+};
+// One update (the formulas above) of every parameter, in place, as one engine op on their device (all
+// on one device). lr is this step's rate (the schedule's, not necessarily o.lr); step counts the updates so
+// far including this one (1, 2, ...) and gives Adam's bias corrections, computed on the host. `states` holds
+// one entry per parameter; empty entries are filled here, and a state made now starts as PyTorch's does (a
+// momentum buffer equal to its first d, Adam's averages at zero). `clip` is undefined or
+// grad_clip_coefficient's result on the same device: every gradient is multiplied by its coefficient on the
+// way in (the gradient tensors are left as they are).
+void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                    std::vector<OptimizerState>& states, const OptimizerOptions& o, double lr, int64_t step,
+                    const Tensor& clip = Tensor());
+// The scalars of one update (the rate, Adam's bias corrections, ...) at rate lr and step `step`, as a small
+// tensor on `device`: what optimizer_step's kernels read. A captured training step reads one such tensor,
+// which the trainer rewrites before each replay (write_optimizer_scalars, same options).
+Tensor optimizer_scalars(Runtime& rt, Device device, const OptimizerOptions& o, double lr, int64_t step);
+void write_optimizer_scalars(const Tensor& dst, const OptimizerOptions& o, double lr, int64_t step);
+// optimizer_step with the scalars already on the parameters' device.
+void optimizer_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                    std::vector<OptimizerState>& states, const OptimizerOptions& o, const Tensor& scalars,
+                    const Tensor& clip = Tensor());
+// torch.nn.utils.clip_grad_norm_(grads, max_norm)'s numbers, computed on the gradients' device with no host
+// read: [2] {the total 2-norm over every gradient, min(1, max_norm / (norm + 1e-6))}. The sum of squares runs
+// in double in a fixed order that the CPU and CUDA kernels share, so equal gradients give bit-equal results
+// on every device. max_norm > 0.
+Tensor grad_clip_coefficient(const std::vector<Tensor>& grads, float max_norm);
 
 }  // namespace gn::nn

@@ -29,6 +29,14 @@
 namespace gn::nn {
 
 class GradientReducer;
+namespace trainer_parts {  // the trainer's parts, in runtime/src/nn/train/
+class ReplicaSet;
+class GradientBuckets;
+class LossScaler;
+class StepCapturer;
+class CheckpointStore;
+class RankAgreement;
+}  // namespace trainer_parts
 
 // Checkpoints (checkpoint.h has the file format): what fit() saves, where, and whether it resumes.
 struct CheckpointOptions {
@@ -48,7 +56,7 @@ struct CheckpointOptions {
 // multiplies the scale by `backoff`; after `interval` good steps in a row the scale is multiplied by
 // `growth`. The optimizer sees the gradients divided by the scale again (exactly, for a power-of-two scale),
 // and clip_grad_norm clips the unscaled norm.
-enum class LossScaleMode { Auto, Dynamic, Off };  // Auto: Dynamic with fp16, Off otherwise
+enum class LossScaleMode { Auto, Dynamic, Off };       // Auto: Dynamic with fp16, Off otherwise
 const char* loss_scale_mode_name(LossScaleMode mode);  // "auto", "dynamic", "off"
 std::optional<LossScaleMode> parse_loss_scale_mode(std::string_view text);
 struct LossScaleOptions {
@@ -79,9 +87,6 @@ struct TrainOptions {
   int64_t batch_size = 256;  // the whole minibatch, split across the devices
   // SGD at lr 0.1, no momentum or weight decay: the seed's torch.optim.SGD(lr=0.1). See optim.h.
   OptimizerOptions optimizer;
-  // The older way to set SGD, kept for its callers: when it differs from its defaults, the trainer runs plain
-  // SGD with its lr, momentum and weight decay (and refuses a non-default `optimizer` beside it).
-  SgdOptions sgd;
   ScheduleOptions schedule;  // the rate per batch, from optimizer.lr; constant by default
   // torch.nn.utils.clip_grad_norm_ over every gradient after the all-reduce, before the step: the gradients
   // are scaled by min(1, max / (total 2-norm + 1e-6)). 0: off.
@@ -99,9 +104,9 @@ struct TrainOptions {
   // Split each batch in proportion to each device's measured samples per second (re-measured every epoch)
   // instead of evenly: for a GPU and a CPU together, the seed's exercise 2.
   bool balance = false;
-  // Steps enqueued beyond the one running. Tensors are allocated when their op is enqueued, so each step in
-  // flight holds a whole step's activations and gradients (ResNet-18 at 96x96: about 150 MB per image); one
-  // hides the host's enqueueing, 0 waits for every step and halves the peak.
+  // Steps enqueued beyond the one running: one hides the host's enqueueing behind the devices' work, 0 waits
+  // for every step. Memory is taken when an op runs, not when it is queued (architecture.md), so a step
+  // still waiting in the queue holds no device memory yet.
   int64_t steps_in_flight = 1;
   CheckpointOptions checkpoint;
   // A distributed run (a world of more than one rank): the devices are (ranks x local devices), every rank
@@ -208,16 +213,16 @@ class Trainer {
   // Updates taken so far (Adam's t), over every fit() and step(); a step the loss scaler skipped is none.
   int64_t optimizer_steps() const { return optimizer_steps_; }
   // The loss scale the next step() multiplies the loss gradient by; 0 when loss scaling is off.
-  double loss_scale() const { return loss_scale_; }
+  double loss_scale() const;
   // Steps skipped because their gradients overflowed, over every fit() and step().
-  int64_t skipped_steps() const { return skipped_steps_; }
+  int64_t skipped_steps() const;
   // How steps run: "replaying a CUDA graph of 412 nodes", "replaying 57 recorded ops", "step by step: <why>",
   // or "step by step" (not captured yet, or capture off); after fit(), which releases the captured step,
   // "replayed 57 recorded ops".
   std::string capture_status() const;
   // Steps that were replays of the captured step, over every fit() and step().
-  int64_t replayed_steps() const { return replayed_steps_; }
-  // The optimizer in use (options.sgd resolved into it).
+  int64_t replayed_steps() const;
+  // The optimizer in use.
   const OptimizerOptions& optimizer() const { return options_.optimizer; }
   // Waits for every step enqueued so far; rethrows their errors.
   void synchronize();
@@ -234,12 +239,12 @@ class Trainer {
   // Stops fit() at the next batch (the one in progress, or the next one to start); thread-safe.
   void cancel() { cancel_requested_ = true; }
 
-  const std::vector<Device>& devices() const { return devices_; }
-  Model& replica(size_t i) { return *replicas_[i]; }
-  size_t replica_count() const { return replicas_.size(); }
+  const std::vector<Device>& devices() const;
+  Model& replica(size_t i);
+  size_t replica_count() const;
   // How a batch of n is split: per-device sample counts that sum to n.
   std::vector<int64_t> split(int64_t n) const;
-  const std::vector<double>& shares() const { return shares_; }
+  const std::vector<double>& shares() const;
   // Sets the per-device fractions (normalised); fit() does this itself with options.balance.
   void set_shares(std::vector<double> shares);
   // "nccl", "host" or "none" (one device), with " + mpi (N ranks)" in a distributed run.
@@ -248,76 +253,51 @@ class Trainer {
   dist::World* world() const { return world_; }
 
  private:
-  void finish_to_model();
+  // One fit() call's state and its steps (runtime/src/nn/train/fit.cpp).
+  struct Fit;
+  // A step without capture: replica r's forward and backward on its share, the all-reduce, the loss
+  // scaler's check and every replica's update.
+  void step_by_step(const HostBatchPtr& batch);
+  // Replica r's forward and backward (the loss gradient scaled by `scale`), accumulating its loss and hits
+  // into its totals and leaving its gradients in `grads`; returns the number of classes (the logits' width).
+  int64_t forward_backward(size_t r, const Tensor& images, const Tensor& labels, float scale,
+                           std::vector<Tensor>& grads);
+  // Replica r's update with the step's scalars and clip factor (undefined: clip_grad_norm's, computed here).
+  void update(size_t r, const std::vector<Tensor>& grads, const Tensor& scalars, Tensor clip);
+  // Runs the step as a captured one when it can (a replay, or the capture itself, which trains on the
+  // batch); false when it is to run step by step.
+  bool try_captured_step(const HostBatchPtr& batch);
+  // Drops what steps keep (in-flight markers, the captured step, activations and gradients).
   void release_step_state() noexcept;
+  // After a cancel or an error: waits for every op enqueued so far, releases the step state and starts the
+  // optimizer state afresh.
   void drain() noexcept;
-  void rebalance(size_t span_cursor, const std::vector<int64_t>& samples);
-  struct Resumed;
-  Resumed resume_from_checkpoint(const Dataset& train, const MetricCallback& on_metric,
-                                 const WarningCallback& on_warning, TrainResult& result);
-  void save_checkpoint(const Dataset& train, int64_t epoch, int64_t batch, double seconds,
-                       double epoch_seconds, size_t history_size, TrainResult& result);
+  // Whether a collective (or an evaluation feeding one) should give up now: at a cancel, unless the ranks
+  // are to agree on stopping first; always when the engine was cancelled.
+  bool abandon_collectives() const;
 
   Runtime& rt_;
   Model& model_;
-  std::vector<Device> devices_;
   TrainOptions options_;
-  std::vector<Model*> replicas_;
-  std::vector<std::unique_ptr<Model>> owned_;
+  dist::World* world_ = nullptr;  // the MPI world of a distributed run; null for a process alone
+  std::unique_ptr<trainer_parts::ReplicaSet> replicas_;
+  std::unique_ptr<trainer_parts::GradientBuckets> buckets_;
+  std::unique_ptr<GradientReducer> reducer_;  // null with one device in one process
+  std::string reducer_name_;
+  std::unique_ptr<trainer_parts::LossScaler> scaler_;
+  std::unique_ptr<trainer_parts::StepCapturer> capture_;
+  std::unique_ptr<trainer_parts::RankAgreement> ranks_;
   std::vector<std::vector<OptimizerState>> optim_state_;  // [replica][parameter], made at the first step
   int64_t optimizer_steps_ = 0;
   double lr_ = 0;
-  double loss_scale_ = 0;  // 0: off
-  int64_t loss_scale_good_steps_ = 0, skipped_steps_ = 0;
-  // A step's parts: replica r's forward and backward on its batch (the loss gradient scaled by `scale`),
-  // accumulating its loss and hits into totals_[r] and leaving its gradients in `grads`; and the update of
-  // replica r with the step's scalars and clip factor (either may be undefined: then computed here).
-  void step_by_step(const HostBatchPtr& batch);
-  // Returns the number of classes (the logits' width).
-  int64_t forward_backward(size_t r, const Tensor& images, const Tensor& labels, float scale,
-                           std::vector<Tensor>& grads);
-  void update(size_t r, const std::vector<Tensor>& grads, const Tensor& scalars, Tensor clip);
-  // The captured step: what it reads (its batch and scalars) and writes, and its work.
-  struct CapturedStep;
-  std::shared_ptr<CapturedStep> captured_;
-  std::string capture_off_;  // why steps are not captured; empty while they may be
-  std::string released_capture_;  // what the last captured step was, once fit() released it
-  int64_t uncaptured_steps_ = 0, replayed_steps_ = 0;
-  WarningCallback warn_;  // fit()'s, while it runs
-  // Whether this step can be (or is) a captured one; says why not once, when it never can.
-  bool capturable(const HostBatch& batch);
-  // Captures the step on this batch (which it then trains on); false, with capture turned off, on failure.
-  bool capture(const HostBatchPtr& batch);
-  void replay(const HostBatchPtr& batch);
-  // The loss scaler's part of a step, after the all-reduce: reads the gradients' norm, and returns false
-  // (the step is to be skipped) when it overflowed; otherwise sets clip[r] to each replica's factor, the
-  // unscaling and clip_grad_norm's together. Updates the scale either way.
-  bool unscale(const std::vector<std::vector<Tensor>>& grads, std::vector<Tensor>& clip);
-  std::vector<Tensor> totals_;    // per replica [2]: loss sum, correct
-  std::vector<int64_t> samples_;  // per replica, since reset
-  std::vector<double> shares_;
-  std::vector<std::vector<size_t>> buckets_;  // parameter indices reduced together, in backward order
-  std::unique_ptr<GradientReducer> reducer_;
-  std::string reducer_name_;
   std::vector<std::vector<VarPtr>> in_flight_;  // per outstanding step: one marker per device
-  dist::World* world_ = nullptr;
-  int64_t world_reduced_bytes_ = 0, world_steps_ = 0;
   // Written by every collective op, so that they run in the order they were enqueued, which is the same on
   // every rank: MPI and NCCL need every rank to call the same collectives in the same order.
   VarPtr collective_order_;
-  void check_same_run_on_every_rank(const Dataset& train);
-  void broadcast_from_root();
   std::atomic<bool> cancel_requested_{false};
   // fit()'s, in a distributed run with checkpoints: a cancel is acted on only where the ranks agree on it.
   bool agreed_stops_ = false;
-  // Whether a collective (or an evaluation feeding one) should give up now: at a cancel, unless the ranks
-  // are to agree on stopping first; always when the engine was cancelled.
-  bool abandon_collectives() const {
-    return rt_.engine().cancelled() || (cancel_requested_ && !agreed_stops_);
-  }
-  // fit()'s: the batches of an epoch, and with checkpoints every metric sample so far (saved with them).
-  int64_t batches_per_epoch_ = 0;
-  std::vector<MetricSample> history_;
+  WarningCallback warn_;  // fit()'s, while it runs
 };
 
 // Accuracy of `model` on `data`, on the model's device, in Eval mode: the Evaluate node.
