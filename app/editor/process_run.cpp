@@ -282,26 +282,22 @@ void ProcessRun::track(const core::RunEvent& e) {
       graphName_ = e.message;
       break;
     case K::NodeQueued:
-      nodes_[e.node] = QJsonObject{{"status", "pending"}, {"error", ""}};
+      nodes_[e.node] = QJsonObject{{"status", core::nodeStatusName(core::NodeStatus::Pending)}, {"error", ""}};
       break;
     case K::NodeStarted:
-      nodes_[e.node].insert("status", "running");
+      nodes_[e.node].insert("status", core::nodeStatusName(core::NodeStatus::Running));
       break;
     case K::NodeFinished:
-      nodes_[e.node].insert("status", "ok");
+      nodes_[e.node].insert("status", core::nodeStatusName(core::NodeStatus::Ok));
       nodes_[e.node].insert("wall_ms", e.value);
       break;
     case K::NodeCached:
-      nodes_[e.node].insert("status", "ok");
+      // As the executor's report writes it: an ok node with the cache flag.
+      nodes_[e.node].insert("status", core::nodeStatusName(core::NodeStatus::Ok));
       nodes_[e.node].insert("cached", true);
       break;
     case K::NodeFailed: {
-      // Bypassed and muted nodes say so as their whole message (the executor's report statuses).
-      const QString status = e.message.startsWith("skipped")                   ? "skipped"
-                             : e.message == "cancelled"                        ? "cancelled"
-                             : e.message == "bypassed" || e.message == "muted" ? e.message
-                                                                               : "failed";
-      nodes_[e.node].insert("status", status);
+      nodes_[e.node].insert("status", core::nodeStatusName(e.status));
       nodes_[e.node].insert("error", e.message);
       break;
     }
@@ -319,6 +315,7 @@ void ProcessRun::track(const core::RunEvent& e) {
       finishedSeen_ = true;
       finishedOk_ = e.ok;
       finishedMessage_ = e.message;
+      finishedStatus_ = e.status;
       finishedWallMs_ = e.value;
       break;
     case K::Progress:
@@ -390,7 +387,8 @@ void ProcessRun::finish(int exitCode, bool crashed, const QString& startError) {
     ok_ = false;
     // A node's error, from rank 0's own RunFinished, is what a local run would say; otherwise the job ended
     // under the run (a rank lost, a failed start of a rank), and mpirun's last words say how.
-    if (finishedSeen_ && !finishedOk_ && !finishedMessage_.isEmpty() && finishedMessage_ != "cancelled")
+    if (finishedSeen_ && !finishedOk_ && !finishedMessage_.isEmpty() &&
+        finishedStatus_ != core::NodeStatus::Cancelled)
       message_ = finishedMessage_;
     else if (crashed)
       message_ = "mpirun crashed" + quotedErrors();
@@ -403,6 +401,7 @@ void ProcessRun::finish(int exitCode, bool crashed, const QString& startError) {
     // The consumers see every run end with a RunFinished, as after a local run.
     core::RunEvent e{core::RunEvent::Kind::RunFinished};
     e.ok = false;
+    e.status = cancelled_ ? core::NodeStatus::Cancelled : core::NodeStatus::Failed;
     e.message = message_;
     e.value = double(clock_.nsecsElapsed()) / 1e6;
     pending_.append(e);

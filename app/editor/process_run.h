@@ -121,6 +121,7 @@ class ProcessRun : public QObject {
   bool finishedSeen_ = false, finishedOk_ = false;
   double finishedWallMs_ = 0;
   QString finishedMessage_;
+  core::NodeStatus finishedStatus_ = core::NodeStatus::Pending;  // rank 0's RunFinished: ok, failed, cancelled
   QMap<QString, QJsonObject> nodes_;
   QMap<QString, QList<QPair<double, double>>> metrics_;
 

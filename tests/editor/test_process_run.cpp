@@ -317,6 +317,49 @@ class TestProcessRun : public QObject {
     QCOMPARE(w_->scene()->nodeItem("data")->runStatus(), RunStatus::Cancelled);
   }
 
+  void eachOutcomeReachesTheReportAndTheCanvasByItsStatus() {
+    // A "rank" whose stream says each outcome once. The words never decide: train's cancel does not say
+    // "cancel", and test's failure does.
+    QTemporaryDir dir;
+    const QString script = dir.filePath("fake-rank.sh");
+    QFile f(script);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write(
+        "#!/bin/sh\n"
+        "echo '{\"kind\":\"RunStarted\",\"message\":\"fake\"}'\n"
+        "for n in dev data net train test untrained; do echo \"{\\\"kind\\\":\\\"NodeQueued\\\",\\\"node\\\":\\\"$n\\\"}\"; done\n"
+        "echo '{\"kind\":\"NodeFinished\",\"node\":\"dev\",\"status\":\"ok\",\"value\":1}'\n"
+        "echo '{\"kind\":\"NodeCached\",\"node\":\"data\",\"status\":\"cached\"}'\n"
+        "echo '{\"kind\":\"NodeFailed\",\"node\":\"net\",\"status\":\"bypassed\",\"message\":\"bypassed\"}'\n"
+        "echo '{\"kind\":\"NodeFailed\",\"node\":\"train\",\"status\":\"cancelled\",\"message\":\"stopped before the end\"}'\n"
+        "echo '{\"kind\":\"NodeFailed\",\"node\":\"test\",\"status\":\"failed\",\"message\":\"could not cancel the copy\"}'\n"
+        "echo '{\"kind\":\"NodeFailed\",\"node\":\"untrained\",\"status\":\"skipped\",\"message\":\"input model (net.model) is gone\"}'\n"
+        "echo '{\"kind\":\"RunFinished\",\"ok\":false,\"status\":\"failed\",\"message\":\"test: could not cancel the copy\",\"value\":5}'\n");
+    f.close();
+    QVERIFY(f.setPermissions(f.permissions() | QFileDevice::ExeOwner));
+    openTraining(1);
+    ProcessRunOptions o = twoRanks();
+    o.processes = 1;
+    o.program = script;
+    QVERIFY2(w_->runOnProcesses(o), qPrintable(w_->lastMessage()));
+    QTRY_VERIFY_WITH_TIMEOUT(!w_->runner()->isRunning(), 60000 * kTimeScale);
+    const QJsonObject nodes = w_->runner()->report()["nodes"].toObject();
+    auto status = [&](const char* id) { return nodes[id].toObject()["status"].toString(); };
+    QCOMPARE(status("dev"), QString("ok"));
+    QCOMPARE(status("data"), QString("ok"));
+    QVERIFY(nodes["data"].toObject()["cached"].toBool());
+    QCOMPARE(status("net"), QString("bypassed"));
+    QCOMPARE(status("train"), QString("cancelled"));
+    QCOMPARE(status("test"), QString("failed"));
+    QCOMPARE(status("untrained"), QString("skipped"));
+    // On the canvas: the cancelled and the skipped node grey, the failure red, however each was worded.
+    QCOMPARE(w_->scene()->nodeItem("train")->runStatus(), RunStatus::Cancelled);
+    QCOMPARE(w_->scene()->nodeItem("untrained")->runStatus(), RunStatus::Cancelled);
+    QCOMPARE(w_->scene()->nodeItem("test")->runStatus(), RunStatus::Failed);
+    QCOMPARE(w_->scene()->nodeItem("dev")->runStatus(), RunStatus::Done);
+    QCOMPARE(w_->runStateText(), QString("Failed"));
+  }
+
   void dialogSaysWhenMpirunIsMissingAndRemembers() {
     // Qt Test's settings folder outlives a run of the suite: start from no choices.
     QSettings().remove("processRun");

@@ -76,12 +76,13 @@ class SubgraphEditorTest : public QObject {
   }
 
   static core::RunEvent event(core::RunEvent::Kind kind, const QString& node, double value = 0,
-                              const QString& message = {}) {
+                              const QString& message = {}, core::NodeStatus status = core::NodeStatus::Ok) {
     core::RunEvent e;
     e.kind = kind;
     e.node = node;
     e.value = value;
     e.message = message;
+    e.status = status;
     return e;
   }
 
@@ -359,14 +360,14 @@ class SubgraphEditorTest : public QObject {
     QCOMPARE(nav->currentScene()->nodeItem("t1")->preview().kind, NodePreview::Kind::None);
 
     // A failure deep inside: red on its node, and on each block above with the error named by path.
-    emit run->batch({event(K::NodeFailed, "block1/block1/mm1", 0, "out of memory")});
+    emit run->batch({event(K::NodeFailed, "block1/block1/mm1", 0, "out of memory", core::NodeStatus::Failed)});
     QCOMPARE(nav->currentScene()->nodeItem("block1")->runStatus(), RunStatus::Failed);
     QCOMPARE(nav->currentScene()->nodeItem("block1")->runError(), QStringLiteral("mm1: out of memory"));
     QCOMPARE(block->runStatus(), RunStatus::Failed);
     QCOMPARE(block->runError(), QStringLiteral("block1/mm1: out of memory"));
     QVERIFY(w_->log()->item(w_->log()->count() - 1)->text().contains("block1/block1/mm1: out of memory"));
     // Skipped inside: grey, with the reason as a warning naming the node.
-    emit run->batch({event(K::NodeFailed, "block1/t1", 0, "skipped: input a is muted")});
+    emit run->batch({event(K::NodeFailed, "block1/t1", 0, "skipped: input a is muted", core::NodeStatus::Skipped)});
     QCOMPARE(nav->currentScene()->nodeItem("t1")->runStatus(), RunStatus::Cancelled);
     QVERIFY(block->warnings().contains("t1: skipped: input a is muted"));
 
