@@ -1,5 +1,6 @@
 // What the headless subcommands share (cli.cpp defines them): output, argument parsing, plugins, --set,
-// and writing report, metrics and trace files.
+// and writing report, metrics and trace files. The text of those files (CSV, numbers, bytes) comes from
+// gpunodes/core/report_format.h, which the editor's exports use too.
 #pragma once
 #include <QByteArray>
 #include <QCommandLineParser>
@@ -56,9 +57,6 @@ Parsed parse(QCommandLineParser& parser, const QString& command, const QStringLi
 void loadPlugins(core::NodeTypeRegistry& registry);
 // Writes atomically; on failure prints "error: cannot write <what> ..." and returns false.
 bool saveBytes(const QString& path, const QByteArray& bytes, const QString& what);
-QString csvField(const QString& s);
-// The report's metrics as CSV: series,t,value.
-QByteArray metricsCsv(const QJsonObject& metrics);
 // "file: node.field: message" per issue on stderr (warnings only when asked).
 void printIssues(const QString& file, const QList<core::Issue>& issues, bool warnings);
 // --cpu-devices N: 1 to 1024; otherwise nullopt and the usage message in *error.

@@ -8,7 +8,6 @@
 #include <QJsonArray>
 #include <QJsonDocument>
 #include <QJsonObject>
-#include <QLocale>
 #include <QMap>
 #include <QSet>
 #include <QThread>
@@ -34,6 +33,7 @@
 #include "gpunodes/core/node_type.h"
 #include "gpunodes/core/plugin.h"
 #include "gpunodes/core/registry.h"
+#include "gpunodes/core/report_format.h"
 #include "gpunodes/core/run_cache.h"
 #include "gpunodes/core/serializer.h"
 #include "gpunodes/core/validation.h"
@@ -42,11 +42,6 @@
 namespace gn::cli {
 
 using namespace gn::core;
-
-QString sweepValueText(const QJsonValue& v) {
-  if (v.isString()) return v.toString();
-  return QString::fromUtf8(QJsonDocument(QJsonArray{v}).toJson(QJsonDocument::Compact)).mid(1).chopped(1);
-}
 
 #ifndef GPUNODES_WITH_GUI
 bool sweepCanPlot() {
@@ -238,7 +233,7 @@ QString Sweep::label(int index) const {
   const QList<int> at = coordinates(index);
   QStringList parts;
   for (qsizetype k = 0; k < axes_.size(); ++k)
-    parts.append(axes_[k].name() + u'=' + sweepValueText(axes_[k].values[at[k]]));
+    parts.append(axes_[k].name() + u'=' + paramValueText(axes_[k].values[at[k]]));
   return parts.join(QStringLiteral(", "));
 }
 
@@ -309,7 +304,7 @@ int Sweep::run(const QStringList& args) {
       const QJsonValue parsed = doc_.node(axis.node)->params.value(axis.param);
       if (axis.values.contains(parsed))
         return usage(
-            QStringLiteral("--grid %1: the value %2 is given twice").arg(axis.spec, sweepValueText(parsed)));
+            QStringLiteral("--grid %1: the value %2 is given twice").arg(axis.spec, paramValueText(parsed)));
       axis.values.append(parsed);
     }
     points *= axis.values.size();
@@ -639,14 +634,12 @@ QByteArray Sweep::csv(const QStringList& metrics) const {
     const QJsonObject r = results_.value(i, notRun(i));
     const QJsonObject params = r.value("params").toObject(), values = r.value("metrics").toObject();
     QStringList row{QString::number(i + 1)};
-    for (const Axis& a : axes_) row.append(csvField(sweepValueText(params.value(a.name()))));
+    for (const Axis& a : axes_) row.append(csvField(paramValueText(params.value(a.name()))));
     row << (r.value("ok").toBool() ? QStringLiteral("true") : QStringLiteral("false"))
         << csvField(r.value("error").toString()) << QString::number(r.value("wall_ms").toDouble(), 'f', 1);
     for (const QString& m : metrics)
       // The shortest text that reads back as the same double: the CSV and summary.json agree exactly.
-      row.append(values.contains(m)
-                     ? QString::number(values.value(m).toDouble(), 'g', QLocale::FloatingPointShortest)
-                     : QString());
+      row.append(values.contains(m) ? numberText(values.value(m).toDouble()) : QString());
     text += row.join(u',').toUtf8() + '\n';
   }
   return text;
@@ -714,7 +707,7 @@ void Sweep::printTable() const {
     const QJsonObject r = results_.value(i, notRun(i));
     const QJsonObject params = r.value("params").toObject(), values = r.value("metrics").toObject();
     QStringList row{QString::number(i + 1)};
-    for (const Axis& a : axes_) row.append(sweepValueText(params.value(a.name())));
+    for (const Axis& a : axes_) row.append(paramValueText(params.value(a.name())));
     row << r.value("status").toString() << QString::number(r.value("wall_ms").toDouble() / 1000, 'f', 2);
     for (const QString& m : columns)
       row.append(values.contains(m) ? QString::number(values.value(m).toDouble(), 'g', 4)

@@ -28,7 +28,5 @@ bool sweepCanPlot();
 // Returns the problem, empty on success.
 QString writeSweepPlot(const QString& path, const QString& metric, const QList<SweepAxis>& axes,
                        const QList<SweepPlotPoint>& points);
-// A param value as the user would type it: strings as they are, numbers, bools and shapes as JSON.
-QString sweepValueText(const QJsonValue& value);
 
 }  // namespace gn::cli

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "cli/sweep.h"
+#include "gpunodes/core/report_format.h"
 #include "qcustomplot.h"
 
 namespace gn::cli {
@@ -66,7 +67,7 @@ QString writeSweepPlot(const QString& path, const QString& metric, const QList<S
     plot.xAxis->setTicker(QSharedPointer<QCPAxisTickerLog>(new QCPAxisTickerLog));
   } else if (!numeric) {
     QSharedPointer<QCPAxisTickerText> ticker(new QCPAxisTickerText);
-    for (int i = 0; i < x.values.size(); ++i) ticker->addTick(i + 1, sweepValueText(x.values[i]));
+    for (int i = 0; i < x.values.size(); ++i) ticker->addTick(i + 1, core::paramValueText(x.values[i]));
     plot.xAxis->setTicker(ticker);
   }
 
@@ -92,7 +93,7 @@ QString writeSweepPlot(const QString& path, const QString& metric, const QList<S
     graph->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssCircle, lineColor(n), Qt::white, 7));
     QStringList name;
     for (qsizetype k = 1; k < axes.size(); ++k)
-      name.append(axes[k].name + u'=' + sweepValueText(axes[k].values[it.key()[k - 1]]));
+      name.append(axes[k].name + u'=' + core::paramValueText(axes[k].values[it.key()[k - 1]]));
     graph->setName(name.join(QStringLiteral(", ")));
   }
   if (axes.size() > 1) {

@@ -3,7 +3,6 @@
 #include <qcustomplot.h>
 
 #include <QFileInfo>
-#include <QJsonDocument>
 #include <QMenu>
 #include <QSettings>
 #include <QSvgGenerator>
@@ -13,6 +12,7 @@
 #include <memory>
 
 #include "gpunodes/core/graph_document.h"
+#include "gpunodes/core/report_format.h"
 #include "recent.h"
 #include "results_views.h"
 #include "style.h"
@@ -63,15 +63,6 @@ QString seriesKind(const QString& series) {
 bool onRightAxis(const QString& series) {
   const QString kind = seriesKind(series);
   return kind == "epoch_seconds" || kind == "share";
-}
-
-QString valueText(const QJsonValue& v) {
-  if (v.isString()) return v.toString();
-  if (v.isDouble()) return QString::number(v.toDouble(), 'g', 12);
-  if (v.isBool()) return v.toBool() ? "true" : "false";
-  if (v.isNull() || v.isUndefined()) return "null";
-  return QString::fromUtf8(v.isArray() ? QJsonDocument(v.toArray()).toJson(QJsonDocument::Compact)
-                                       : QJsonDocument(v.toObject()).toJson(QJsonDocument::Compact));
 }
 
 // A param's value in a legend or a menu: a network's layers or a long path would crowd out the rest.
@@ -168,7 +159,7 @@ QMap<QString, QString> runSettings(const core::GraphDocument& doc) {
   QMap<QString, QString> settings;
   for (const core::GraphNode& n : doc.nodes())
     for (auto it = n.params.begin(); it != n.params.end(); ++it)
-      settings.insert(n.id + "." + it.key(), valueText(it.value()));
+      settings.insert(n.id + "." + it.key(), core::paramValueText(it.value()));
   return settings;
 }
 

@@ -75,22 +75,6 @@ QColor statusColor(const QString& status) {
   return QColor(0x70, 0x74, 0x7a);
 }
 
-QString formatMs(double ms) {
-  if (ms < 1) return QString::number(ms * 1000.0, 'f', 0) + " µs";
-  if (ms < 1000) return QString::number(ms, 'f', ms < 10 ? 2 : 1) + " ms";
-  return QString::number(ms / 1000.0, 'f', 2) + " s";
-}
-
-QString formatBytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (std::abs(bytes) >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  return QString::number(bytes, 'f', u == 0 ? 0 : 1) + " " + units[u];
-}
-
 QString formatValue(const QJsonValue& v) {
   switch (v.type()) {
     case QJsonValue::Bool:

@@ -6,6 +6,7 @@
 #include <QString>
 
 #include "gpunodes/core/node_type.h"
+#include "gpunodes/core/report_format.h"
 
 namespace gn::editor::style {
 
@@ -32,8 +33,9 @@ extern const QColor kFactText, kFactBand;
 // Ports that cannot take the wire being dragged keep this much of their colour's alpha.
 inline constexpr int kDimmedPortAlpha = 45;
 
-QString formatMs(double ms);
-QString formatBytes(double bytes);
+// Durations and byte sizes as the command line writes them too (gpunodes/core/report_format.h).
+using core::formatBytes;
+using core::formatMs;
 // A param value as the node summary shows it: shapes as 4000×4000, bools as on/off.
 QString formatValue(const QJsonValue& v);
 
