@@ -313,6 +313,27 @@ class ValidationTest : public QObject {
              QStringLiteral("a1: params.label: refused by the test plugin's graph check"));
   }
 
+  void aPluginOffersAFixWithItsIssue() {
+    GraphDocument doc;
+    baseGraph(doc);
+    doc.setParams("a1", {{"label", "needs-offset"}});
+    const ValidationReport report = check(doc);
+    QVERIFY(!report.ok());
+    QCOMPARE(texts(report), QStringList{"a1: inputs.a: a needs an offset first"});
+    const Issue& issue = report.issues().first();
+    QVERIFY(issue.fix.has_value());
+    QCOMPARE(issue.fix->label, QStringLiteral("Insert an offset"));
+    QCOMPARE(issue.fix->nodeType, QStringLiteral("TestAdd"));
+    QCOMPARE(issue.fix->params, (QJsonObject{{"value", 10}}));
+    QCOMPARE(issue.fix->input, (Endpoint{"a1", "a"}));
+    QCOMPARE(issue.fix->throughInput, QStringLiteral("a"));
+    QCOMPARE(issue.fix->throughOutput, QStringLiteral("out"));
+    QVERIFY(issue.fix->alsoWired.isEmpty());
+    // The host's own issues carry none.
+    doc.addNode(makeNode("a2", "TestAdd"));
+    for (const Issue& i : check(doc).forNode("a2")) QVERIFY(!i.fix);
+  }
+
   void settingsAreChecked() {
     GraphDocument doc;
     baseGraph(doc);

@@ -35,6 +35,11 @@ void ValidationReport::error(const QString& node, const QString& field, const QS
   issues_.append(Issue{Issue::Severity::Error, node, field, message});
 }
 
+void ValidationReport::error(const QString& node, const QString& field, const QString& message,
+                             IssueFix fix) {
+  issues_.append(Issue{Issue::Severity::Error, node, field, message, std::move(fix)});
+}
+
 void ValidationReport::warning(const QString& node, const QString& field, const QString& message) {
   issues_.append(Issue{Issue::Severity::Warning, node, field, message});
 }

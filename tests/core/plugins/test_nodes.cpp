@@ -347,6 +347,18 @@ class TestNodesPlugin : public QObject, public NodeSetPlugin {
       if (n.type == "TestAdd" && n.params.value("label").toString() == "forbidden")
         report.error(n.id, QStringLiteral("params.label"),
                      QStringLiteral("refused by the test plugin's graph check"));
+    // A problem that comes with its fix: a TestAdd labelled "needs-offset" wants its a to pass through an
+    // offset first, and offers to insert one (a TestAdd adding 10) on that wire.
+    for (const GraphNode& n : doc.nodes())
+      if (n.type == "TestAdd" && n.params.value("label").toString() == "needs-offset")
+        report.error(n.id, QStringLiteral("inputs.a"), QStringLiteral("a needs an offset first"),
+                     IssueFix{.label = QStringLiteral("Insert an offset"),
+                              .nodeType = QStringLiteral("TestAdd"),
+                              .params = {{"value", 10}},
+                              .input = {n.id, QStringLiteral("a")},
+                              .throughInput = QStringLiteral("a"),
+                              .throughOutput = QStringLiteral("out"),
+                              .alsoWired = {}});
   }
   QJsonObject environment(const RunSettings& settings) const override {
     QJsonObject env{

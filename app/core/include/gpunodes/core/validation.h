@@ -5,14 +5,36 @@
 #include <QList>
 #include <QString>
 #include <QStringList>
+#include <optional>
+
+#include "gpunodes/core/graph_document.h"
 
 namespace gn::core {
 
-class GraphDocument;
 class NodeTypeRegistry;
 struct ParamSpec;
 struct RunGraph;
 struct RunSettings;
+
+// A change a plugin offers with an issue, that makes the problem go away: a node put on one wire. The host
+// applies it without knowing what it means (the editor's GraphEditor::applyFix, as one undo step): it adds a
+// node of `nodeType` with `params`, moves the wire that feeds `input` so that it feeds the new node's
+// `throughInput`, wires the new node's `throughOutput` into `input`, and wires each of `alsoWired`. The GPU
+// node set offers a Copy to the first operand's device where operands sit on different devices.
+struct IssueFix {
+  // The source of one more wire into the new node.
+  struct Wire {
+    QString port;     // the new node's input
+    Endpoint source;  // an output of a node already in the graph
+  };
+  QString label;          // what the user picks, as a menu entry: "Insert Copy to cuda:0"
+  QString nodeType;       // the type of the node to insert: one that a loaded plugin provides
+  QJsonObject params;     // the new node's params; the ones left out take their defaults
+  Endpoint input;         // the input (node.port) whose wire the new node goes on; it must be wired
+  QString throughInput;   // the new node's input that takes that wire's source
+  QString throughOutput;  // the new node's output that then feeds `input`
+  QList<Wire> alsoWired;  // further inputs of the new node, each wired from an existing output
+};
 
 struct Issue {
   enum class Severity { Error, Warning };
@@ -20,7 +42,8 @@ struct Issue {
   QString node;   // empty for graph-level problems
   QString field;  // "params.repeat", "inputs.a", "connections[3]"; may be empty
   QString message;
-  QString text() const;  // "mm1: params.repeat: must be at most 1000000"
+  std::optional<IssueFix> fix = std::nullopt;  // what the plugin that reported it offers to do about it
+  QString text() const;                         // "mm1: params.repeat: must be at most 1000000"
 };
 
 // What the checks learned about a node that its user should see before any run: a short line drawn on the
@@ -38,6 +61,8 @@ class ValidationReport {
   const QHash<QString, NodeFacts>& facts() const { return facts_; }
   void error(const QString& node, const QString& field, const QString& message);
   void warning(const QString& node, const QString& field, const QString& message);
+  // An error with the change that fixes it, for the editor to offer (see IssueFix).
+  void error(const QString& node, const QString& field, const QString& message, IssueFix fix);
   bool ok() const;  // no errors (warnings allowed)
   const QList<Issue>& issues() const { return issues_; }
   QList<Issue> errors() const;
