@@ -44,6 +44,44 @@ class MatMulNode final : public GpuNode {
                 },
         }) {}
 
+  // a and b on one device, shapes that multiply, batches that pair, and keep=all's products fitting.
+  Outputs check(NodeCheck& check) const override {
+    const QJsonObject& p = check.params();
+    const Known a = check.inputOrUnknown("a"), b = check.inputOrUnknown("b");
+    Known out;
+    out.isTensors = true;
+    out.placeLike(a);
+    check.checkSameDevice("inputs.b", "a", a, "b", b);
+    check.checkPrecision(a.devices, "a is");
+    const bool ta = p["trans_a"].toBool(), tb = p["trans_b"].toBool();
+    if (a.shape && b.shape) {
+      const Shape &x = *a.shape, &y = *b.shape;
+      if (x.size() != 2 || y.size() != 2) {
+        check.error(x.size() != 2 ? "inputs.a" : "inputs.b",
+                    "matmul needs 2-d tensors, got " + qs(shape_str(x)) + " and " + qs(shape_str(y)));
+      } else {
+        const int64_t k = ta ? x[0] : x[1], kb = tb ? y[1] : y[0];
+        if (k != kb) {
+          check.error("inputs.b", QString("shapes %1%2 and %3%4 cannot be multiplied (%5 != %6)")
+                                      .arg(qs(shape_str(x)), ta ? "^T" : "", qs(shape_str(y)), tb ? "^T" : "")
+                                      .arg(k)
+                                      .arg(kb));
+        } else {
+          out.shape = Shape{ta ? x[1] : x[0], tb ? y[0] : y[1]};
+        }
+      }
+    }
+    const qint64 repeat = p["repeat"].toInteger();
+    const bool keepAll = p["keep"].toString() != "last";
+    if (auto n = check.pairCounts("inputs.b", a, b)) {
+      out.count = *n * (keepAll ? double(repeat) : 1.0);
+      if (out.shape && keepAll)
+        if (auto d = a.single())
+          check.checkFits("params.repeat", *d, double(*out.count), *out.shape, "keep=all holds");
+    }
+    return {{"out", out}};
+  }
+
   void execute(core::NodeContext& ctx) const override {
     auto a = tensorInput(ctx, "a");
     auto b = tensorInput(ctx, "b");
@@ -128,6 +166,33 @@ class ElementwiseNode final : public GpuNode {
     return problems;
   }
 
+  // A binary op needs b on a's device, with a's shape, in a batch that pairs; a unary one ignores b.
+  Outputs check(NodeCheck& check) const override {
+    const QString op = check.params()["op"].toString();
+    const Known a = check.inputOrUnknown("a");
+    const std::optional<Known> b = check.input("b");
+    Known out;
+    out.isTensors = true;
+    out.placeLike(a);
+    out.shape = a.shape;
+    out.count = a.count;
+    if (!isBinary(op)) {
+      if (b) check.warning("inputs.b", "op " + op + " uses only input a; b is ignored");
+      return {{"out", out}};
+    }
+    if (!b) {
+      check.error("inputs.b", "op " + op + " needs input b");
+      return {{"out", out}};
+    }
+    check.checkSameDevice("inputs.b", "a", a, "b", *b);
+    if (a.shape && b->shape && *a.shape != *b->shape)
+      check.error(
+          "inputs.b",
+          QString("%1: shapes %2 and %3 differ").arg(op, qs(shape_str(*a.shape)), qs(shape_str(*b->shape))));
+    out.count = check.pairCounts("inputs.b", a, *b);
+    return {{"out", out}};
+  }
+
   void execute(core::NodeContext& ctx) const override {
     const QJsonObject& p = ctx.params();
     const QString op = p["op"].toString();
@@ -199,6 +264,25 @@ class NormNode final : public GpuNode {
 
   // A norm read back to the host (log) is a measurement of when values are ready: it always runs.
   bool reusable(const QJsonObject& p) const override { return p["log"].toString() == "none"; }
+
+  // One scalar per element, or with log at_end one log tensor, which must stay on one device.
+  Outputs check(NodeCheck& check) const override {
+    const Known in = check.inputOrUnknown("in");
+    Known t;
+    t.isTensors = true;
+    t.placeLike(in);
+    if (check.params()["log"].toString() == "at_end") {
+      if (!in.devices.empty() && !in.single())
+        check.error("params.log", "log at_end keeps one log on one device, but the batch spans several");
+      if (in.count && *in.count < 1e15) t.shape = Shape{static_cast<int64_t>(*in.count)};
+      t.count = 1;
+      if (auto d = in.single()) t.devices = {*d};
+    } else {
+      t.shape = Shape{};
+      t.count = in.count;
+    }
+    return {{"out", t}};
+  }
 
   void execute(core::NodeContext& ctx) const override {
     auto in = tensorInput(ctx, "in");

@@ -58,6 +58,21 @@ class DeviceNode final : public GpuNode {
     return c.device ? deviceIdentity(rt, {*c.device}) : c.message.toUtf8();
   }
 
+  // A device that does not exist is an error; try_gpu's fallback a warning.
+  Outputs check(NodeCheck& check) const override {
+    const QJsonObject& p = check.params();
+    const DeviceChoice c = resolveDevice(p["kind"].toString(), p["index"].toInteger(), p["fallback"].toBool(),
+                                         check.catalog().cudaCount(), check.catalog().cpuCount());
+    if (!c.device) {
+      check.error(p["kind"].toString() == "cpu" ? "params.index" : "params.fallback", c.message);
+      return {};
+    }
+    if (c.fellBack) check.warning("params.index", c.message);
+    Known device = Known::deviceList({*c.device});
+    device.deviceOutput = core::Endpoint{check.id(), "device"};
+    return {{"device", device}};
+  }
+
   void execute(core::NodeContext& ctx) const override {
     Runtime& rt = sessionOf(ctx).runtime();
     const QJsonObject& p = ctx.params();
@@ -90,6 +105,22 @@ class AllDevicesNode final : public GpuNode {
     Q_UNUSED(p);
     auto* nodes = dynamic_cast<NodesSession*>(session);
     return nodes ? deviceIdentity(nodes->runtime(), nodes->runtime().try_all_gpus()) : QByteArray();
+  }
+
+  // The devices try_all_gpus() would give, with a warning when that is the CPU fallback.
+  Outputs check(NodeCheck& check) const override {
+    std::vector<Device> all;
+    for (const DeviceInfo& i : check.catalog().devices)
+      if (i.device.is_cuda()) all.push_back(i.device);
+    if (all.empty()) {
+      for (int i = 0; i < check.catalog().cpuCount(); ++i) all.push_back(Device::cpu(i));
+      check.warning(QString(), QString("no GPU: try_all_gpus() falls back to the %1 CPU device%2")
+                                   .arg(all.size())
+                                   .arg(all.size() == 1 ? "" : "s"));
+    }
+    const qint64 count = check.params()["count"].toInteger();
+    if (count > 0 && static_cast<size_t>(count) < all.size()) all.resize(static_cast<size_t>(count));
+    return {{"devices", Known::deviceList(all)}};
   }
 
   void execute(core::NodeContext& ctx) const override {

@@ -66,6 +66,17 @@ class EvaluateNode final : public GpuNode {
                                 "their images, for the Mistakes view; 0 for none.")},
         }) {}
 
+  // The split must exist in the dataset, and the model must take its images.
+  Outputs check(NodeCheck& check) const override {
+    const Known model = check.inputOrUnknown("model"), data = check.inputOrUnknown("data");
+    const QString split = check.params()["split"].toString();
+    if (!(split == "train" ? data.hasTrain : data.hasTest))
+      check.error("params.split",
+                  "the dataset has no " + split + " split (set its split to both or " + split + ")");
+    check.checkImages(model, data);
+    return {};
+  }
+
   void execute(core::NodeContext& ctx) const override {
     auto model = modelInput(ctx, "model");
     auto data = datasetInput(ctx, "data");

@@ -107,6 +107,25 @@ class LayerNodeType final : public GpuNode {
   LayerNodeType(LayerKind kind, const QString& description, QList<core::ParamSpec> params)
       : GpuNode(specOf(kind, description, std::move(params))), kind_(kind) {}
 
+  // A layer whose inputs are known gets its shape (drawn on the node), or the error that names the port and
+  // both shapes.
+  Outputs check(NodeCheck& check) const override {
+    Known k;
+    std::vector<nn::LayerNodePtr> inputs;
+    for (const std::string& port : nn::layer_ports(kind_)) {
+      const std::optional<Known> in = check.input(qs(port));
+      if (!in || !in->layer) return {{"out", k}};  // open (the host says so) or unknown upstream
+      inputs.push_back(in->layer);
+    }
+    try {
+      k.layer = nn::make_layer(layerSpecOf(kind_, check.id(), check.params()), std::move(inputs));
+      check.setFacts(layerFacts(*k.layer));
+    } catch (const nn::LayerError& e) {
+      check.error(e.port().empty() ? QString("params") : "inputs." + qs(e.port()), qs(e.what()));
+    }
+    return {{"out", k}};
+  }
+
   void execute(core::NodeContext& ctx) const override {
     std::vector<nn::LayerNodePtr> inputs;
     for (const std::string& port : nn::layer_ports(kind_)) {
@@ -204,6 +223,34 @@ class NetworkNode final : public GpuNode {
     if (params["init"].toString() == "normal" && !(std > 0 && std < 1e6))
       return {"init_std: must be above 0"};
     return {};
+  }
+
+  // The model of the layers upstream of out, on the device wired in (the CPU when open), with its totals and
+  // layer table drawn on the node; its parameters and buffers must fit there.
+  Outputs check(NodeCheck& check) const override {
+    Known m;
+    const std::optional<Known> dev = check.input("device");
+    if (!dev)
+      m.devices = {Device::cpu()};
+    else if (dev->isDevices && !dev->devices.empty())
+      m.devices = {dev->devices.front()};
+    if (dev && dev->devices.size() == 1) m.deviceOutput = dev->deviceOutput;
+    const Known out = check.inputOrUnknown("out");
+    if (!out.layer) return {{"model", m}};
+    try {
+      m.model = networkOptionsOf(*out.layer, check.params());
+    } catch (const Error& e) {  // no Input, or two
+      check.error("inputs.out", qs(e.what()));
+      return {{"model", m}};
+    }
+    check.setFacts(networkFacts(*m.model->network));
+    if (m.devices.size() == 1) {
+      const double values = nn::state_elements(*m.model);
+      if (!check.checkFits("inputs.out", m.devices.front(), values * sizeof(float),
+                           QString("the network's %1 parameter and buffer values").arg(values, 0, 'g', 4)))
+        m.model.reset();
+    }
+    return {{"model", m}};
   }
 
   void execute(core::NodeContext& ctx) const override {

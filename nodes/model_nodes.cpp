@@ -1,6 +1,7 @@
 // Model, Forward, Parameters, SaveParams and LoadParams: a network on a device, applied to tensors, looked
 // at, and written to and read from a parameter file (the seed's "nets on the GPU" and its exercise on reading
 // and writing parameters there).
+#include <QDir>
 #include <QFileInfo>
 #include <QJsonArray>
 
@@ -66,6 +67,32 @@ class ModelNode final : public GpuNode {
     return problems;
   }
 
+  // The model on the device wired in (the CPU when open); its parameters and buffers must fit there.
+  Outputs check(NodeCheck& check) const override {
+    const QJsonObject& p = check.params();
+    Known m;
+    const std::optional<Known> dev = check.input("device");
+    if (!dev)
+      m.devices = {Device::cpu()};
+    else if (dev->isDevices && !dev->devices.empty())
+      m.devices = {dev->devices.front()};
+    if (dev && dev->devices.size() == 1) m.deviceOutput = dev->deviceOutput;
+    try {
+      m.model = modelOptionsOf(p);
+    } catch (const std::exception&) {
+      // The params' own checks name the bad value.
+    }
+    // Parameters and buffers that cannot fit: refused before the run, not by the allocator mid-way.
+    if (m.model && m.devices.size() == 1) {
+      const double values = nn::state_elements(*m.model);
+      check.checkFits("params.arch", m.devices.front(), values * sizeof(float),
+                      QString("the %1's %2 parameter and buffer values")
+                          .arg(p["arch"].toString())
+                          .arg(values, 0, 'g', 4));
+    }
+    return {{"model", m}};
+  }
+
   void execute(core::NodeContext& ctx) const override {
     NodesSession& session = sessionOf(ctx);
     std::vector<Device> devices = deviceInput(ctx, "device");
@@ -95,6 +122,29 @@ class ForwardNode final : public GpuNode {
             .params = {},
         }) {}
 
+  // The tensors on the model's device, of a shape the model takes; out is [N, classes] (or the network's).
+  Outputs check(NodeCheck& check) const override {
+    const Known model = check.inputOrUnknown("model"), in = check.inputOrUnknown("in");
+    check.checkSameDevice("inputs.in", "in", in, "model", model);
+    if (model.model && in.shape) {
+      const QString why = inputMismatch(*model.model, *in.shape);
+      if (!why.isEmpty()) check.error("inputs.in", why);
+    }
+    Known t;
+    t.isTensors = true;
+    t.placeLike(model);
+    t.count = in.count;
+    if (model.model && in.shape && !in.shape->empty()) {
+      if (model.model->arch == nn::Arch::Network) {
+        t.shape = model.model->network->infer().back().out;
+        t.shape->insert(t.shape->begin(), (*in.shape)[0]);
+      } else {
+        t.shape = Shape{(*in.shape)[0], model.model->classes};
+      }
+    }
+    return {{"out", t}};
+  }
+
   void execute(core::NodeContext& ctx) const override {
     auto model = modelInput(ctx, "model");
     auto in = tensorInput(ctx, "in");
@@ -123,6 +173,14 @@ class ParametersNode final : public GpuNode {
                                 "storage, not a copy).")},
             .params = {},
         }) {}
+
+  // Tensors on the model's device.
+  Outputs check(NodeCheck& check) const override {
+    Known t;
+    t.isTensors = true;
+    t.placeLike(check.inputOrUnknown("model"));
+    return {{"out", t}};
+  }
 
   void execute(core::NodeContext& ctx) const override {
     auto model = modelInput(ctx, "model");
@@ -170,6 +228,10 @@ class SaveParamsNode final : public GpuNode {
     if (params["path"].toString().trimmed().isEmpty()) return {"path: give the file to write"};
     return {};
   }
+
+  // The model passes through; the file it writes is one a LoadParams of the graph may read.
+  Outputs check(NodeCheck& check) const override { return {{"model", check.inputOrUnknown("model")}}; }
+  QStringList filesWritten(const QJsonObject& params) const override { return {params["path"].toString()}; }
 
   void execute(core::NodeContext& ctx) const override {
     auto model = modelInput(ctx, "model");
@@ -237,6 +299,19 @@ class LoadParamsNode final : public GpuNode {
   QByteArray cacheIdentity(const QJsonObject& p, core::RunSession* session) const override {
     Q_UNUSED(session);
     return fileIdentity(p["path"].toString());
+  }
+
+  // The file must exist, or be written by a SaveParams of this graph first.
+  Outputs check(NodeCheck& check) const override {
+    const QString path = check.params()["path"].toString();
+    if (!path.trimmed().isEmpty() && !QFileInfo::exists(path) && !check.writtenByGraph(path))
+      check.error("params.path", "the parameter file " + QDir::cleanPath(QFileInfo(path).absoluteFilePath()) +
+                                     " does not exist, and no SaveParams in this graph writes it");
+    Known m;
+    if (auto like = check.input("like")) m.model = like->model;
+    if (auto dev = check.input("device"); dev && dev->isDevices && dev->devices.size() == 1)
+      m.placeLike(*dev);
+    return {{"model", m}};
   }
 
   void execute(core::NodeContext& ctx) const override {

@@ -28,6 +28,14 @@ bool GpuNode::reusable(const QJsonObject& params) const {
   return kPure.contains(spec_.name) || spec_.category == "Layers";
 }
 
+Outputs GpuNode::check(NodeCheck&) const {
+  return {};
+}
+
+QStringList GpuNode::filesWritten(const QJsonObject&) const {
+  return {};
+}
+
 QByteArray fileIdentity(const QString& path) {
   const QFileInfo info(path);
   QStringList entries;

@@ -11,6 +11,7 @@
 #include "gpunodes/core/node_type.h"
 #include "gpunodes/precision.h"
 #include "gpunodes/shape.h"
+#include "graph_checks.h"
 #include "session.h"
 #include "values.h"
 
@@ -37,6 +38,17 @@ class GpuNode : public core::NodeType {
   // The pure producers say yes (the list is in node_util.cpp); node types whose answer depends on their
   // params (Norm, Train) override it.
   bool reusable(const QJsonObject& params) const override;
+  // This node type's part of the checks before a run (GpuNodesPlugin::validateGraph, graph_checks.h):
+  // what its outputs will be (devices, shapes, batch sizes, models, layers) from what `check` knows of its
+  // inputs and its params, and the problems known in advance, reported through `check` on this node. The
+  // walk calls it once per node of this type, after the nodes that feed it, and never for a node the host
+  // already refused. It runs on the UI thread after every edit: no work on devices, no file reads beyond a
+  // directory scan or one image header. A port left out of the result is unknown to the nodes downstream,
+  // which then check nothing against it. Default: nothing known, nothing reported.
+  virtual Outputs check(NodeCheck& check) const;
+  // The files a node of this type writes during a run (SaveParams' path), with defaults filled in, so that
+  // a check that reads a file (LoadParams) does not refuse one the run makes first. Default: none.
+  virtual QStringList filesWritten(const QJsonObject& params) const;
 
  private:
   core::NodeTypeSpec spec_;
@@ -70,6 +82,10 @@ inline size_t pick(size_t size, size_t i) {
 void ensureFits(Runtime& rt, Device device, int64_t count, int64_t bytesEach, const QString& what);
 
 QString qs(const std::string& s);
+
+// The fix the checks offer for operands on different devices (tensor_nodes.cpp, beside the Copy node): a
+// Copy on the wire into `input`, onto `device`, its device input wired from `deviceOutput`.
+core::IssueFix copyFix(const core::Endpoint& input, Device device, const core::Endpoint& deviceOutput);
 
 // For a cache key (NodeType::cacheIdentity): the path, and the name, size and modification time of the
 // file there or of every file under the directory there. Editing, adding or removing a file changes it.

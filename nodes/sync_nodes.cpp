@@ -32,6 +32,13 @@ class SynchronizeNode final : public GpuNode {
             .params = {},
         }) {}
 
+  // The batch passes through unchanged.
+  Outputs check(NodeCheck& check) const override {
+    Known t = check.inputOrUnknown("in");
+    t.isTensors = true;
+    return {{"out", t}};
+  }
+
   void execute(core::NodeContext& ctx) const override {
     auto in = tensorInput(ctx, "in");
     std::vector<Tensor> all = in->tensors();
@@ -115,6 +122,13 @@ class InspectNode final : public GpuNode {
                 "How many values of each tensor to read and show, row-major; 0 reads none (and "
                 "no heatmap).")},
         }) {}
+
+  // The batch passes through unchanged.
+  Outputs check(NodeCheck& check) const override {
+    Known t = check.inputOrUnknown("in");
+    t.isTensors = true;
+    return {{"out", t}};
+  }
 
   void execute(core::NodeContext& ctx) const override {
     auto in = tensorInput(ctx, "in");

@@ -88,6 +88,31 @@ class TensorNode final : public GpuNode {
     return problems;
   }
 
+  // One set of tensors per device wired in (the CPU when open), each set refused when it cannot fit.
+  Outputs check(NodeCheck& check) const override {
+    const QJsonObject& p = check.params();
+    Known t;
+    t.isTensors = true;
+    const std::optional<Known> dev = check.input("device");
+    std::vector<Device> devices = dev ? dev->devices : std::vector<Device>{Device::cpu()};
+    t.shape = shapeOf(p["shape"]);
+    const qint64 count = p["count"].toInteger();
+    if (!devices.empty() && (!dev || dev->isDevices)) {
+      t.devices = devices;
+      if (dev && devices.size() == 1) t.deviceOutput = dev->deviceOutput;
+      t.count = double(count) * double(devices.size());
+      // A batch refused here is unknown downstream, so that its consumers do not say the same again.
+      if (t.shape)
+        for (const Device& d : devices)
+          if (!check.checkFits("params.shape", d, double(count), *t.shape, "the batch of")) {
+            t.shape.reset();
+            t.count.reset();
+            break;
+          }
+    }
+    return {{"out", t}};
+  }
+
   void execute(core::NodeContext& ctx) const override {
     NodesSession& session = sessionOf(ctx);
     Runtime& rt = session.runtime();
@@ -164,6 +189,24 @@ class CopyNode final : public GpuNode {
                 },
         }) {}
 
+  // The batch on the target device; copying it needs room there.
+  Outputs check(NodeCheck& check) const override {
+    Known t = check.inputOrUnknown("in");
+    t.isTensors = true;
+    const std::optional<Known> target = check.input("device");
+    const bool toMode = check.params()["mode"].toString() == "to";
+    const std::optional<Device> from = t.single();
+    t.devices.clear();
+    t.deviceOutput.reset();
+    if (target && target->isDevices && target->devices.size() == 1) {
+      t.placeLike(*target);
+      // mode to on the same device copies nothing; everything else needs room on the target.
+      if (t.shape && t.count && !(toMode && from == t.devices.front()))
+        check.checkFits("inputs.device", t.devices.front(), double(*t.count), *t.shape, "copying");
+    }
+    return {{"out", t}};
+  }
+
   void execute(core::NodeContext& ctx) const override {
     auto in = tensorInput(ctx, "in");
     const std::vector<Device> target = deviceInput(ctx, "device");
@@ -189,6 +232,18 @@ class CopyNode final : public GpuNode {
 };
 
 }  // namespace
+
+core::IssueFix copyFix(const core::Endpoint& input, Device device, const core::Endpoint& deviceOutput) {
+  return core::IssueFix{
+      .label = "Insert Copy to " + qs(device.str()),
+      .nodeType = "Copy",
+      .params = {},
+      .input = input,
+      .throughInput = "in",
+      .throughOutput = "out",
+      .alsoWired = {{.port = "device", .source = deviceOutput}},
+  };
+}
 
 core::NodeTypePtr makeTensorNode() {
   return std::make_shared<TensorNode>();

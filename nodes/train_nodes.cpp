@@ -1,6 +1,9 @@
 // Dataset and Train: Fashion-MNIST, a folder of images (or a synthetic set) in batches, and data-parallel
 // training across devices with live metric series.
+#include <QDir>
+#include <QFileInfo>
 #include <QJsonArray>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <set>
@@ -160,6 +163,68 @@ class DatasetNode final : public GpuNode {
   QByteArray cacheIdentity(const QJsonObject& p, core::RunSession* session) const override {
     Q_UNUSED(session);
     return p["name"].toString() == "synthetic" ? QByteArray() : fileIdentity(p["path"].toString());
+  }
+
+  // The images' channels and side, the splits and the batch size; the loader's own complaints about the
+  // files (missing, unreadable folders) before the run.
+  Outputs check(NodeCheck& check) const override {
+    const QJsonObject& p = check.params();
+    Known d;
+    const QString split = p["split"].toString();
+    d.hasTrain = split != "test";
+    d.hasTest = split != "train";
+    d.channels = 1;
+    const qint64 resize = p["resize"].toInteger();
+    d.side = resize > 0 ? resize : 28;
+    d.batch = p["batch_size"].toInteger();
+    if (p["name"].toString() == "image_folder") {
+      d.channels = p["channels"].toInteger();
+      // Without resize the side is the images' own, known from one header once the folder scans.
+      if (resize <= 0) d.side.reset();
+      // The loader's own scan (class folders only, not their files).
+      try {
+        const ImageFolderLayout layout = scanImageFolder(p["path"].toString());
+        if (resize <= 0)
+          if (const std::optional<QSize> size = firstImageSize(layout);
+              size && size->width() == size->height())
+            d.side = size->width();
+      } catch (const std::exception& e) {
+        check.error("params.path", QString::fromUtf8(e.what()));
+      }
+      return {{"data", d}};
+    }
+    if (p["name"].toString() == "fashion-mnist") checkFashionMnist(check, d);
+    return {{"data", d}};
+  }
+
+  // The loader's message, before the run: what is missing, where, and how to install it.
+  static void checkFashionMnist(NodeCheck& check, const Known& d) {
+    const QString dir = check.params()["path"].toString();
+    const QString hint =
+        "Install the Debian package dataset-fashion-mnist (apt-get install dataset-fashion-mnist), or set "
+        "path "
+        "to the directory that holds train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+        "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz";
+    if (!QFileInfo(dir).isDir()) {
+      check.error("params.path", "Fashion-MNIST: the directory " + dir + " does not exist. " + hint);
+      return;
+    }
+    QStringList missing;
+    QStringList files;
+    // normalize reads the training split for its statistics, even when only the test split goes on.
+    if (d.hasTrain || check.params()["normalize"].toBool())
+      files << "train-images-idx3-ubyte"
+            << "train-labels-idx1-ubyte";
+    if (d.hasTest)
+      files << "t10k-images-idx3-ubyte"
+            << "t10k-labels-idx1-ubyte";
+    for (const QString& f : files) {
+      const QString gz = QDir(dir).filePath(f + ".gz");
+      if (!QFileInfo::exists(gz) && !QFileInfo::exists(QDir(dir).filePath(f))) missing << gz;
+    }
+    if (!missing.isEmpty())
+      check.error("params.path", "Fashion-MNIST: " + missing.join(", ") +
+                                     (missing.size() == 1 ? " is" : " are") + " missing. " + hint);
   }
 
   void execute(core::NodeContext& ctx) const override {
@@ -453,6 +518,42 @@ class TrainNode final : public GpuNode {
 
   // resume=auto continues from whatever checkpoint is newest on disk, which the key cannot know.
   bool reusable(const QJsonObject& p) const override { return p["resume"].toString() == "off"; }
+
+  // Devices wired in once each, a dataset with a training split whose images the model takes, a precision
+  // the devices can compute in, and enough samples per step for every device. The trained model is on the
+  // first device.
+  Outputs check(NodeCheck& check) const override {
+    Known model = check.inputOrUnknown("model");
+    const Known data = check.inputOrUnknown("data");
+    std::vector<Device> devices;
+    bool allKnown = true;
+    for (const QString port : {"devices", "devices_2", "devices_3", "devices_4"}) {
+      const std::optional<Known> dev = check.input(port);
+      if (!dev) continue;
+      if (!dev->isDevices) {
+        allKnown = false;
+        continue;
+      }
+      for (const Device& d : dev->devices) {
+        if (std::find(devices.begin(), devices.end(), d) != devices.end())
+          check.error("inputs." + port, qs(d.str()) + " is wired in twice: each device holds one replica");
+        devices.push_back(d);
+      }
+    }
+    if (!data.hasTrain)
+      check.error("inputs.data", "the dataset has no training split (set its split to both or train)");
+    check.checkImages(model, data);
+    if (allKnown) check.checkPrecision(devices, "it trains");
+    if (allKnown && !devices.empty() && data.batch && *data.batch < static_cast<int64_t>(devices.size()))
+      check.warning("inputs.devices",
+                    QString("a batch of %1 over %2 devices leaves some devices without samples in a step")
+                        .arg(*data.batch)
+                        .arg(devices.size()));
+    model.devices.clear();
+    model.deviceOutput.reset();
+    if (allKnown && !devices.empty()) model.devices = {devices.front()};
+    return {{"model", model}};
+  }
 
   void execute(core::NodeContext& ctx) const override {
     NodesSession& session = sessionOf(ctx);

@@ -1,9 +1,12 @@
 // A node set made in the test itself: the editing tests and the benchmark need node types with ports and
 // params, not a runtime. Its names and ports follow the GPU node set's (Device, Tensor, MatMul, Copy...).
 #pragma once
+#include <QHash>
 #include <QJsonArray>
 
+#include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/plugin.h"
+#include "gpunodes/core/validation.h"
 
 namespace gn::testing {
 
@@ -73,6 +76,44 @@ class FakeNodeSet : public core::NodeSetPlugin {
     return types;
   }
   std::unique_ptr<core::RunSession> createSession(const core::RunSettings&) override { return nullptr; }
+
+  // Operands on two devices, reported as the GPU node set does, with its fix: a Copy of b onto a's device.
+  // Here every Device node is a device of its own, and a tensor lives on the Device node wired into the node
+  // that makes it (none: unknown, nothing reported).
+  void validateGraph(const core::GraphDocument& doc, const core::NodeTypeRegistry&, const core::RunSettings&,
+                     core::ValidationReport& report) const override {
+    QHash<QString, QList<core::GraphConnection>> into;  // indexed once: the benchmark's graphs are large
+    for (const core::GraphConnection& c : doc.connections()) into[c.to.node].append(c);
+    const auto wiredInto = [&](const QString& node, const QString& port) -> std::optional<core::Endpoint> {
+      for (const core::GraphConnection& c : into.value(node))
+        if (c.to.port == port) return c.from;
+      return std::nullopt;
+    };
+    const auto deviceOf = [&](const std::optional<core::Endpoint>& tensor) -> std::optional<core::Endpoint> {
+      if (!tensor) return std::nullopt;
+      const std::optional<core::Endpoint> device = wiredInto(tensor->node, "device");
+      const core::GraphNode* node = device ? doc.node(device->node) : nullptr;
+      return node && node->type == "Device" ? device : std::nullopt;
+    };
+    for (const core::GraphNode& n : doc.nodes()) {
+      if (n.type != "MatMul" && n.type != "Elementwise") continue;
+      const std::optional<core::Endpoint> a = deviceOf(wiredInto(n.id, "a")),
+                                          b = deviceOf(wiredInto(n.id, "b"));
+      if (!a || !b || a->node == b->node) continue;
+      report.error(
+          n.id, "inputs.b",
+          QString("Expected all tensors to be on the same device, but found at least two devices, %1 "
+                  "and %2!")
+              .arg(a->node, b->node),
+          core::IssueFix{.label = "Insert Copy to " + a->node,
+                         .nodeType = "Copy",
+                         .params = {},
+                         .input = {n.id, "b"},
+                         .throughInput = "in",
+                         .throughOutput = "out",
+                         .alsoWired = {{.port = "device", .source = *a}}});
+    }
+  }
 };
 
 }  // namespace gn::testing

@@ -105,6 +105,38 @@ class NodesTest : public QObject {
              qPrintable(r.node("add")["error"].toString()));
   }
 
+  void device_mismatch_offers_a_copy_that_makes_the_graph_run() {
+    if (cudaCount() > 1) QSKIP("try_gpu(1) is a GPU here");
+    GraphDocument doc;
+    mismatchGraph(doc);
+    const QList<Issue> issues = validate(doc, registry(), settingsOf(doc)).forNode("add");
+    QCOMPARE(issues.size(), 1);
+    QVERIFY(issues[0].fix.has_value());
+    const IssueFix fix = *issues[0].fix;
+    // b (x, on the CPU) goes onto a's device (y's, cpu:1), wired from the Device node that put y there.
+    QCOMPARE(fix.label, QString("Insert Copy to cpu:1"));
+    QCOMPARE(fix.nodeType, QString("Copy"));
+    QCOMPARE(fix.input, (Endpoint{"add", "b"}));
+    QCOMPARE(fix.alsoWired.size(), 1);
+    QCOMPARE(fix.alsoWired[0].source, (Endpoint{"dev1", "device"}));
+    // Applied as a host applies any fix, knowing nothing of Copy: the node on the wire, its other inputs
+    // wired.
+    GraphNode copy = makeNode("fix1", fix.nodeType, fix.params);
+    doc.addNode(copy);
+    GraphConnection old;
+    for (const GraphConnection& c : doc.connectionsTo(fix.input.node))
+      if (c.to.port == fix.input.port) old = c;
+    doc.removeConnection(old);
+    doc.addConnection({old.from, {copy.id, fix.throughInput}, {}});
+    doc.addConnection({{copy.id, fix.throughOutput}, fix.input, {}});
+    for (const IssueFix::Wire& w : fix.alsoWired) doc.addConnection({w.source, {copy.id, w.port}, {}});
+    const ValidationReport after = validate(doc, registry(), settingsOf(doc));
+    QVERIFY2(after.ok(), qPrintable(after.errors().isEmpty() ? QString() : after.errors()[0].text()));
+    RunResult r = runGraph(doc);
+    QVERIFY(r.started);
+    QVERIFY2(r.failures().isEmpty(), qPrintable(r.failures().join("; ")));
+  }
+
   void device_mismatch_at_run_time_is_the_nodes_error_and_nothing_is_copied() {
     if (cudaCount() > 1) QSKIP("try_gpu(1) is a GPU here");
     Harness h(RunSettings{.cpuDevices = 2});
