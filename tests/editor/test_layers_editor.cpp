@@ -79,18 +79,14 @@ class TestLayersEditor : public QObject {
   }
 
  private slots:
-  void initTestCase() {
-    GN_REQUIRE_NODES_PLUGIN(registry_);
-  }
+  void initTestCase() { GN_REQUIRE_NODES_PLUGIN(registry_); }
 
   void init() {
     w_ = testing::discardingWindow(&registry_);
     w_->activateWindow();
     QVERIFY(QTest::qWaitForWindowExposed(w_.get()));
   }
-  void cleanup() {
-    w_.reset();
-  }
+  void cleanup() { w_.reset(); }
 
   void shapesShowOnTheNodesWhenAFileOpens() {
     openLenet();
@@ -290,6 +286,40 @@ class TestLayersEditor : public QObject {
     QCOMPARE(doc()->nodes().last().type, QString("ReLU"));
     QVERIFY(connected(conv + ".out", relu + ".in"));
     QTRY_VERIFY2(facts(relu).startsWith(QString::fromUtf8("16×26×26")), qPrintable(facts(relu)));
+  }
+
+  // Each problem once on the node: a Linear node with nothing wired has one open required input, and its
+  // error list (the tooltip, the strip) names it once.
+  void anOpenInputIsListedOnceOnTheNode() {
+    const QString lin = ed()->addNode("Linear", {0, 0});
+    w_->validateNow();
+    const QStringList errors = item(lin)->errors();
+    int open = 0;
+    for (const QString& e : errors) open += e.contains("required input is not connected");
+    QVERIFY2(open == 1, qPrintable(errors.join(" | ")));
+    QStringList unique = errors;
+    QCOMPARE(unique.removeDuplicates(), qsizetype(0));
+  }
+
+  // The title bar is laid out in the fonts it is drawn in from the first paint after a file opens: the
+  // id starts after the type's full drawn width ("Model" and "net" ran together until a run laid the titles
+  // out again).
+  void titlesAndIdsDoNotOverlapWhenAFileOpens() {
+    QVERIFY(w_->loadFile(QString(GN_EXAMPLES_DIR) + "/mlp-fashion-mnist.json"));
+    QVERIFY(doc()->nodes().size() > 3);
+    const QFontMetricsF titleMetrics(editor::canvasFonts().title);
+    for (const core::GraphNode& n : doc()->nodes()) {
+      const editor::NodeGeometry& g = item(n.id)->geometry();
+      QVERIFY2(!g.titleRect().isNull(), qPrintable(n.id));
+      const qreal drawn = titleMetrics.horizontalAdvance(g.title().text());
+      QVERIFY2(g.titleRect().width() >= drawn - 0.5,
+               qPrintable(QString("%1: title laid out %2 wide, drawn %3")
+                              .arg(n.id)
+                              .arg(g.titleRect().width())
+                              .arg(drawn)));
+      QVERIFY2(!g.titleRect().intersects(g.idRect()), qPrintable(n.id));
+      QVERIFY2(g.idRect().right() <= g.body().right(), qPrintable(n.id));
+    }
   }
 };
 

@@ -131,14 +131,17 @@ QPointF GraphView::newNodePosition(QSizeF size) const {
     at = mapToScene(cursor) - kGrabOffset;
   } else if (const NodeItem* last = scene_->lastAddedNode();
              last && visible.intersects(last->sceneBoundingRect())) {
-    at = last->sceneBoundingRect().topRight() + QPointF(kNewNodeGap, 0);
+    // Level with it: its position is its body's corner, which the port dots stick out of.
+    at = last->pos() + QPointF(last->sceneBodyRect().width() + kNewNodeGap + 2 * kPortRadius, 0);
   } else {
     at = visible.center() - QPointF(size.width() / 2, size.height() / 2);
   }
   // Down the column from there, then the next column to the right, until the node covers no other one.
   auto free = [&](QPointF topLeft) {
+    // The node's bounds start left of and above its position, where the port dots stick out.
+    const QRectF bounds(topLeft - QPointF(kPortRadius + 2, 2), size);
     const QRectF wanted =
-        QRectF(topLeft, size).adjusted(-kNewNodeGap / 2, -kNewNodeGap / 2, kNewNodeGap / 2, kNewNodeGap / 2);
+        bounds.adjusted(-kNewNodeGap / 2, -kNewNodeGap / 2, kNewNodeGap / 2, kNewNodeGap / 2);
     for (QGraphicsItem* i : scene_->items(wanted))
       if (i->type() == NodeItem::Type) return false;
     return true;

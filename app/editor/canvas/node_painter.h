@@ -1,6 +1,7 @@
 // Draws a node from its item's state and geometry, at three levels of detail, in the colours of style.h.
-// Include: node_item.h, graph_scene.h (which ports a wire drag dims), style.h, Qt Gui. Must not lay out or
-// shape text (NodeGeometry did) nor change the item.
+// Include (in the .cpp): node_item.h, graph_scene.h (which ports a wire drag dims), wire_item.h (the bypass
+// curve), style.h, Qt Gui. Must not include the view, the wire-drag controller or the actions, and must not
+// lay out or shape text (NodeGeometry did) nor change the item.
 #pragma once
 #include <QtGlobal>
 

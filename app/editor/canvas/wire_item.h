@@ -1,7 +1,8 @@
 // A wire between two node items, with the reroute points the document keeps for it, and the dots that let
 // the user drag those points.
-// Include: node_item.h, Qt Widgets, gpunodes/core. Must not include the view, the wire-drag controller or the
-// actions; the dots reach the document through their scene's GraphEditor.
+// Include: Qt Widgets, gpunodes/core; in the .cpp node_item.h, graph_scene.h (the dots reach the document
+// through their scene's GraphEditor), node_painter.h (detail levels) and style.h. Must not include the view,
+// the wire-drag controller or the actions.
 #pragma once
 #include <QGraphicsItem>
 #include <QPainterPath>
