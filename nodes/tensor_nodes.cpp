@@ -235,7 +235,7 @@ class CopyNode final : public GpuNode {
 
 core::IssueFix copyFix(const core::Endpoint& input, Device device, const core::Endpoint& deviceOutput) {
   return core::IssueFix{
-      .label = "Insert Copy to " + qs(device.str()),
+      .label = QString("Insert Copy node: %1 to %2").arg(input.port, qs(device.str())),
       .nodeType = "Copy",
       .params = {},
       .input = input,

@@ -29,6 +29,7 @@
 #include "gpunodes/core/node_type.h"
 #include "gpunodes/core/plugin.h"
 #include "gpunodes/core/registry.h"
+#include "gpunodes/core/report_format.h"
 #include "gpunodes/core/serializer.h"
 #include "gpunodes/core/subgraph.h"
 #include "gpunodes/core/validation.h"
@@ -167,17 +168,6 @@ QString shorten(const QString& s, int max = 60) {
   return s.size() > max ? s.left(max - 3) + "..." : s;
 }
 
-QString humanBytes(double bytes) {
-  const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
-  int u = 0;
-  while (bytes >= 1000 && u < 5) {
-    bytes /= 1000;
-    ++u;
-  }
-  return u == 0 ? QStringLiteral("%1 B").arg(qint64(bytes))
-                : QStringLiteral("%1 %2").arg(bytes, 0, 'f', bytes < 10 ? 2 : 1).arg(units[u]);
-}
-
 bool saveBytes(const QString& path, const QByteArray& bytes, const QString& what) {
   QSaveFile file(path);
   if (!file.open(QIODevice::WriteOnly) || file.write(bytes) != bytes.size() || !file.commit()) {
@@ -185,26 +175,6 @@ bool saveBytes(const QString& path, const QByteArray& bytes, const QString& what
     return false;
   }
   return true;
-}
-
-QString csvField(const QString& s) {
-  if (!s.contains(u',') && !s.contains(u'"') && !s.contains(u'\n')) return s;
-  QString q = s;
-  q.replace(u'"', QStringLiteral("\"\""));
-  return u'"' + q + u'"';
-}
-
-QByteArray metricsCsv(const QJsonObject& metrics) {
-  QByteArray csv = "series,t,value\n";
-  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
-    const QByteArray series = csvField(it.key()).toUtf8();
-    for (const QJsonValue& sample : it.value().toArray()) {
-      const QJsonArray tv = sample.toArray();
-      csv += series + ',' + QByteArray::number(tv[0].toDouble(), 'g', 12) + ',' +
-             QByteArray::number(tv[1].toDouble(), 'g', 12) + '\n';
-    }
-  }
-  return csv;
 }
 
 // Issues as one line each, naming the file; a cycle is reported on each of its nodes but printed once.
@@ -255,11 +225,11 @@ class Progress {
         break;
       case RunEvent::Kind::NodeFailed:
         ++done_;
-        if (e.message.startsWith(QStringLiteral("skipped")) || e.message == QStringLiteral("cancelled") ||
-            e.message == QStringLiteral("muted") || e.message == QStringLiteral("bypassed"))
-          line(QStringLiteral("[%1] %2").arg(e.node, e.message));
-        else
+        // Only a failure is an error; the other outcomes say what became of the node in their message.
+        if (e.status == NodeStatus::Failed)
           line(QStringLiteral("[%1] failed: %2").arg(e.node, e.message));
+        else
+          line(QStringLiteral("[%1] %2").arg(e.node, e.message));
         break;
       case RunEvent::Kind::NodeWarning:
         line(QStringLiteral("[%1] warning: %2")
@@ -336,7 +306,7 @@ void printSummary(const GraphDocument& doc, const QJsonObject& report) {
          QString::number(o.value("calls").toInteger()), cell(o.value("time_ms"), 2),
          hasFlops ? cell(o.value("gflops"), 1) : QStringLiteral("-"),
          hasFlops ? cell(o.value("pct_peak"), 1) : QStringLiteral("-"),
-         o.value("bytes").toDouble() > 0 ? humanBytes(o.value("bytes").toDouble()) : QStringLiteral("-"),
+         o.value("bytes").toDouble() > 0 ? formatBytes(o.value("bytes").toDouble()) : QStringLiteral("-"),
          o.value("status").toString()});
   }
   QList<int> width;
@@ -824,13 +794,9 @@ QJsonObject typeJson(const NodeTypeSpec& spec, const QString& plugin) {
       {"params", params}};
 }
 
+// A param's default or bound as `gpunodes nodes` lists it: as --set takes it, "(none)" without a default.
 QString valueText(const QJsonValue& v) {
-  if (v.isUndefined()) return QStringLiteral("(none)");
-  if (v.isString()) return v.toString();
-  if (v.isArray() || v.isObject())
-    return QString::fromUtf8(v.isArray() ? QJsonDocument(v.toArray()).toJson(QJsonDocument::Compact)
-                                         : QJsonDocument(v.toObject()).toJson(QJsonDocument::Compact));
-  return QString::fromUtf8(QJsonDocument(QJsonArray{v}).toJson(QJsonDocument::Compact)).mid(1).chopped(1);
+  return v.isUndefined() ? QStringLiteral("(none)") : paramValueText(v);
 }
 
 int commandNodes(const QStringList& args) {

@@ -1,7 +1,6 @@
 #include "graph_editor.h"
 
 #include <QJsonArray>
-#include <QRegularExpression>
 #include <QSet>
 #include <QUndoCommand>
 #include <limits>
@@ -515,13 +514,6 @@ void GraphEditor::recordMove(const QHash<QString, QPair<QPointF, QPointF>>& oldA
   if (!moved.isEmpty()) undo_.push(new MoveCommand(doc_, moved));
 }
 
-void GraphEditor::moveNodes(const QHash<QString, QPointF>& positions) {
-  QHash<QString, QPair<QPointF, QPointF>> moves;
-  for (auto it = positions.begin(); it != positions.end(); ++it)
-    if (const GraphNode* n = doc_->node(it.key())) moves.insert(it.key(), {n->position, it.value()});
-  recordMove(moves);
-}
-
 void GraphEditor::moveNodes(const QHash<QString, QPointF>& positions, const QString& text) {
   QHash<QString, QPair<QPointF, QPointF>> moves;
   for (auto it = positions.begin(); it != positions.end(); ++it)
@@ -731,101 +723,67 @@ QStringList GraphEditor::duplicate(const QStringList& nodeIds) {
   return paste(copy(nodeIds), topLeft + QPointF(40, 40));
 }
 
-bool GraphEditor::isDeviceMismatch(const QString& message) {
-  return message.contains("same device", Qt::CaseInsensitive);
+QList<core::IssueFix> GraphEditor::fixesFor(const QString& nodeId) const {
+  QList<core::IssueFix> out;
+  if (!registry_) return out;
+  const core::ValidationReport report = core::validate(*doc_, *registry_);
+  for (const core::Issue& i : report.forNode(nodeId))
+    if (i.fix && std::none_of(out.begin(), out.end(), [&](const core::IssueFix& f) { return f.label == i.fix->label; }))
+      out << *i.fix;
+  return out;
 }
 
-std::optional<Endpoint> GraphEditor::deviceSourceUpstream(const QString& nodeId, const QString& port) const {
-  // Walk up the wire into `port` until a node whose Device input is wired: that wire's source decides where
-  // the data lives.
-  QList<QString> frontier;
-  for (const GraphConnection& c : doc_->connectionsTo(nodeId))
-    if (c.to.port == port) frontier << c.from.node;
-  QSet<QString> seen;
-  while (!frontier.isEmpty()) {
-    const QString n = frontier.takeFirst();
-    if (seen.contains(n)) continue;
-    seen.insert(n);
-    const core::NodeTypeSpec* s = specOf(n);
-    if (!s) continue;
-    for (const core::PortSpec& out : s->outputs)
-      if (out.type == core::PortType::Device) return Endpoint{n, out.name};
-    for (const GraphConnection& c : doc_->connectionsTo(n)) {
-      const core::PortSpec* in = s->input(c.to.port);
-      if (!in) continue;
-      if (in->type == core::PortType::Device) return c.from;
-      frontier << c.from.node;
-    }
+std::optional<core::IssueFix> GraphEditor::fixFor(const QString& nodeId, const QString& message) const {
+  if (!registry_) return std::nullopt;
+  const core::ValidationReport report = core::validate(*doc_, *registry_);
+  std::optional<core::IssueFix> first;
+  for (const core::Issue& i : report.forNode(nodeId)) {
+    if (!i.fix) continue;
+    if (i.message == message || i.field + ": " + i.message == message) return i.fix;
+    if (!first) first = i.fix;
   }
-  return std::nullopt;
+  return first;
 }
 
-bool GraphEditor::insertCopyNode(const QString& nodeId, const QString& errorMessage, QString* why) {
+bool GraphEditor::applyFix(const core::IssueFix& fix, QString* why) {
   auto fail = [&](const QString& m) {
     if (why) *why = m;
     return false;
   };
-  const GraphNode* node = doc_->node(nodeId);
-  const core::NodeTypeSpec* spec = specOf(nodeId);
-  if (!node || !spec) return fail("the node's type is not loaded");
-  core::NodeTypePtr copyType = registry_ ? registry_->find("Copy") : nullptr;
-  if (!copyType) return fail("no loaded plugin provides a Copy node");
-  const core::NodeTypeSpec& cs = copyType->spec();
-  const core::PortSpec *copyIn = nullptr, *copyDev = nullptr, *copyOut = nullptr;
-  for (const core::PortSpec& p : cs.inputs) {
-    if (!copyIn && p.type == core::PortType::Tensor) copyIn = &p;
-    if (!copyDev && p.type == core::PortType::Device) copyDev = &p;
+  const GraphNode* target = doc_->node(fix.input.node);
+  if (!target) return fail(QString("no node \"%1\"").arg(fix.input.node));
+  const core::NodeTypePtr type = registry_ ? registry_->find(fix.nodeType) : nullptr;
+  if (!type) return fail(QString("no loaded plugin provides a %1 node").arg(fix.nodeType));
+  const core::NodeTypeSpec& spec = type->spec();
+  if (!spec.input(fix.throughInput) || !spec.output(fix.throughOutput))
+    return fail(QString("%1 has no input \"%2\" and output \"%3\"")
+                    .arg(spec.name, fix.throughInput, fix.throughOutput));
+  std::optional<GraphConnection> old;
+  for (const GraphConnection& c : doc_->connectionsTo(fix.input.node))
+    if (c.to.port == fix.input.port) old = c;
+  if (!old) return fail(QString("%1 is not wired").arg(fix.input.str()));
+  for (const core::IssueFix::Wire& w : fix.alsoWired) {
+    if (!spec.input(w.port)) return fail(QString("%1 has no input \"%2\"").arg(spec.name, w.port));
+    if (!doc_->node(w.source.node)) return fail(QString("no node \"%1\"").arg(w.source.node));
   }
-  for (const core::PortSpec& p : cs.outputs)
-    if (!copyOut && p.type == core::PortType::Tensor) copyOut = &p;
-  if (!copyIn || !copyOut) return fail("the Copy node has no Tensor input and output");
 
-  // The wired Tensor inputs, in port order, with where their data lives.
-  struct Wired {
-    GraphConnection conn;
-    std::optional<Endpoint> device;
-  };
-  QList<Wired> wired;
-  for (const core::PortSpec& in : spec->inputs) {
-    if (in.type != core::PortType::Tensor) continue;
-    for (const GraphConnection& c : doc_->connectionsTo(nodeId))
-      if (c.to.port == in.name) wired << Wired{c, deviceSourceUpstream(nodeId, in.name)};
-  }
-  if (wired.size() < 2) return fail(QString("%1 has fewer than two wired Tensor inputs").arg(nodeId));
-  // The first input decides the device; the first input on another device gets the copy.
-  const Wired& ref = wired.first();
-  int fix = -1;
-  for (int i = 1; i < wired.size(); ++i)
-    if (wired[i].device != ref.device) {
-      fix = i;
-      break;
-    }
-  if (fix < 0) fix = wired.size() - 1;
-  const GraphConnection old = wired[fix].conn;
-
-  GraphNode copy;
-  copy.type = cs.name;
-  copy.id = doc_->makeId(cs.name);
-  const GraphNode* src = doc_->node(old.from.node);
-  const QPointF srcPos = src ? src->position : node->position - QPointF(250, 0);
-  copy.position = QPointF((srcPos.x() + node->position.x()) / 2, qMax(srcPos.y(), node->position.y()) + 120);
-  // A Copy without a Device port takes the device as a param: name the first input's device when the message
-  // says which ("... found at least two devices, cuda:0 and cpu!").
-  if (!copyDev && cs.param("device")) {
-    static const QRegularExpression re("devices?,?\\s+([\\w:]+)\\s+and\\s+([\\w:]+)");
-    const QRegularExpressionMatch m = re.match(errorMessage);
-    if (m.hasMatch()) copy.params.insert("device", m.captured(1));
-  }
+  GraphNode node;
+  node.type = spec.name;
+  node.id = doc_->makeId(spec.name);
+  node.params = fix.params;
+  // Between the wire's source and the input it feeds, a little below both.
+  const GraphNode* src = doc_->node(old->from.node);
+  const QPointF srcPos = src ? src->position : target->position - QPointF(250, 0);
+  node.position =
+      QPointF((srcPos.x() + target->position.x()) / 2, qMax(srcPos.y(), target->position.y()) + 120);
   GraphDelta d;
-  d.addNodes << copy;
-  d.removeConnections << old;
-  d.addConnections << GraphConnection{old.from, {copy.id, copyIn->name}, {}};
-  d.addConnections << GraphConnection{{copy.id, copyOut->name}, old.to, {}};
-  if (copyDev) {
-    if (!ref.device) return fail("cannot tell which device the first input is on");
-    d.addConnections << GraphConnection{*ref.device, {copy.id, copyDev->name}, {}};
-  }
-  applyDelta(d, QString("Insert %1 before %2").arg(copy.id, old.to.str()));
+  d.addNodes << node;
+  d.removeConnections << *old;
+  d.addConnections << GraphConnection{old->from, {node.id, fix.throughInput}, {}};
+  d.addConnections << GraphConnection{{node.id, fix.throughOutput}, old->to, {}};
+  for (const core::IssueFix::Wire& w : fix.alsoWired)
+    d.addConnections << GraphConnection{w.source, {node.id, w.port}, {}};
+  applyDelta(d, QString("Insert %1 before %2").arg(node.id, old->to.str()));
   return true;
 }
 

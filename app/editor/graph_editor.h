@@ -10,10 +10,12 @@
 #include <QRectF>
 #include <QStringList>
 #include <QUndoStack>
+#include <optional>
 
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/node_type.h"
 #include "gpunodes/core/subgraph.h"
+#include "gpunodes/core/validation.h"
 
 namespace gn::core {
 class NodeTypeRegistry;
@@ -78,7 +80,6 @@ class GraphEditor : public QObject {
   // Positions already moved by the view (a drag) are recorded as one step; consecutive drags of the same
   // nodes merge.
   void recordMove(const QHash<QString, QPair<QPointF, QPointF>>& oldAndNew);
-  void moveNodes(const QHash<QString, QPointF>& positions);
   // A named move (align, distribute): one undo step of its own that never merges with a drag.
   void moveNodes(const QHash<QString, QPointF>& positions, const QString& text);
   void setParam(const QString& nodeId, const QString& param, const QJsonValue& value);
@@ -92,10 +93,20 @@ class GraphEditor : public QObject {
   QStringList paste(const QByteArray& clipboard, QPointF at, QString* error = nullptr);
   QStringList duplicate(const QStringList& nodeIds);
 
-  // For the device-mismatch error on `nodeId`: puts a Copy node on the Tensor input whose data lives on the
-  // other device, set to the device of the node's first Tensor input. One undo step.
-  bool insertCopyNode(const QString& nodeId, const QString& errorMessage, QString* why = nullptr);
-  static bool isDeviceMismatch(const QString& message);
+  // Fixes that plugins offer with validation issues (core::IssueFix). The editor applies them without knowing
+  // what they mean.
+  //
+  // Every fix a fresh validation of the document offers on `nodeId`'s issues, in the issues' order, each
+  // once; empty when none does (no plugin offers one, or the node has no problem a fix removes).
+  QList<core::IssueFix> fixesFor(const QString& nodeId) const;
+  // The fix for the problem `message` on `nodeId`: that of the node's issue whose message, or "field:
+  // message" as the log shows it, is `message`; else, for an error a run worded (the runtime's words are not
+  // validation's), the node's first fix. nullopt when the node is offered none.
+  std::optional<core::IssueFix> fixFor(const QString& nodeId, const QString& message) const;
+  // Puts a node of fix.nodeType with fix.params on the wire into fix.input, and wires fix.alsoWired into it,
+  // as one undo step. False, with *why and nothing changed, when the fix no longer applies (the input is not
+  // wired, a node or port is gone, no loaded plugin provides the type).
+  bool applyFix(const core::IssueFix& fix, QString* why = nullptr);
 
   // Applies a structural change as one undo step (used by everything above and by tests).
   void applyDelta(const GraphDelta& delta, const QString& text);
@@ -146,7 +157,6 @@ class GraphEditor : public QObject {
  private:
   bool wouldCycle(const QString& fromNode, const QString& toNode, const core::GraphConnection* ignore) const;
   void toggleRunMode(const QStringList& nodeIds, bool bypass);
-  std::optional<core::Endpoint> deviceSourceUpstream(const QString& nodeId, const QString& port) const;
   core::GraphDocument* doc_;
   const core::NodeTypeRegistry* registry_;
   QUndoStack undo_;

@@ -38,6 +38,7 @@
 #include "gpunodes/core/executor.h"
 #include "gpunodes/core/plugin.h"
 #include "gpunodes/core/registry.h"
+#include "gpunodes/core/report_format.h"
 #include "gpunodes/core/serializer.h"
 #include "gpunodes/core/subgraph.h"
 #include "graph_editor.h"
@@ -238,11 +239,11 @@ void MainWindow::buildDocks() {
     if (!item) return;
     const QString node = item->data(kNodeRole).toString(), msg = item->data(kMessageRole).toString();
     QMenu menu(this);
-    if (!node.isEmpty() && GraphEditor::isDeviceMismatch(msg))
-      menu.addAction("Insert Copy node", this, [this, node, msg] {
+    // The fix a plugin offers for this problem (an Insert Copy for operands on two devices), as it labels it.
+    if (const std::optional<core::IssueFix> fix = node.isEmpty() ? std::nullopt : editor_->fixFor(node, msg))
+      menu.addAction(fix->label, this, [this, node, fix = *fix] {
         QString why;
-        if (!editor_->insertCopyNode(node, msg, &why))
-          logMessage(LogLevel::Warning, "Insert Copy node: " + why, node);
+        if (!editor_->applyFix(fix, &why)) logMessage(LogLevel::Warning, fix.label + ": " + why, node);
       });
     menu.addAction("Clear log", log_, &QListWidget::clear);
     menu.exec(log_->viewport()->mapToGlobal(pos));
@@ -545,6 +546,7 @@ void MainWindow::setDocumentFrom(core::GraphDocument& loaded, const QString& fil
   editor_->undoStack()->setClean();
   forcedDirty_ = false;
   file_ = file;
+  fromExample_.clear();
   navigator_->resetRunState();
   // Frame the graph rather than trust the file's view: node sizes differ between versions and screens.
   view_->frame(false, 1.0);
@@ -563,9 +565,15 @@ void MainWindow::newGraph() {
 
 bool MainWindow::maybeSave() {
   if (!isDirty()) return true;
-  const auto answer = ask(QMessageBox::Question, "Unsaved changes",
-                          QString("Save the changes to %1?")
-                              .arg(file_.isEmpty() ? "the untitled graph" : QFileInfo(file_).fileName()),
+  // Name the graph as the title bar does, and say where it came from when it has no file of its own.
+  const QString name = doc_.name().isEmpty() ? QString() : QString("\u201c%1\u201d").arg(doc_.name());
+  const QString what = !file_.isEmpty()        ? QString("the changes to %1").arg(QFileInfo(file_).fileName())
+                       : !fromExample_.isEmpty() ? QString("%1, an unsaved copy of the example %2")
+                                                     .arg(name.isEmpty() ? QString("this graph") : name,
+                                                          fromExample_)
+                       : !name.isEmpty()         ? QString("%1, which has not been saved yet").arg(name)
+                                                 : QString("the untitled graph");
+  const auto answer = ask(QMessageBox::Question, "Unsaved changes", QString("Save %1?").arg(what),
                           QMessageBox::Save | QMessageBox::Discard | QMessageBox::Cancel);
   if (answer == QMessageBox::Save) return save();
   return answer == QMessageBox::Discard;
@@ -586,6 +594,7 @@ bool MainWindow::loadFile(const QString& path) {
   // Examples are templates: saving one asks for a new place instead of writing into the install.
   const bool example = QFileInfo(path).absolutePath() == QFileInfo(examplesDir()).absoluteFilePath();
   setDocumentFrom(loaded, example ? QString() : QFileInfo(path).absoluteFilePath());
+  fromExample_ = example ? QFileInfo(path).fileName() : QString();
   if (!example) addRecent(QFileInfo(path).absoluteFilePath());
   logMessage(LogLevel::Info, QString("Opened %1 (%2 nodes, %3 wires)")
                                  .arg(path)
@@ -642,6 +651,7 @@ bool MainWindow::saveFile(const QString& path) {
     return false;
   }
   file_ = QFileInfo(path).absoluteFilePath();
+  fromExample_.clear();
   editor_->undoStack()->setClean();
   forcedDirty_ = false;
   addRecent(file_);
@@ -1017,10 +1027,9 @@ void MainWindow::onBatch(const QList<core::RunEvent>& events) {
         break;
       case K::NodeFailed:
         // Bypassed and muted nodes are drawn as such from the document: not run, as asked.
-        if (e.message == "bypassed" || e.message == "muted") break;
-        // Skipped and cancelled nodes come as failures too; they are grey, not red.
-        if (e.message.startsWith("skipped", Qt::CaseInsensitive) ||
-            e.message.contains("cancel", Qt::CaseInsensitive)) {
+        if (e.status == core::NodeStatus::Bypassed || e.status == core::NodeStatus::Muted) break;
+        // Skipped and cancelled nodes end on this event too; they are grey, not red.
+        if (e.status == core::NodeStatus::Skipped || e.status == core::NodeStatus::Cancelled) {
           navigator_->setRunStatus(e.node, RunStatus::Cancelled);
           navigator_->setRunWarning(e.node, e.message);
           logMessage(LogLevel::Warning, e.message, e.node);
@@ -1301,20 +1310,8 @@ bool MainWindow::exportTrace(const QString& path) {
 }
 
 bool MainWindow::exportMetricsCsv(const QString& path) {
-  QByteArray csv = "series,t,value\n";
-  const QJsonObject metrics = run_->report().value("metrics").toObject();
-  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
-    QString name = it.key();
-    if (name.contains(',') || name.contains('"')) name = '"' + name.replace("\"", "\"\"") + '"';
-    for (const QJsonValue& p : it.value().toArray()) {
-      const QJsonArray tv = p.toArray();
-      csv += QString("%1,%2,%3\n")
-                 .arg(name)
-                 .arg(tv.at(0).toDouble(), 0, 'g', 17)
-                 .arg(tv.at(1).toDouble(), 0, 'g', 17)
-                 .toUtf8();
-    }
-  }
+  // The same bytes as `gpunodes run --metrics` writes for the same run.
+  const QByteArray csv = core::metricsCsv(run_->report().value("metrics").toObject());
   QString error;
   if (!writeBytes(path, csv, &error)) {
     showError("Export metrics", error);

@@ -183,6 +183,7 @@ class MainWindow : public QMainWindow {
   QProgressBar* progress_;
 
   QString file_;
+  QString fromExample_;  // the example file the document was opened from, until it is saved somewhere
   bool forcedDirty_ = false;
   bool staleRun_ = false;  // a run of a document that has since been replaced: its events are not painted  //
                            // a restored recovery file is unsaved work though the undo stack is clean

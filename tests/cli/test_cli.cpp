@@ -14,6 +14,7 @@
 #include <csignal>
 
 #include "cli/cli_test_util.h"
+#include "gpunodes/core/report_format.h"
 #include "gpunodes/core/run_events.h"
 #include "time_scale.h"
 
@@ -139,7 +140,7 @@ class CliTest : public QObject {
                  R"(node +type +device +calls +time \(ms\) +GFLOP/s +% peak +bytes +status)")),
              qPrintable(r.out));
     QVERIFY2(r.out.contains(
-                 QRegularExpression(R"(a1 +TestAdd +test:0 +4 +[0-9.]+ +[0-9.]+ +[0-9.]+ +32.0 KB +ok)")),
+                 QRegularExpression(R"(a1 +TestAdd +test:0 +4 +[0-9.]+ +[0-9.]+ +[0-9.]+ +31.3 KiB +ok)")),
              qPrintable(r.out));
     QVERIFY(r.out.contains("ok in "));
   }
@@ -203,6 +204,14 @@ class CliTest : public QObject {
     QCOMPARE(lines.value(0), QByteArray("series,t,value"));
     QVERIFY(lines.contains("test.value,0,9"));
     QVERIFY(lines.contains("test.value,0,90"));
+
+    // Byte for byte what the editor's File ▸ Export ▸ Metrics CSV writes for the same series: both are
+    // core::metricsCsv of the report's metrics.
+    const QString report = dir_.filePath("m-report.json");
+    EXPECT_EXIT(gpunodes({"run", graph_, "--metrics", csv, "--report", report, "--quiet"}), 0);
+    QFile again(csv);
+    QVERIFY(again.open(QIODevice::ReadOnly));
+    QCOMPARE(again.readAll(), gn::core::metricsCsv(readJson(report).value("metrics").toObject()));
 
     QFile t(trace);
     QVERIFY(t.open(QIODevice::ReadOnly));
@@ -391,29 +400,41 @@ class CliTest : public QObject {
     f.remove();
   }
 
-  void ctrlCCancelsAndWritesAPartialReport() {
-    const QString report = dir_.filePath("cancel.json");
+  // Runs the graph with a1 taking ten minutes (and `extra` args), sends Ctrl-C once a1 has started, and
+  // returns what the run printed, its exit code (-2: it crashed) and how long it took from the Ctrl-C.
+  Result interruptedRun(const QStringList& extra) {
     QProcess p;
     p.setProcessEnvironment(environment());
-    p.start(QStringLiteral(GN_GPUNODES), {"run", graph_, "--set", "a1.delay_ms=600000", "--report", report});
-    QVERIFY(p.waitForStarted());
-    QString err;
+    p.start(QStringLiteral(GN_GPUNODES), QStringList{"run", graph_, "--set", "a1.delay_ms=600000"} + extra);
+    Result r;
+    if (!p.waitForStarted()) return r;
     QElapsedTimer timer;
     timer.start();
-    while (!err.contains("[a1] started") && timer.elapsed() < 20000) {
+    while (!r.err.contains("[a1] started") && timer.elapsed() < 20000) {
       p.waitForReadyRead(100);
-      err += QString::fromUtf8(p.readAllStandardError());
+      r.err += QString::fromUtf8(p.readAllStandardError());
     }
-    QVERIFY2(err.contains("[a1] started"), qPrintable(err));
+    if (!r.err.contains("[a1] started")) return r;
     timer.restart();
     ::kill(pid_t(p.processId()), SIGINT);
-    QVERIFY(p.waitForFinished(10000));
-    QVERIFY2(timer.elapsed() < 1500 * kTimeScale, qPrintable(QString::number(timer.elapsed())));
-    err += QString::fromUtf8(p.readAllStandardError());
-    QCOMPARE(p.exitStatus(), QProcess::NormalExit);
-    QVERIFY2(p.exitCode() == 130, qPrintable(QString::number(p.exitCode()) + "\n" + err));
-    QVERIFY(err.contains("cancelling"));
-    QVERIFY(QString::fromUtf8(p.readAllStandardOutput()).contains("cancelled after"));
+    p.waitForFinished(10000);
+    r.ms = timer.elapsed();
+    r.err += QString::fromUtf8(p.readAllStandardError());
+    r.out = QString::fromUtf8(p.readAllStandardOutput());
+    r.exitCode = p.state() != QProcess::NotRunning          ? -1
+                 : p.exitStatus() == QProcess::NormalExit ? p.exitCode()
+                                                          : -2;
+    return r;
+  }
+
+  void ctrlCCancelsAndWritesAPartialReport() {
+    const QString report = dir_.filePath("cancel.json");
+    const Result r = interruptedRun({"--report", report});
+    QVERIFY2(r.err.contains("[a1] started"), qPrintable(r.err));
+    QVERIFY2(r.ms < 1500 * kTimeScale, qPrintable(QString::number(r.ms)));
+    QVERIFY2(r.exitCode == 130, qPrintable(QString::number(r.exitCode) + "\n" + r.err));
+    QVERIFY(r.err.contains("cancelling"));
+    QVERIFY(r.out.contains("cancelled after"));
     const QJsonObject o = readJson(report);
     QVERIFY(o.value("cancelled").toBool());
     QVERIFY(!o.value("ok").toBool());
@@ -423,6 +444,28 @@ class CliTest : public QObject {
              QStringLiteral("cancelled"));
     QCOMPARE(o.value("nodes").toObject().value("a2").toObject().value("status").toString(),
              QStringLiteral("cancelled"));
+  }
+
+  void aCancelledNodeIsCancelledWhateverItsWorkSays() {
+    // a1's work ends a cancel with "stopped before the end": no failure line, and cancelled everywhere.
+    const QString report = dir_.filePath("cancel-quiet.json"), events = dir_.filePath("cancel-quiet.jsonl");
+    const Result r = interruptedRun({"--set", "a1.label=stop", "--report", report, "--events", events});
+    QVERIFY2(r.exitCode == 130, qPrintable(QString::number(r.exitCode) + "\n" + r.err));
+    QVERIFY2(r.err.contains("[a1] stopped before the end\n"), qPrintable(r.err));
+    QVERIFY2(!r.err.contains("failed"), qPrintable(r.err));
+    QCOMPARE(readJson(report).value("nodes").toObject().value("a1").toObject().value("status").toString(),
+             QStringLiteral("cancelled"));
+    QFile lines(events);
+    QVERIFY(lines.open(QIODevice::ReadOnly));
+    bool seen = false;
+    for (const QByteArray& line : lines.readAll().split('\n')) {
+      const QJsonObject e = QJsonDocument::fromJson(line).object();
+      if (e.value("kind") != "NodeFailed" || e.value("node") != "a1") continue;
+      seen = true;
+      QCOMPARE(e.value("status").toString(), QStringLiteral("cancelled"));
+      QCOMPARE(e.value("message").toString(), QStringLiteral("stopped before the end"));
+    }
+    QVERIFY(seen);
   }
 
   void anUnwritableReportFailsTheRun() {

@@ -105,7 +105,7 @@ class FakeNodeSet : public core::NodeSetPlugin {
           QString("Expected all tensors to be on the same device, but found at least two devices, %1 "
                   "and %2!")
               .arg(a->node, b->node),
-          core::IssueFix{.label = "Insert Copy to " + a->node,
+          core::IssueFix{.label = "Insert Copy node: b to " + a->node,
                          .nodeType = "Copy",
                          .params = {},
                          .input = {n.id, "b"},

@@ -419,7 +419,9 @@ class TestCanvas : public QObject {
     QVERIFY(item->toolTip().contains("same device"));
 
     QString why;
-    QVERIFY2(ed()->insertCopyNode(e, msg, &why), qPrintable(why));
+    const std::optional<core::IssueFix> fix = ed()->fixFor(e, msg);
+    QVERIFY(fix);
+    QVERIFY2(ed()->applyFix(*fix, &why), qPrintable(why));
     QString copy;
     for (const core::GraphNode& n : doc()->nodes())
       if (n.type == "Copy") copy = n.id;
@@ -431,6 +433,80 @@ class TestCanvas : public QObject {
     ed()->undoStack()->undo();
     QVERIFY(!doc()->hasNode(copy));
     QVERIFY(connected(y + ".out", e + ".b"));
+  }
+
+  void aFixThePluginOffersIsAppliedAsOneUndoStep() {
+    const QString d0 = add("Device", {0, 0}), d1 = add("Device", {0, 250});
+    const QString x = add("Tensor", {250, 0}), y = add("Tensor", {250, 250});
+    const QString mm = add("MatMul", {550, 100});
+    ed()->connect({d0, "device"}, {x, "device"});
+    ed()->connect({d1, "device"}, {y, "device"});
+    ed()->connect({x, "out"}, {mm, "a"});
+    ed()->connect({y, "out"}, {mm, "b"});
+    // The fake set reports the operands on two devices with a fix, as the GPU node set does.
+    std::optional<core::Issue> issue;
+    for (const core::Issue& i : w_->validateNow().forNode(mm))
+      if (i.fix) issue = i;
+    QVERIFY(issue);
+    QCOMPARE(issue->fix->label, "Insert Copy node: b to " + d0);
+    // Asked for by the problem's text, as the log shows it ("field: message") or as the issue has it.
+    QVERIFY(ed()->fixFor(mm, issue->field + ": " + issue->message));
+    QVERIFY(ed()->fixFor(mm, issue->message));
+    QCOMPARE(ed()->fixFor(mm, "a run's own words")->label, issue->fix->label);  // a run words it otherwise
+    QCOMPARE(ed()->fixesFor(mm).size(), 1);
+    QVERIFY(ed()->fixesFor(x).isEmpty());
+    QVERIFY(!ed()->fixFor(x, issue->message));
+
+    const int steps = ed()->undoStack()->count();
+    QString why;
+    QVERIFY2(ed()->applyFix(*issue->fix, &why), qPrintable(why));
+    QCOMPARE(ed()->undoStack()->count(), steps + 1);
+    QString copy;
+    for (const core::GraphNode& n : doc()->nodes())
+      if (n.type == "Copy") copy = n.id;
+    QVERIFY(!copy.isEmpty());
+    QVERIFY(connected(y + ".out", copy + ".in"));
+    QVERIFY(connected(copy + ".out", mm + ".b"));
+    QVERIFY(connected(d0 + ".device", copy + ".device"));
+    QVERIFY(w_->validateNow().ok());
+    ed()->undoStack()->undo();
+    QVERIFY(!doc()->hasNode(copy));
+    QVERIFY(connected(y + ".out", mm + ".b"));
+
+    // Any fix, of any type, with its params: the editor knows none of them.
+    const core::IssueFix scale{.label = "Insert a product",
+                               .nodeType = "Elementwise",
+                               .params = {{"op", "mul"}},
+                               .input = {mm, "a"},
+                               .throughInput = "a",
+                               .throughOutput = "out",
+                               .alsoWired = {{.port = "b", .source = {y, "out"}}}};
+    QVERIFY2(ed()->applyFix(scale, &why), qPrintable(why));
+    QString inserted;
+    for (const core::GraphNode& n : doc()->nodes())
+      if (n.type == "Elementwise") inserted = n.id;
+    QVERIFY(!inserted.isEmpty());
+    QCOMPARE(doc()->node(inserted)->params, (QJsonObject{{"op", "mul"}}));
+    QVERIFY(connected(x + ".out", inserted + ".a"));
+    QVERIFY(connected(y + ".out", inserted + ".b"));
+    QVERIFY(connected(inserted + ".out", mm + ".a"));
+    QVERIFY(!connected(x + ".out", mm + ".a"));
+
+    // A fix that no longer applies changes nothing and says why.
+    const int before = ed()->undoStack()->count();
+    core::IssueFix stale = scale;
+    stale.input = {inserted, "b"};
+    stale.alsoWired = {};
+    ed()->disconnect({{y, "out"}, {inserted, "b"}, {}});
+    why.clear();
+    QVERIFY(!ed()->applyFix(stale, &why));
+    QVERIFY(why.contains("not wired"));
+    core::IssueFix unknown = scale;
+    unknown.nodeType = "NoSuchType";
+    why.clear();
+    QVERIFY(!ed()->applyFix(unknown, &why));
+    QVERIFY(why.contains("NoSuchType"));
+    QCOMPARE(ed()->undoStack()->count(), before + 1);  // only the disconnect
   }
 
   void validationErrorsArePainted() {

@@ -102,6 +102,43 @@ class TestFiles : public QObject {
     QVERIFY(w->maybeSave());
   }
 
+  void theSavePromptNamesWhatWillBeLost() {
+    // An edited example is an unsaved copy of it, named as the title bar names it.
+    QTemporaryDir examples;
+    const QString example = examples.filePath("demo.json");
+    {
+      auto w = makeWindow();
+      buildGraph(w.get());
+      w->document()->setName("Demo graph");
+      QVERIFY(w->saveFile(example));
+    }
+    qputenv("GPUNODES_EXAMPLES", examples.path().toUtf8());
+    auto w = makeWindow();
+    QVERIFY(w->openFile(example));
+    QVERIFY(w->currentFile().isEmpty());  // a template: saving asks for a new place
+    QString mm;
+    for (const core::GraphNode& n : w->document()->nodes())
+      if (n.type == "MatMul") mm = n.id;
+    w->editor()->setParam(mm, "repeat", 3);
+    QVERIFY(w->isDirty());
+    prompts_.clear();
+    QVERIFY(w->maybeSave());
+    QCOMPARE(prompts_.size(), 1);
+    QCOMPARE(prompts_.last(), QString("Save \u201cDemo graph\u201d, an unsaved copy of the example demo.json?"));
+    qunsetenv("GPUNODES_EXAMPLES");
+
+    // A graph of the user's own file names the file; a new graph with a name says it was never saved.
+    QTemporaryDir dir;
+    QVERIFY(w->saveFile(dir.filePath("mine.json")));
+    w->editor()->setParam(mm, "repeat", 4);
+    QVERIFY(w->maybeSave());
+    QCOMPARE(prompts_.last(), QString("Save the changes to mine.json?"));
+    auto fresh = makeWindow();
+    buildGraph(fresh.get());
+    QVERIFY(fresh->maybeSave());
+    QCOMPARE(prompts_.last(), QString("Save \u201cfiles test\u201d, which has not been saved yet?"));
+  }
+
   void missingNodeTypeStillLoads() {
     QTemporaryDir dir;
     const QString path = dir.filePath("m.json");

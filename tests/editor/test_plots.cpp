@@ -1,7 +1,8 @@
 // The Plots dock fed with run events directly, offscreen: the Training tab's stacked panes (which series go
 // where, their axis ranges, the shared epoch axis and its marks, several Train nodes apart), the overlay of
 // an earlier run's series and what it is called, PNG and SVG exports that parse, and the memory plot's
-// min/max band per pixel column against a brute-force computation over the samples.
+// min/max band per pixel column against a brute-force computation over the samples; and the metrics CSV
+// that File ▸ Export writes, byte for byte the one `gpunodes run --metrics` writes.
 #include <qcustomplot.h>
 
 #include <QFile>
@@ -15,8 +16,11 @@
 #include <cmath>
 
 #include "editor_test_util.h"
+#include "gpunodes/core/plugin.h"
+#include "gpunodes/core/report_format.h"
 #include "plots.h"
 #include "results_views.h"
+#include "run_controller.h"
 
 using namespace gn;
 using editor::MetricPane;
@@ -82,6 +86,30 @@ Column bruteColumn(const QList<QPointF>& samples, double lo, double hi, bool las
   }
   return c;
 }
+
+// A node that emits fixed metric series, names that need CSV quoting and values that need every digit
+// among them; its node set needs no session.
+class EmitSeries : public core::NodeType {
+ public:
+  EmitSeries() { spec_.name = "EmitSeries"; }
+  const core::NodeTypeSpec& spec() const override { return spec_; }
+  void execute(core::NodeContext& ctx) const override {
+    ctx.metric("train.loss", 0.25, 2.1034);
+    ctx.metric("train.loss", 0.5, 0.1 + 0.2);
+    ctx.metric("a,b", 0, 125000);
+    ctx.metric("say \"hi\"", 1, 1.0 / 3);
+  }
+
+ private:
+  core::NodeTypeSpec spec_;
+};
+
+class EmitSeriesSet : public core::NodeSetPlugin {
+ public:
+  QString setName() const override { return "emit"; }
+  QList<core::NodeTypePtr> nodeTypes() const override { return {std::make_shared<EmitSeries>()}; }
+  std::unique_ptr<core::RunSession> createSession(const core::RunSettings&) override { return nullptr; }
+};
 
 }  // namespace
 
@@ -431,6 +459,34 @@ class TestPlots : public QObject {
     plot->replot();
     QVERIFY(p_->memoryEnvelopeShown());
     checkBand();
+  }
+
+  void theMetricsCsvExportIsTheCommandLinesFile() {
+    EmitSeriesSet set;
+    core::NodeTypeRegistry registry;
+    registry.addPlugin(&set, "emit");
+    auto w = testing::discardingWindow(&registry);
+    QTemporaryDir dir;
+    QFile graph(dir.filePath("emit.json"));
+    QVERIFY(graph.open(QIODevice::WriteOnly));
+    graph.write(R"({"format": "gpunodes-graph", "version": 1, "name": "emit",
+                    "nodes": [{"id": "e1", "type": "EmitSeries"}], "connections": []})");
+    graph.close();
+    QVERIFY(w->loadFile(graph.fileName()));
+    QVERIFY(w->runGraph());
+    QTRY_VERIFY_WITH_TIMEOUT(!w->runner()->isRunning(), 20000);
+    QVERIFY(w->exportMetricsCsv(dir.filePath("m.csv")));
+    QFile csv(dir.filePath("m.csv"));
+    QVERIFY(csv.open(QIODevice::ReadOnly));
+    const QByteArray exported = csv.readAll();
+    // What the CLI writes for the same report (cli.cpp hands the report's metrics to the same function),
+    // and the bytes tests/core/test_report_format.cpp expects for these series.
+    QCOMPARE(exported, core::metricsCsv(w->runner()->report().value("metrics").toObject()));
+    QCOMPARE(exported, QByteArray("series,t,value\n"
+                                  "\"a,b\",0,125000\n"
+                                  "\"say \"\"hi\"\"\",1,0.3333333333333333\n"
+                                  "train.loss,0.25,2.1034\n"
+                                  "train.loss,0.5,0.30000000000000004\n"));
   }
 };
 

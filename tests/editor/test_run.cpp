@@ -184,12 +184,12 @@ class TestRun : public QObject {
     // Caught by validation or by the run: either way the node carries the error.
     if (w_->runGraph()) QTRY_VERIFY_WITH_TIMEOUT(!w_->runner()->isRunning(), 30000);
     editor::NodeItem* item = w_->scene()->nodeItem(add);
-    QString mismatch;
+    std::optional<core::IssueFix> fix;
     for (const QString& e : item->errors())
-      if (editor::GraphEditor::isDeviceMismatch(e)) mismatch = e;
-    QVERIFY2(!mismatch.isEmpty(), qPrintable(item->errors().join(" | ")));
+      if (!fix) fix = ed->fixFor(add, e);
+    QVERIFY2(fix, qPrintable(item->errors().join(" | ")));
     QString why;
-    QVERIFY2(ed->insertCopyNode(add, mismatch, &why), qPrintable(why));
+    QVERIFY2(ed->applyFix(*fix, &why), qPrintable(why));
     QVERIFY2(w_->runGraph(), qPrintable(w_->lastMessage()));
     QTRY_VERIFY_WITH_TIMEOUT(!w_->runner()->isRunning(), 30000);
     QCOMPARE(w_->runStateText(), QString("Done"));

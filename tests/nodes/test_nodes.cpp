@@ -114,7 +114,7 @@ class NodesTest : public QObject {
     QVERIFY(issues[0].fix.has_value());
     const IssueFix fix = *issues[0].fix;
     // b (x, on the CPU) goes onto a's device (y's, cpu:1), wired from the Device node that put y there.
-    QCOMPARE(fix.label, QString("Insert Copy to cpu:1"));
+    QCOMPARE(fix.label, QString("Insert Copy node: b to cpu:1"));
     QCOMPARE(fix.nodeType, QString("Copy"));
     QCOMPARE(fix.input, (Endpoint{"add", "b"}));
     QCOMPARE(fix.alsoWired.size(), 1);

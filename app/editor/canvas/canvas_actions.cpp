@@ -178,16 +178,15 @@ void CanvasActions::fillNodeMenu(QMenu& menu, NodeItem* n) {
   GraphScene* scene = view_->graphScene();
   GraphEditor* ed = scene->editor();
   if (!n->isSelected()) scene->selectNodes({n->id()});
-  for (const QString& err : n->errors())
-    if (GraphEditor::isDeviceMismatch(err)) {
-      const QString id = n->id();
-      menu.addAction("Insert Copy node", this, [this, ed, id, err] {
-        QString why;
-        if (!ed->insertCopyNode(id, err, &why)) emit message("Insert Copy node: " + why, true);
-      });
-      menu.addSeparator();
-      break;
-    }
+  // What the plugins offer to fix this node's problems, as they label it (an Insert Copy for operands on
+  // two devices, say): the canvas applies a fix without knowing what it does.
+  const QList<core::IssueFix> fixes = n->errors().isEmpty() ? QList<core::IssueFix>() : ed->fixesFor(n->id());
+  for (const core::IssueFix& fix : fixes)
+    menu.addAction(fix.label, this, [this, ed, fix] {
+      QString why;
+      if (!ed->applyFix(fix, &why)) emit message(fix.label + ": " + why, true);
+    });
+  if (!fixes.isEmpty()) menu.addSeparator();
   menu.addAction("Run to here", this, [this, scene] { emit runToHereRequested(scene->selectedNodeIds()); });
   menu.addAction(bypass_);
   menu.addAction(mute_);

@@ -235,11 +235,9 @@ QString NodeItem::tooltipAt(QPointF itemPos) const {
   if (status_ == RunStatus::Done) tip += ", " + style::formatMs(timeMs_);
   for (const QString& m : errs) tip += "<br><font color='#ff7b7b'>" + m.toHtmlEscaped() + "</font>";
   for (const QString& m : warns) tip += "<br><font color='#e6b43c'>" + m.toHtmlEscaped() + "</font>";
-  for (const QString& m : errs)
-    if (GraphEditor::isDeviceMismatch(m)) {
-      tip += "<br><i>Right-click: Insert Copy node</i>";
-      break;
-    }
+  if (!errs.isEmpty())
+    for (const core::IssueFix& fix : scene_->editor()->fixesFor(id_))
+      tip += "<br><i>Right-click: " + fix.label.toHtmlEscaped() + "</i>";
   return tip;
 }
 

@@ -77,7 +77,7 @@ class NodeItem : public QGraphicsItem {
   void setFacts(const QString& badge);
   const QString& factsText() const { return facts_; }
   QStringList factsLines() const;  // the badge as drawn, line by line
-  QStringList errors() const;      // validation and run errors, for tooltips and the Insert Copy offer
+  QStringList errors() const;      // validation and run errors, for tooltips and the fixes offered
   QStringList warnings() const;    // validation and run warnings
   bool hasWarnings() const { return !issueWarnings_.isEmpty() || !runWarning_.isEmpty(); }
   // The status badge's text ("12.3 ms", "running 40%", "bypassed"); empty when none is shown.

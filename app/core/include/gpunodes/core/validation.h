@@ -27,7 +27,7 @@ struct IssueFix {
     QString port;     // the new node's input
     Endpoint source;  // an output of a node already in the graph
   };
-  QString label;          // what the user picks, as a menu entry: "Insert Copy to cuda:0"
+  QString label;          // what the user picks, as a menu entry: "Insert Copy node: b to cuda:0"
   QString nodeType;       // the type of the node to insert: one that a loaded plugin provides
   QJsonObject params;     // the new node's params; the ones left out take their defaults
   Endpoint input;         // the input (node.port) whose wire the new node goes on; it must be wired
