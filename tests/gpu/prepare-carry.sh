@@ -85,7 +85,8 @@ log "build tree $BUILD: type '$BUILD_TYPE', CUDA archs '$ARCHS', editor ${GUI:-O
 wait_for_quiet
 ALL_TARGETS=$(ninja -C "$BUILD" -t targets all 2>/dev/null | sed -n 's/: phony$//p')
 have_target() { echo "$ALL_TARGETS" | grep -qx "$1"; }
-SUITES=(test_nn_cuda test_nn_layers test_nn_network test_nn_models test_nn_optim test_runtime test_engine test_predict)
+# The suites device-check.sh runs, from its own list (one list: CTest checks it against the CUDA tests).
+mapfile -t SUITES < <(bash "$ROOT/tests/gpu/device-check.sh" --list-suites)
 PROGRAMS=(cuda_kernels_check cuda_bench train_bench)
 TARGETS=(gn_runtime gn_core gpunodes_nodes)
 [ "$GUI" = OFF ] && TARGETS+=(gpunodes)

@@ -182,25 +182,6 @@ class EngineTest : public QObject {
     rt.engine().wait(a);
   }
 
-  void cancel_drops_queued_work_quickly() {
-    Runtime rt;
-    Tensor x = uniform(rt, {1500, 1500}, Device::cpu(), 1);
-    auto ys = matmul_repeat(x, x, 200);  // tens of seconds of work on a small CPU
-    std::this_thread::sleep_for(100ms);
-    auto t0 = std::chrono::steady_clock::now();
-    rt.engine().cancel();
-    QVERIFY_THROWS_EXCEPTION(CancelledError, rt.engine().wait_all());
-    auto waited = std::chrono::steady_clock::now() - t0;
-    QVERIFY2(waited < 1s, "cancel took longer than a second");
-    QVERIFY_THROWS_EXCEPTION(CancelledError, to_host(ys.back()));
-    ys.clear();
-    x = Tensor();
-    rt.engine().reset_cancel();
-    rt.engine().wait_all();
-    QCOMPARE(rt.memory_stats(Device::cpu()).allocated_bytes.current, int64_t(0));  // nothing leaked
-    QCOMPARE(item(sum(ones(rt, {4}, Device::cpu()))), 4.0f);                       // usable again
-  }
-
   void cancel_a_chain_of_200000_ops() {
     // Each op writes the one variable, so each waits for the one before: after the cancel they complete one
     // from the other without running. That cascade used to recurse once per op and overflow the stack

@@ -1,10 +1,9 @@
-// Runtime values against float64 references, copy semantics, errors and memory accounting (CPU devices).
+// Runtime values against float64 references, copy semantics, errors and the CPU allocator's own cache (CPU
+// devices). What every device must do alike (allocator statistics, lazy allocation, out-of-memory under a
+// limit, refusals at creation) is one body per check in test_device.cpp, run on the CPU and on cuda:0.
 #include <QtTest>
-#include <atomic>
-#include <chrono>
 #include <cmath>
 #include <random>
-#include <thread>
 
 #include "gpunodes/errors.h"
 #include "gpunodes/ops.h"
@@ -219,47 +218,6 @@ class RuntimeTest : public QObject {
                              matmul(ones(rt, {2, 2}, Device::cpu(0)), ones(rt, {2, 2}, Device::cpu(1))));
   }
 
-  void allocator_stats_track_peak() {
-    Runtime rt;
-    auto base = rt.memory_stats(Device::cpu());
-    {
-      Tensor a = zeros(rt, {1024}, Device::cpu());
-      Tensor b = zeros(rt, {2048}, Device::cpu());
-      rt.engine().wait_all();
-      auto s = rt.memory_stats(Device::cpu());
-      QCOMPARE(s.allocated_bytes.current - base.allocated_bytes.current, int64_t(3 * 4096));
-    }
-    { Tensor c = zeros(rt, {256}, Device::cpu()); }
-    rt.engine().wait_all();
-    auto s = rt.memory_stats(Device::cpu());
-    QCOMPARE(s.allocated_bytes.current, base.allocated_bytes.current);
-    QCOMPARE(s.allocated_bytes.peak - base.allocated_bytes.current, int64_t(3 * 4096));
-    QCOMPARE(s.allocated_bytes.allocated - base.allocated_bytes.allocated, int64_t(3 * 4096 + 1024));
-    QCOMPARE(s.allocated_bytes.freed - base.allocated_bytes.freed, int64_t(3 * 4096 + 1024));
-    QVERIFY(!rt.profiler().memory_samples().empty());
-  }
-
-  // Memory is taken when an op first writes a tensor, so running short is that op's error: it sticks to the
-  // tensor and comes back where the tensor is read, as any op's error does.
-  void out_of_memory_through_memory_limit() {
-    Runtime rt({.memory_limits = {{Device::cpu(), 1 << 20}}});
-    Tensor fits = zeros(rt, {128 * 1024}, Device::cpu());     // 512 KiB
-    Tensor too_big = zeros(rt, {256 * 1024}, Device::cpu());  // 1 MiB more: queued, fails when it runs
-    try {
-      (void)to_host(too_big);
-      QFAIL("expected OutOfMemoryError");
-    } catch (const OutOfMemoryError& e) {
-      QString msg = e.what();
-      QVERIFY2(
-          msg.contains("cpu") && msg.contains("1.00 MiB") && msg.contains("free") && msg.contains("cached"),
-          e.what());
-      QCOMPARE(e.requested, int64_t(1 << 20));
-    }
-    QCOMPARE(rt.memory_stats(Device::cpu()).num_ooms, int64_t(1));
-    QCOMPARE(to_host(fits).size(), size_t(128 * 1024));  // the runtime is still usable
-    QCOMPARE(rt.memory_stats(Device::cpu()).allocated_bytes.current, int64_t(512 * 1024));
-  }
-
   // Blocks of 64 KiB and more are kept when freed and handed out again for the same size; reserved_bytes
   // counts what is kept, and empty_cache() gives it back.
   void the_cpu_allocator_keeps_large_blocks_for_reuse() {
@@ -296,35 +254,6 @@ class RuntimeTest : public QObject {
     QVERIFY(a.stats().reserved_bytes.current <= limit);
     QCOMPARE(a.stats().reserved_bytes.current, int64_t((2 << 20) + 4096));
     a.deallocate(q);
-  }
-
-  // A size that could never fit is refused where the tensor is made, before anything is queued.
-  void a_tensor_larger_than_the_limit_is_refused_at_once() {
-    Runtime rt({.memory_limits = {{Device::cpu(), 1 << 20}}});
-    const size_t queued = rt.engine().pending();
-    QVERIFY_THROWS_EXCEPTION(OutOfMemoryError, zeros(rt, {512 * 1024}, Device::cpu()));
-    QCOMPARE(rt.engine().pending(), queued);
-    QCOMPARE(rt.memory_stats(Device::cpu()).num_allocs, int64_t(0));
-  }
-
-  // A tensor holds memory only from the moment its first op runs: ops queued behind a slow one hold none.
-  void memory_is_taken_when_the_op_runs_not_when_it_is_queued() {
-    Runtime rt;
-    std::atomic<bool> release{false};
-    Tensor gate = zeros(rt, {1}, Device::cpu());
-    rt.engine().wait_all();
-    const int64_t before = rt.memory_stats(Device::cpu()).allocated_bytes.current;
-    // Holds the compute stream until released.
-    rt.engine().push(
-        [&](OpContext&) {
-          while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        },
-        {}, {gate.var()}, Device::cpu(), StreamKind::Compute, {"hold", "", 0, 0});
-    Tensor queued = ones(rt, {1 << 20}, Device::cpu());  // 4 MiB, behind the held op
-    QCOMPARE(rt.memory_stats(Device::cpu()).allocated_bytes.current, before);
-    release = true;
-    QCOMPARE(to_host(queued)[12345], 1.0f);
-    QCOMPARE(rt.memory_stats(Device::cpu()).allocated_bytes.current - before, int64_t(4 << 20));
   }
 
   void overflowing_shape_is_refused_before_allocation() {
