@@ -329,7 +329,10 @@ phase() {
   local now
   now=$(date +%s)
   PHASE_END=$(( now + ${BUDGET[$1]:-$(( DEADLINE - now ))} ))
-  local latest=$(( DEADLINE - ${RESERVE[$1]:-10} ))
+  # Budgets and reserves are for the default 480 s; a shorter GN_DEADLINE_S (a dry run) shrinks them alike.
+  local scale=${GN_DEADLINE_S:-480}
+  PHASE_END=$(( now + ${BUDGET[$1]:-$(( DEADLINE - now ))} * scale / 480 ))
+  local latest=$(( DEADLINE - ${RESERVE[$1]:-10} * scale / 480 ))
   [ "$PHASE_END" -gt "$latest" ] && PHASE_END=$latest
   [ "$PHASE_END" -gt "$DEADLINE" ] && PHASE_END=$DEADLINE
   echo "-- step $1: until +$(( PHASE_END - T0 )) s of ${GN_DEADLINE_S:-480} s"
