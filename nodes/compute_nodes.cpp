@@ -154,7 +154,7 @@ class ElementwiseNode final : public GpuNode {
                     floatParam("scale", 1.0, "scale_shift: the factor."),
                     floatParam("shift", 0.0, "scale_shift: the offset."),
                 },
-        }) {}
+        }, Reuse::Pure) {}
 
   static bool isBinary(const QString& op) { return op == "add" || op == "sub" || op == "mul" || op == "div"; }
 

@@ -45,7 +45,7 @@ class DeviceNode final : public GpuNode {
                               "When the GPU does not exist: true uses try_gpu's CPU fallback with a warning; "
                               "false makes it an error."),
                 },
-        }) {}
+        }, Reuse::Pure) {}
 
   // What the device is, not only its name: a GPU that vanished (the node now falls back to a CPU device)
   // or a different card under the same index is a change for everything downstream.
@@ -99,7 +99,7 @@ class AllDevicesNode final : public GpuNode {
             .outputs = {outPort("devices", PortType::Devices, "The devices, GPUs first.")},
             .params = {intParam("count", 0, 0, 1024,
                                 "Use only the first `count` devices; 0 takes them all.")},
-        }) {}
+        }, Reuse::Pure) {}
 
   QByteArray cacheIdentity(const QJsonObject& p, core::RunSession* session) const override {
     Q_UNUSED(p);

@@ -64,7 +64,7 @@ class EvaluateNode final : public GpuNode {
                        intParam("mistakes_shown", 48, 0, 1000,
                                 "How many of the mistakes (the most confident first) the report carries with "
                                 "their images, for the Mistakes view; 0 for none.")},
-        }) {}
+        }, Reuse::Pure) {}
 
   // The split must exist in the dataset, and the model must take its images.
   Outputs check(NodeCheck& check) const override {

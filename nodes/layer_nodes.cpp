@@ -105,7 +105,7 @@ namespace {
 class LayerNodeType final : public GpuNode {
  public:
   LayerNodeType(LayerKind kind, const QString& description, QList<core::ParamSpec> params)
-      : GpuNode(specOf(kind, description, std::move(params))), kind_(kind) {}
+      : GpuNode(specOf(kind, description, std::move(params)), Reuse::Pure), kind_(kind) {}
 
   // A layer whose inputs are known gets its shape (drawn on the node), or the error that names the port and
   // both shapes.
@@ -216,7 +216,7 @@ class NetworkNode final : public GpuNode {
                     intParam("seed", 0, 0, 9007199254740991.0,
                              "Random seed: the same seed gives the same parameters on every device."),
                 },
-        }) {}
+        }, Reuse::Pure) {}
 
   QStringList validateParams(const QJsonObject& params) const override {
     const double std = params["init_std"].toDouble();

@@ -55,7 +55,7 @@ class ModelNode final : public GpuNode {
                     intParam("seed", 0, 0, 9007199254740991.0,
                              "Random seed: the same seed gives the same parameters on every device."),
                 },
-        }) {}
+        }, Reuse::Pure) {}
 
   QStringList validateParams(const QJsonObject& params) const override {
     QStringList problems;
@@ -120,7 +120,7 @@ class ForwardNode final : public GpuNode {
                               "Inputs: [N, in_channels] for linear, [N, C, H, W] images otherwise.")},
             .outputs = {outPort("out", PortType::Tensor, "The outputs [N, classes], on the model's device.")},
             .params = {},
-        }) {}
+        }, Reuse::Pure) {}
 
   // The tensors on the model's device, of a shape the model takes; out is [N, classes] (or the network's).
   Outputs check(NodeCheck& check) const override {
@@ -172,7 +172,7 @@ class ParametersNode final : public GpuNode {
                                 "One tensor per parameter or buffer, on the model's device (the model's own "
                                 "storage, not a copy).")},
             .params = {},
-        }) {}
+        }, Reuse::Pure) {}
 
   // Tensors on the model's device.
   Outputs check(NodeCheck& check) const override {
@@ -288,7 +288,7 @@ class LoadParamsNode final : public GpuNode {
                               false)},
             .outputs = {outPort("model", PortType::Model, "The model with the file's parameters.")},
             .params = {stringParam("path", "model.params", "The parameter file to read.")},
-        }) {}
+        }, Reuse::Pure) {}
 
   QStringList validateParams(const QJsonObject& params) const override {
     if (params["path"].toString().trimmed().isEmpty()) return {"path: give the file to read"};

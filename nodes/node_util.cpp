@@ -5,7 +5,6 @@
 #include <QDir>
 #include <QDirIterator>
 #include <QFileInfo>
-#include <QSet>
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -19,13 +18,8 @@ QString qs(const std::string& s) {
   return QString::fromStdString(s);
 }
 
-bool GpuNode::reusable(const QJsonObject& params) const {
-  Q_UNUSED(params);
-  // Outputs that follow from params and inputs alone. The others always run: MatMul and Copy, whose timing
-  // is the point, Synchronize and Inspect (a sync, values read back to show) and SaveParams (a file).
-  static const QSet<QString> kPure{"Device",     "AllDevices", "Tensor",  "Elementwise", "Model",  "Forward",
-                                   "Parameters", "LoadParams", "Dataset", "Evaluate",    "Network"};
-  return kPure.contains(spec_.name) || spec_.category == "Layers";
+bool GpuNode::reusable(const QJsonObject&) const {
+  return reuse_ == Reuse::Pure;
 }
 
 Outputs GpuNode::check(NodeCheck&) const {
@@ -143,9 +137,10 @@ core::ParamSpec enumParam(const QString& name, const QStringList& values, const 
 
 core::ParamSpec precisionParam(const QString& what) {
   return enumParam("precision", {"fp32", "tf32", "bf16", "fp16"}, "fp32",
-                   what + ": fp32 in full float32; tf32, bf16 or fp16 on CUDA tensor cores (inputs rounded to "
-                          "that format, float32 sums and results; much faster, fewer mantissa bits). A CPU "
-                          "computes fp32 only: choosing another there is an error.");
+                   what +
+                       ": fp32 in full float32; tf32, bf16 or fp16 on CUDA tensor cores (inputs rounded to "
+                       "that format, float32 sums and results; much faster, fewer mantissa bits). A CPU "
+                       "computes fp32 only: choosing another there is an error.");
 }
 
 core::ParamSpec stringParam(const QString& name, const QString& def, const QString& doc) {

@@ -33,10 +33,14 @@ core::ParamSpec precisionParam(const QString& what);
 
 class GpuNode : public core::NodeType {
  public:
-  explicit GpuNode(core::NodeTypeSpec spec) : spec_(std::move(spec)) {}
+  // Whether a node's outputs follow from its params and inputs alone, so a run cache may reuse them (Pure),
+  // or it must run every time (Always: a measurement such as MatMul or Copy, a sync, values read back, a
+  // file written).
+  enum class Reuse { Always, Pure };
+  explicit GpuNode(core::NodeTypeSpec spec, Reuse reuse = Reuse::Always)
+      : spec_(std::move(spec)), reuse_(reuse) {}
   const core::NodeTypeSpec& spec() const override { return spec_; }
-  // The pure producers say yes (the list is in node_util.cpp); node types whose answer depends on their
-  // params (Norm, Train) override it.
+  // What the constructor said; node types whose answer depends on their params (Norm, Train) override it.
   bool reusable(const QJsonObject& params) const override;
   // This node type's part of the checks before a run (GpuNodesPlugin::validateGraph, graph_checks.h):
   // what its outputs will be (devices, shapes, batch sizes, models, layers) from what `check` knows of its
@@ -52,6 +56,7 @@ class GpuNode : public core::NodeType {
 
  private:
   core::NodeTypeSpec spec_;
+  Reuse reuse_;
 };
 
 // --- params --------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ class TensorNode final : public GpuNode {
                     intParam("count", 1, 1, 100000,
                              "Tensors per device: the batch size. Each gets its own storage."),
                 },
-        }) {}
+        }, Reuse::Pure) {}
 
   QStringList validateParams(const QJsonObject& params) const override {
     QStringList problems;

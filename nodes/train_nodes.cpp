@@ -145,7 +145,7 @@ class DatasetNode final : public GpuNode {
                               "computed once over the training split as stored (reported as mean and std), "
                               "on training and test batches alike."),
                 },
-        }) {}
+        }, Reuse::Pure) {}
 
   QStringList validateParams(const QJsonObject& p) const override {
     QStringList problems;
