@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,8 @@
 #include "gpunodes/precision.h"
 
 namespace gn {
+
+struct Storage;  // tensor.h
 
 enum class BinaryOp { Add, Sub, Mul, Div };
 enum class UnaryOp { Exp, Relu, ScaleShift };  // ScaleShift: y = a*x + b
@@ -38,14 +41,26 @@ struct CopyEnd {
 
 // Work recorded once and replayed: a training step as a CUDA graph on a GPU (one launch instead of one per
 // kernel), or as its recorded op bodies on a CPU (one engine op instead of one per layer). A replay works on
-// the memory the captured step used: the caller keeps every tensor the step reads and writes alive, and
-// feeds a new step by writing its inputs into the same tensors.
+// the memory the captured step used, and a new step is fed by writing its inputs into the same tensors. A
+// CUDA graph holds only raw pointers, so the caller hands the work the storage of every tensor the step
+// reads and writes (hold()); an op that replays holds the work, and with it that memory, until it ran.
 class CapturedWork {
  public:
   virtual ~CapturedWork() = default;
   // Inside an op on the captured device's compute stream.
   virtual void replay(OpContext& ctx) = 0;
   virtual std::string describe() const = 0;  // "a CUDA graph of 412 nodes", "57 recorded ops"
+  // Keeps `storages` alive as long as this work: they are let go after a derived destructor has run, so a
+  // graph is destroyed before its memory goes back to the allocator. May be called more than once.
+  void hold(std::vector<std::shared_ptr<Storage>> storages) {
+    held_.insert(held_.end(), std::make_move_iterator(storages.begin()),
+                 std::make_move_iterator(storages.end()));
+  }
+  // How many storages hold() was given.
+  size_t held_count() const { return held_.size(); }
+
+ private:
+  std::vector<std::shared_ptr<Storage>> held_;
 };
 
 class Backend {

@@ -36,14 +36,28 @@ thread_local int t_pool_id = -1;
 }  // namespace
 
 CudaCachingAllocator::PoolScope::PoolScope(CudaCachingAllocator& allocator, int id)
-    : previous_allocator_(t_pool_allocator), previous_id_(t_pool_id) {
+    : allocator_(allocator), previous_allocator_(t_pool_allocator), previous_id_(t_pool_id) {
   t_pool_allocator = &allocator;
   t_pool_id = id;
+  allocator_.captures_underway_.fetch_add(1);
 }
 
 CudaCachingAllocator::PoolScope::~PoolScope() {
+  allocator_.captures_underway_.fetch_sub(1);
   t_pool_allocator = previous_allocator_;
   t_pool_id = previous_id_;
+}
+
+int64_t CudaCachingAllocator::capacity() const {
+  int64_t known = capacity_.load();
+  if (known >= 0) return known;
+  cudaDeviceProp prop{};
+  known = cudaGetDeviceProperties(&prop, device_.index) == cudaSuccess
+              ? static_cast<int64_t>(prop.totalGlobalMem)
+              : 0;
+  (void)cudaGetLastError();  // leave no error behind for the next launch check
+  capacity_.store(known);
+  return known;
 }
 
 int CudaCachingAllocator::open_pool() {
@@ -88,6 +102,8 @@ CudaCachingAllocator::~CudaCachingAllocator() {
 
 void* CudaCachingAllocator::allocate(size_t bytes, StreamKind stream) {
   if (bytes > std::numeric_limits<size_t>::max() / 2) throw_oom(static_cast<int64_t>(bytes), 0, 0);
+  // Larger than the card (or the limit): no cache release or cudaMalloc could help.
+  refuse_impossible(static_cast<int64_t>(bytes));
   const size_t size = block_size(bytes);
   const bool small = size <= kSmallSize;
   const int s = t_pool_allocator == this ? t_pool_id : static_cast<int>(stream);
@@ -99,8 +115,11 @@ void* CudaCachingAllocator::allocate(size_t bytes, StreamKind stream) {
     Block* block = take_free_block(size, s, small);
     if (!block) {
       block = new_segment(size, s, small);
-      if (!block) {
-        // Give the cache back (segments of other streams too) and try once more, as PyTorch does.
+      // Give the cache back (segments of other streams too) and try once more, as PyTorch does; but not while
+      // a graph is captured on this device: cudaFree synchronises the device, which fails (or invalidates)
+      // the capture, so a capture that runs short fails with this out-of-memory error instead (PyTorch's
+      // allocator skips the release under captures_underway too).
+      if (!block && captures_underway_.load() == 0) {
         release_cached();
         block = new_segment(size, s, small);
       }
@@ -159,6 +178,7 @@ void CudaCachingAllocator::deallocate(void* ptr) {
 
 void CudaCachingAllocator::empty_cache() {
   std::lock_guard lock(mutex_);
+  if (captures_underway_.load() > 0) return;  // see allocate(): no cudaFree during a capture
   release_cached();
 }
 

@@ -1,6 +1,7 @@
 // A caching allocator for one CUDA device, after PyTorch's CUDACachingAllocator but small: cudaMalloc and
 // cudaFree synchronize the device and cost far more than a kernel, so freed blocks are kept and reused.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -19,12 +20,15 @@ class CudaCachingAllocator final : public Allocator {
 
   void* allocate(size_t bytes, StreamKind stream) override;
   void deallocate(void* ptr) override;
+  // Gives wholly free segments back; does nothing while a graph is being captured on this device, since
+  // cudaFree synchronises the device, which a capturing stream forbids even in relaxed mode.
   void empty_cache() override;
 
   // A private pool for the memory of a CUDA graph being captured (backend.h's capture), as PyTorch's graph
   // pools: while a PoolScope lives, this thread's allocations come from pool `id` and its frees return there,
   // so that blocks the graph uses are never handed to work outside it. release_pool gives them back to the
-  // compute stream's cache once the graph is gone (blocks still held by tensors follow when freed).
+  // compute stream's cache once the graph is gone (blocks still held by tensors follow when freed). A live
+  // PoolScope also marks a capture as under way: no cudaFree runs on this device until it ends.
   int open_pool();
   void release_pool(int id);
   class PoolScope {
@@ -35,6 +39,7 @@ class CudaCachingAllocator final : public Allocator {
     PoolScope& operator=(const PoolScope&) = delete;
 
    private:
+    CudaCachingAllocator& allocator_;
     const CudaCachingAllocator* previous_allocator_;
     int previous_id_;
   };
@@ -44,6 +49,11 @@ class CudaCachingAllocator final : public Allocator {
   static constexpr size_t kSmallSegment = 2 << 20;      // small blocks are carved from segments this size
   static constexpr size_t kMinLargeSegment = 20 << 20;  // requests under 10 MiB share segments this size
   static constexpr size_t kLargeRound = 2 << 20;        // larger segments are rounded to this
+
+ protected:
+  // The device's whole memory (cudaGetDeviceProperties' totalGlobalMem), looked up once; 0 when CUDA cannot
+  // say, which turns the check off rather than refusing everything.
+  int64_t capacity() const override;
 
  private:
   // A block is a piece of a segment (one cudaMalloc). Neighbouring blocks of a segment are linked so that
@@ -76,10 +86,12 @@ class CudaCachingAllocator final : public Allocator {
 
   std::mutex mutex_;
   Pool small_pool_, large_pool_;
-  std::unordered_map<void*, Block*> live_;  // allocated blocks by pointer
-  size_t reserved_ = 0;                     // bytes held from cudaMalloc
-  size_t allocated_ = 0;                    // bytes in allocated blocks
-  int next_pool_ = 16;                      // pool ids, past every StreamKind
+  std::unordered_map<void*, Block*> live_;     // allocated blocks by pointer
+  size_t reserved_ = 0;                        // bytes held from cudaMalloc
+  size_t allocated_ = 0;                       // bytes in allocated blocks
+  int next_pool_ = 16;                         // pool ids, past every StreamKind
+  std::atomic<int> captures_underway_{0};      // live PoolScopes: no cudaFree while one lives
+  mutable std::atomic<int64_t> capacity_{-1};  // capacity() once known; -1 before
 };
 
 }  // namespace gn::cuda

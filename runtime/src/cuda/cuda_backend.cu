@@ -71,9 +71,11 @@ class OpStream {
 
 // --- kernels -----------------------------------------------------------------------------------------------
 
-// y[i] = f(i) for every i: one kernel template serves fill, random, arange and the elementwise ops.
+// y[i] = f(i) for every i: one kernel template serves fill, random, arange and the elementwise ops. y is not
+// __restrict__: f may read the output itself (add_into passes y as BinaryFn's a), and a restrict pointer whose
+// object is also accessed through another pointer is undefined behaviour.
 template <class F>
-__global__ void map_kernel(float* __restrict__ y, int64_t n, F f) {
+__global__ void map_kernel(float* y, int64_t n, F f) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     y[i] = f(i);
@@ -112,7 +114,7 @@ struct ArangeFn {
 struct BinaryFn {
   BinaryOp op;
   const float* a;  // may be the output (add_into): no __restrict__
-  const float* __restrict__ b;
+  const float* b;  // may be too (add_into(t, t)), so neither is
   __device__ float operator()(int64_t i) const {
     const float x = a[i], y = b[i];
     switch (op) {
@@ -452,7 +454,12 @@ class CudaBackend final : public Backend {
     int64_t chunk = g.m;
     if (row_flops * static_cast<double>(g.m) > 1.5 * kGemmChunkFlops)
       chunk = std::max<int64_t>(128, static_cast<int64_t>(kGemmChunkFlops / row_flops) / 128 * 128);
-    const bool chunked = chunk < g.m;
+    // Not while the stream is captured (a CUDA graph): cudaEventSynchronize on an event recorded in the
+    // capture is refused even in relaxed mode (cudaErrorCapturedEvent), and capturing runs nothing to cancel.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    GN_CUDA_CHECK(cudaStreamIsCapturing(s.get(), &capture));
+    const bool chunked = chunk < g.m && capture == cudaStreamCaptureStatusNone;
+    if (!chunked) chunk = g.m;
 
     int64_t i = 0;
     for (int64_t r0 = 0; r0 < g.m; r0 += chunk, ++i) {

@@ -26,6 +26,7 @@ ThreadResources::~ThreadResources() {
   // Errors are ignored: at process exit the CUDA runtime may already be unloading.
   for (auto& [index, r] : devices_) {
     if (cudaSetDevice(index) != cudaSuccess) continue;
+    if (r.cudnn) (void)cudnnDestroy(r.cudnn);
     if (r.cublas) (void)cublasDestroy(r.cublas);
     if (r.scratch) (void)cudaFree(r.scratch);
     for (cudaEvent_t e : r.done)
@@ -54,6 +55,12 @@ PerDeviceResources& ThreadResources::device(int index) {
     throw;
   }
   return devices_.emplace(index, r).first->second;
+}
+
+cudnnHandle_t ThreadResources::cudnn(int index) {
+  PerDeviceResources& r = device(index);
+  if (!r.cudnn) GN_CUDNN_CHECK(cudnnCreate(&r.cudnn));
+  return r.cudnn;
 }
 
 std::pair<void*, void*> ThreadResources::staging(size_t bytes) {
@@ -104,6 +111,7 @@ void CudaStreamWorker::anchor() {
 
 void CudaStreamWorker::on_thread_stop() {
   if (stream_) (void)cudaStreamSynchronize(stream_);
+  // Every cuBLAS and cuDNN handle of this thread goes before the stream they were set to.
   release_thread_resources();
   for (cudaEvent_t* e : {&ref_, &start_, &end_}) {
     if (*e) (void)cudaEventDestroy(*e);

@@ -2,6 +2,7 @@
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 
 #include <cstddef>
 #include <map>
@@ -27,10 +28,13 @@ class DeviceGuard {
 // Partial sums of a reduction: one per block of the first pass.
 constexpr int kReduceBlocks = 1024;
 
-// What one host thread keeps for one device. cuBLAS handles are not safe to share between threads that use
-// them at once, so each worker thread has its own; events must belong to the device of the stream they mark.
+// What one host thread keeps for one device. cuBLAS and cuDNN handles are not safe to share between threads
+// that use them at once, so each worker thread has its own; events must belong to the device of the stream
+// they mark. The backend's kernels and the nn layer's (cuda_nn_kernels.cu) share them, so that a worker
+// releases every handle in on_thread_stop(), while the stream the handles were last set to still exists.
 struct PerDeviceResources {
   cublasHandle_t cublas = nullptr;
+  cudnnHandle_t cudnn = nullptr;             // made on the first cuDNN call (cudnnCreate is slow)
   double* scratch = nullptr;                 // kReduceBlocks doubles
   cudaEvent_t done[2] = {nullptr, nullptr};  // double buffering: staging halves, gemm chunks
 };
@@ -46,6 +50,8 @@ class ThreadResources {
 
   // Created on first use; `index` must be the current device.
   PerDeviceResources& device(int index);
+  // device(index)'s cuDNN handle, created on first use; `index` must be the current device.
+  cudnnHandle_t cudnn(int index);
   // Two page-locked buffers of at least `bytes` each, kept and grown as needed. Portable, so any device's
   // stream may read and write them.
   std::pair<void*, void*> staging(size_t bytes);

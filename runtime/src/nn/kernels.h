@@ -40,6 +40,9 @@ struct BnShape {
   int64_t block = 1;
   // The epilogue fused into the layer: y = bn(x) + residual (when a residual is given), then ReLU.
   bool relu = false;
+  // The layer's epsilon (BatchNormOptions::eps): the forward takes it as an argument too; cuDNN's backward
+  // wants the same value again.
+  float eps = 1e-5f;
 };
 
 // The scalars of one optimizer update, computed on the host in double and rounded once, so that every device

@@ -98,6 +98,7 @@ BnShape bn_shape(const char* op, const Tensor& x, const BatchNormOptions& o) {
   BnShape s{sh[0], sh[1], sh.size() == 4 ? sh[2] * sh[3] : 1};
   s.block = layout_block(op, o.layout, x.device(), s.c);
   s.relu = o.relu;
+  s.eps = o.eps;
   return s;
 }
 

@@ -61,7 +61,8 @@ Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options
   ranks_ = std::make_unique<trainer_parts::RankAgreement>(world_, [this] { return abandon_collectives(); });
 }
 
-// Queued ops hold their tensors themselves, so nothing here needs to wait for them.
+// Queued ops hold their tensors themselves (a replay holds its captured work, which holds every storage the
+// step uses: CapturedWork::hold), so nothing here needs to wait for them.
 Trainer::~Trainer() {
   release_step_state();
 }

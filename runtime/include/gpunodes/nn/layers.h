@@ -87,9 +87,9 @@ struct BatchNormGrads {
   Tensor dx, dgamma, dbeta;
   Tensor dresidual;  // the residual's gradient, when asked for
 };
-// The training-mode gradient (the batch statistics depend on x). `options` are the forward's (layout and
-// relu; the rest is not used). With options.relu, y is the forward's output, which masks dy; need_dresidual
-// asks for the residual's gradient (dy, masked by the ReLU when there is one).
+// The training-mode gradient (the batch statistics depend on x). `options` are the forward's (layout, relu
+// and eps, which cuDNN takes again; the rest is not used). With options.relu, y is the forward's output,
+// which masks dy; need_dresidual asks for the residual's gradient (dy, masked by the ReLU when there is one).
 BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                                     const Tensor& save_mean, const Tensor& save_invstd,
                                     const BatchNormOptions& options = {}, const Tensor& y = Tensor(),

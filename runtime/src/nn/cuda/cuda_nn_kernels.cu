@@ -21,6 +21,7 @@
 
 #include "../../cuda/cuda_check.h"
 #include "../../cuda/cuda_math.h"
+#include "../../cuda/cuda_worker.h"
 #include "../kernels.h"
 #include "gpunodes/errors.h"
 #include "gpunodes/random.h"
@@ -45,41 +46,9 @@ int to_int(int64_t v, const char* what) {
 
 // --- per-thread handles ------------------------------------------------------------------------------------
 
-// cuDNN and cuBLAS handles must not be shared by threads that use them at once; each worker thread gets its
-// own per device, released when the thread exits.
-struct Handles {
-  cudnnHandle_t cudnn = nullptr;
-  cublasHandle_t cublas = nullptr;
-};
-
-class ThreadHandles {
- public:
-  ~ThreadHandles() {
-    // Never throws: it may run while the process exits and the driver unloads.
-    for (auto& [device, h] : handles_) {
-      if (cudaSetDevice(device) != cudaSuccess) continue;
-      if (h.cudnn) (void)cudnnDestroy(h.cudnn);
-      if (h.cublas) (void)cublasDestroy(h.cublas);
-    }
-    (void)cudaGetLastError();
-  }
-  Handles& get(int device) {
-    auto it = handles_.find(device);
-    if (it != handles_.end()) return it->second;
-    Handles h;
-    try {
-      GN_CUDNN_CHECK(cudnnCreate(&h.cudnn));
-      GN_CUBLAS_CHECK(cublasCreate(&h.cublas));
-    } catch (...) {
-      if (h.cudnn) (void)cudnnDestroy(h.cudnn);
-      throw;
-    }
-    return handles_.emplace(device, h).first->second;
-  }
-
- private:
-  std::map<int, Handles> handles_;
-};
+// cuDNN and cuBLAS handles must not be shared by threads that use them at once: each thread uses its own per
+// device, the backend's (cuda_worker.h's ThreadResources), which a worker releases before it destroys its
+// stream. A handle of the nn layer's own, released at thread exit, would outlive the stream it was set to.
 
 // The op's stream and device. Outside a CUDA worker (a program calling the kernels directly) it uses the
 // per-thread default stream and waits for it at the end.
@@ -96,10 +65,11 @@ class Stream {
       owned_ = true;
     }
     try {
-      thread_local ThreadHandles handles;
-      h_ = &handles.get(device_);
-      GN_CUDNN_CHECK(cudnnSetStream(h_->cudnn, stream_));
-      GN_CUBLAS_CHECK(cublasSetStream(h_->cublas, stream_));
+      cuda::ThreadResources& r = cuda::thread_resources();
+      cudnn_ = r.cudnn(device_);
+      cublas_ = r.device(device_).cublas;
+      GN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
+      GN_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     } catch (...) {
       // No destructor runs for a constructor that throws: put the thread's device back here.
       if (previous_ != device_) (void)cudaSetDevice(previous_);
@@ -113,8 +83,8 @@ class Stream {
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
   cudaStream_t get() const { return stream_; }
-  cudnnHandle_t cudnn() const { return h_->cudnn; }
-  cublasHandle_t cublas() const { return h_->cublas; }
+  cudnnHandle_t cudnn() const { return cudnn_; }
+  cublasHandle_t cublas() const { return cublas_; }
   int device() const { return device_; }
   void sync() { GN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
@@ -122,7 +92,8 @@ class Stream {
   int previous_ = 0, device_ = 0;
   cudaStream_t stream_ = nullptr;
   bool owned_ = false;
-  Handles* h_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
 };
 
 // Whether `stream` is being captured into a CUDA graph (backend.h's capture): then nothing may wait for it,
@@ -136,14 +107,24 @@ bool capturing(cudaStream_t stream) {
 // Workspace from the device's caching allocator, released after the stream has finished with it. While the
 // stream is captured it comes from the graph's private pool, to which it returns at once: later work of the
 // same graph may reuse it, in stream order, and nothing outside the graph can.
+//
+// The release outside a capture waits for the stream (a host round trip per workspace). Returning the block
+// without waiting would be safe only if every later user of a compute-pool block ran on this stream, but a
+// tensor's storage takes its pool from the tensor's stream kind, not from the stream of the op that first
+// touches it: a copy-stream op, or the host, may be handed the block while this stream still uses it.
 class Workspace {
  public:
   Workspace(Allocator& a, Stream& s, size_t bytes) : a_(a), s_(s), bytes_(bytes) {
     if (bytes_) ptr_ = a_.allocate(bytes_, StreamKind::Compute);
   }
+  // Never throws: it also runs while an op's error unwinds. After a kernel fault every call returns the
+  // fault (it is sticky), so the block is returned without waiting: the context runs nothing more, and the
+  // fault is the op's error where the worker waits for the op's end event (cuda_worker.cpp).
   ~Workspace() {
     if (!ptr_) return;
-    if (!capturing(s_.get())) (void)cudaStreamSynchronize(s_.get());
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s_.get(), &status) == cudaSuccess && status == cudaStreamCaptureStatusNone)
+      (void)cudaStreamSynchronize(s_.get());
     a_.deallocate(ptr_);
   }
   Workspace(const Workspace&) = delete;
@@ -254,6 +235,17 @@ struct ConvDesc {
   ConvDesc& operator=(const ConvDesc&) = delete;
 };
 
+// A failed cuDNN batch-norm call as the op's error, naming the configuration: the legacy batch-norm API may
+// have no kernel for some (NHWC descriptors among them), and "CUDNN_STATUS_NOT_SUPPORTED" alone does not say
+// which.
+void check_bn(cudnnStatus_t st, const char* call, const BnShape& sh, cudnnTensorFormat_t format) {
+  if (st == CUDNN_STATUS_SUCCESS) return;
+  throw BackendError(std::string(call) + " failed for batch norm n=" + std::to_string(sh.n) + " c=" +
+                     std::to_string(sh.c) + " hw=" + std::to_string(sh.hw) +
+                     (format == CUDNN_TENSOR_NHWC ? " NHWC" : " NCHW") + ": " + cudnnGetErrorString(st) +
+                     (st == CUDNN_STATUS_NOT_SUPPORTED ? " (cuDNN has no kernel for this configuration)" : ""));
+}
+
 struct PoolDesc {
   cudnnPoolingDescriptor_t d = nullptr;
   explicit PoolDesc(const PoolShape& s) {
@@ -359,12 +351,36 @@ size_t find_workspace_bytes(int algo_count, SizeOf size_of) {
   return std::min(most, kMaxFindWorkspace);
 }
 
+// The problem a key stands for, for messages: "n=8 c=3 h=32 w=32 k=16 r=3 s=3 stride=1 pad=1 groups=1 fp32
+// NHWC".
+std::string describe_key(const AlgoKey& key) {
+  const auto [device, pass, n, c, h, w, k, r, s, stride, pad, groups, precision, format] = key;
+  (void)device, (void)pass;
+  return "n=" + std::to_string(n) + " c=" + std::to_string(c) + " h=" + std::to_string(h) + " w=" +
+         std::to_string(w) + " k=" + std::to_string(k) + " r=" + std::to_string(r) + " s=" + std::to_string(s) +
+         " stride=" + std::to_string(stride) + " pad=" + std::to_string(pad) + " groups=" + std::to_string(groups) +
+         " " + precision_name(static_cast<Precision>(precision)) +
+         (format == CUDNN_TENSOR_NHWC ? " NHWC" : " NCHW");
+}
+
+// The fastest result that succeeded within the workspace. When none did, cuDNN has no kernel for this
+// configuration (NHWC float32 under FMA math, for one, may have none): the error names the configuration and
+// what cuDNN answered for each algorithm, so that it reads as "not supported here", not as a crash.
 template <class Perf>
-Algo pick(const Perf* results, int count, size_t workspace_limit, const char* what) {
+Algo pick(const Perf* results, int count, size_t workspace_limit, const char* what, const AlgoKey& key) {
   for (int i = 0; i < count; ++i)
     if (results[i].status == CUDNN_STATUS_SUCCESS && results[i].memory <= workspace_limit)
       return {static_cast<int>(results[i].algo), results[i].memory, results[i].mathType};
-  throw BackendError(std::string("cuDNN found no usable ") + what + " algorithm");
+  std::string answers;
+  for (int i = 0; i < count; ++i) {
+    answers += (i ? "; algorithm " : "algorithm ") + std::to_string(static_cast<int>(results[i].algo)) + ": ";
+    answers += results[i].status == CUDNN_STATUS_SUCCESS
+                   ? "needs " + std::to_string(results[i].memory) + " B of workspace, over " +
+                         std::to_string(workspace_limit)
+                   : std::string(cudnnGetErrorString(results[i].status));
+  }
+  throw BackendError(std::string("cuDNN has no usable ") + what + " algorithm for " + describe_key(key) + " (" +
+                     (count ? answers : std::string("Find returned no candidates")) + ")");
 }
 
 // Allocates a workspace for Find, halving on out-of-memory until it fits (or none at all).
@@ -394,7 +410,7 @@ Algo find_algo(const AlgoKey& key, int algo_count, KernelContext& kc, Stream& s,
   (void)cudaStreamSynchronize(s.get());
   if (ws) kc.allocator.deallocate(ws);
   GN_CUDNN_CHECK(st);
-  algo = pick(perf.data(), count, bytes, what);
+  algo = pick(perf.data(), count, bytes, what, key);
   store_algo(key, algo);
   return algo;
 }
@@ -999,13 +1015,14 @@ class CudaNnKernels final : public NnKernels {
     const double e = std::max<double>(eps, CUDNN_BN_MIN_EPSILON);
     // cuDNN updates the running variance with the unbiased batch variance, as PyTorch does.
     if (training)
-      GN_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-          s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x, xd.d, y, pd.d, gamma, beta, momentum,
-          running_mean, running_var, e, save_mean, save_invstd));
+      check_bn(cudnnBatchNormalizationForwardTraining(s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x,
+                                                      xd.d, y, pd.d, gamma, beta, momentum, running_mean,
+                                                      running_var, e, save_mean, save_invstd),
+               "cudnnBatchNormalizationForwardTraining", sh, format);
     else
-      GN_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero,
-                                                             xd.d, x, xd.d, y, pd.d, gamma, beta,
-                                                             running_mean, running_var, e));
+      check_bn(cudnnBatchNormalizationForwardInference(s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x,
+                                                       xd.d, y, pd.d, gamma, beta, running_mean, running_var, e),
+               "cudnnBatchNormalizationForwardInference", sh, format);
     // The fused epilogue, in place: y += residual, then ReLU. Both are elementwise on tensors of one layout,
     // so they run on the flat arrays.
     const int64_t n = sh.n * sh.c * sh.hw;
@@ -1034,10 +1051,12 @@ class CudaNnKernels final : public NnKernels {
       GN_CUDA_CHECK(cudaMemcpyAsync(dresidual, dy, static_cast<size_t>(n) * sizeof(float),
                                     cudaMemcpyDeviceToDevice, s.get()));
     }
-    // The saved mean and inverse deviation carry the forward's epsilon; cuDNN uses them as they are.
-    GN_CUDNN_CHECK(cudnnBatchNormalizationBackward(
-        s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d, x, xd.d, dy, xd.d, dx, pd.d,
-        gamma, dgamma, dbeta, std::max<double>(1e-5, CUDNN_BN_MIN_EPSILON), save_mean, save_invstd));
+    // cudnn_ops.h asks for the forward's epsilon here ("Same epsilon as forward pass"), clamped as forward's.
+    check_bn(cudnnBatchNormalizationBackward(s.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d,
+                                             x, xd.d, dy, xd.d, dx, pd.d, gamma, dgamma, dbeta,
+                                             std::max<double>(sh.eps, CUDNN_BN_MIN_EPSILON), save_mean,
+                                             save_invstd),
+             "cudnnBatchNormalizationBackward", sh, format);
   }
 
   void activation_forward(Activation kind, const float* x, float* y, int64_t n, KernelContext& kc) override {

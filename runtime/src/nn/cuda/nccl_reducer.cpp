@@ -12,9 +12,12 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 
 #include "../../cuda/cuda_check.h"
+#include "../../cuda/cuda_worker.h"
 #include "../cuda_support.h"
 #include "gpunodes/errors.h"
 
@@ -82,6 +85,32 @@ struct NcclComms {
   NcclComms(const NcclComms&) = delete;
   NcclComms& operator=(const NcclComms&) = delete;
 
+  // After an error inside a collective NCCL's state is unknown (a peer may wait in it forever), so every
+  // communicator is aborted (ncclCommAbort frees it, as ncclCommDestroy would, and stops its kernels) and
+  // the reducer stays unusable: each later call fails with the first error instead of handing NCCL a dead
+  // communicator. Never throws.
+  void abort(const std::string& why) noexcept {
+    std::lock_guard lock(mutex);
+    if (!aborted.empty()) return;
+    try {
+      aborted = why.empty() ? std::string("an unknown error") : why;
+    } catch (...) {
+    }
+    for (ncclComm_t& c : comms) {
+      if (c) (void)ncclCommAbort(c);
+      c = nullptr;
+    }
+    (void)cudaGetLastError();
+  }
+  // Throws CommError when abort() ran.
+  void check_usable() {
+    std::lock_guard lock(mutex);
+    if (!aborted.empty()) throw dist::CommError("NCCL communicator aborted after: " + aborted);
+  }
+
+  std::mutex mutex;
+  std::string aborted;  // the first error, once abort() ran
+
   void release() noexcept {
     // Never throws: destruction may happen on a worker thread at shutdown.
     for (size_t i = 0; i < streams.size(); ++i) {
@@ -124,47 +153,61 @@ class NcclReducer final : public GradientReducer {
     auto comms = comms_;
     rt_.engine().push(
         [comms, grads](OpContext& ctx) {
+          comms->check_usable();
           ctx.check_cancelled();
-          int previous = 0;
-          GN_CUDA_CHECK(cudaGetDevice(&previous));
-          GN_NCCL_CHECK(ncclGroupStart());
-          ncclResult_t rc = ncclSuccess;
-          for (size_t r = 0; r < grads.size() && rc == ncclSuccess; ++r)
-            for (const Tensor& g : grads[r]) {
-              rc = ncclAllReduce(g.data(), g.data(), static_cast<size_t>(g.numel()), ncclFloat, ncclSum,
-                                 comms->comms[r], comms->streams[r]);
-              if (rc != ncclSuccess) break;
-            }
-          // The group must be closed whatever happened inside it.
-          const ncclResult_t end = ncclGroupEnd();
-          GN_NCCL_CHECK(rc);
-          GN_NCCL_CHECK(end);
-          // Polled, not cudaStreamSynchronize: a peer rank that died leaves NCCL waiting forever, which only
-          // ncclCommGetAsyncError sees; the communicators are then aborted and the step fails, never hangs.
-          for (size_t r = 0; r < grads.size(); ++r) {
-            GN_CUDA_CHECK(cudaSetDevice(comms->devices[r]));
-            while (true) {
-              const cudaError_t q = cudaStreamQuery(comms->streams[r]);
-              if (q == cudaSuccess) break;
-              if (q != cudaErrorNotReady) GN_CUDA_CHECK(q);
-              ncclResult_t async = ncclSuccess;
-              GN_NCCL_CHECK(ncclCommGetAsyncError(comms->comms[r], &async));
-              if (async != ncclSuccess || ctx.cancelled()) {
-                for (ncclComm_t c : comms->comms) (void)ncclCommAbort(c);
-                comms->comms.assign(comms->comms.size(), nullptr);
-                if (async == ncclSuccess) ctx.check_cancelled();
-                throw dist::CommError(std::string("all-reduce (nccl): ") + ncclGetErrorString(async) +
-                                      " (a rank was lost or failed)");
-              }
-              std::this_thread::yield();
-            }
+          try {
+            run(*comms, grads, ctx);
+          } catch (const CancelledError&) {
+            comms->abort("a cancel during an all-reduce");
+            throw;
+          } catch (const std::exception& e) {
+            comms->abort(e.what());
+            throw;
+          } catch (...) {
+            comms->abort({});
+            throw;
           }
-          GN_CUDA_CHECK(cudaSetDevice(previous));
         },
         vars, writes, devices_[0], StreamKind::Collective, {"all-reduce (nccl)", "", bytes, 0});
   }
 
  private:
+  // One all-reduce of every device's gradients, waited for. Throws on any failure; the caller aborts.
+  static void run(NcclComms& comms, const std::vector<std::vector<Tensor>>& grads, OpContext& ctx) {
+    // The loop below moves this thread across the devices; the collective worker must get its own back on
+    // every path, errors included.
+    cuda::DeviceGuard restore(comms.devices.front());
+    GN_NCCL_CHECK(ncclGroupStart());
+    ncclResult_t rc = ncclSuccess;
+    for (size_t r = 0; r < grads.size() && rc == ncclSuccess; ++r)
+      for (const Tensor& g : grads[r]) {
+        rc = ncclAllReduce(g.data(), g.data(), static_cast<size_t>(g.numel()), ncclFloat, ncclSum,
+                           comms.comms[r], comms.streams[r]);
+        if (rc != ncclSuccess) break;
+      }
+    // The group must be closed whatever happened inside it.
+    const ncclResult_t end = ncclGroupEnd();
+    GN_NCCL_CHECK(rc);
+    GN_NCCL_CHECK(end);
+    // Polled, not cudaStreamSynchronize: a peer rank that died leaves NCCL waiting forever, which only
+    // ncclCommGetAsyncError sees; the communicators are then aborted and the step fails, never hangs.
+    for (size_t r = 0; r < grads.size(); ++r) {
+      GN_CUDA_CHECK(cudaSetDevice(comms.devices[r]));
+      while (true) {
+        const cudaError_t q = cudaStreamQuery(comms.streams[r]);
+        if (q == cudaSuccess) break;
+        if (q != cudaErrorNotReady) GN_CUDA_CHECK(q);
+        ncclResult_t async = ncclSuccess;
+        GN_NCCL_CHECK(ncclCommGetAsyncError(comms.comms[r], &async));
+        if (async != ncclSuccess)
+          throw dist::CommError(std::string("all-reduce (nccl): ") + ncclGetErrorString(async) +
+                                " (a rank was lost or failed)");
+        ctx.check_cancelled();
+        std::this_thread::yield();
+      }
+    }
+  }
+
   Runtime& rt_;
   std::vector<Device> devices_;
   std::shared_ptr<NcclComms> comms_;

@@ -133,6 +133,18 @@ bool StepCapturer::capture(const HostBatchPtr& batch, Model& model, const Tensor
       if (x->defined()) c->writes.push_back(x->var());
   for (const Tensor& g : grads) c->writes.push_back(g.var());
   c->writes.push_back(totals.var());
+  // Every replay op holds the work and, through it, all the memory the step reads and writes: a trainer that
+  // goes away with replays queued must not return that memory while a replay (a CUDA graph's raw pointers)
+  // may still use it. The CPU's recorded op bodies hold their tensors too; this is the same guarantee.
+  std::vector<std::shared_ptr<Storage>> held{c->inputs.images.storage(), c->inputs.labels.storage(),
+                                             c->scalars.storage(), totals.storage()};
+  for (Parameter* p : model.state()) held.push_back(p->value.storage());
+  for (const OptimizerState& st : optimizer_state)
+    for (const Tensor* x : {&st.a, &st.b})
+      if (x->defined()) held.push_back(x->storage());
+  for (const Tensor& g : grads)
+    if (g.defined()) held.push_back(g.storage());
+  c->work->hold(std::move(held));
   captured_ = std::move(c);
   ++replayed_steps_;
   return true;
