@@ -522,17 +522,22 @@ int commandRun(const QStringList& args) {
     if (!problem.isEmpty()) return usageError(problem);
   }
   if (parser.isSet(resume)) {
-    // After --set, so that a checkpoint_dir given there is the one resumed from. Train nodes inside
-    // subgraphs too: the flattened graph names each by its path.
+    // After --set, so that a checkpoint_dir given there is the one resumed from. Every node whose type has
+    // a "resume" param that can be "auto" (the GPU node set's Train), inside subgraphs too: the flattened
+    // graph names each by its path.
     GraphDocument flat;
     subgraph::flatten(doc, flat);
-    int trains = 0;
-    for (const GraphNode& n : flat.nodes())
-      if (n.type == QLatin1String("Train")) {
-        subgraph::setParamAt(doc, n.id, "resume", QStringLiteral("auto"));
-        ++trains;
-      }
-    if (trains == 0) err(QStringLiteral("warning: --resume: %1 has no Train node to resume\n").arg(file));
+    int resumable = 0;
+    for (const GraphNode& n : flat.nodes()) {
+      const NodeTypePtr type = registry.find(n.type);
+      const ParamSpec* p = type ? type->spec().param(QStringLiteral("resume")) : nullptr;
+      if (!p || !p->enumValues.contains(QStringLiteral("auto"))) continue;
+      subgraph::setParamAt(doc, n.id, "resume", QStringLiteral("auto"));
+      ++resumable;
+    }
+    if (resumable == 0)
+      err(QStringLiteral("warning: --resume: %1 has nothing to resume (no node has a resume param)\n")
+              .arg(file));
   }
   QJsonObject settingsJson = doc.settings();
   if (parser.isSet(schedule)) settingsJson.insert("schedule", parser.value(schedule));
