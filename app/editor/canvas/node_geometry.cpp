@@ -27,13 +27,14 @@ QString clippedText(const QString& text, qsizetype max) {
   return text.size() <= max ? text : text.left(max) + QChar(0x2026);
 }
 
-QStaticText staticText(const QString& text, const QFont& font) {
+QStaticText staticText(const QString& text) {
   QStaticText t(text);
   t.setTextFormat(Qt::PlainText);
   t.setPerformanceHint(QStaticText::AggressiveCaching);
-  // Laid out in the font it is drawn in: unprepared, size() measures it in the default font, and a bold
-  // title measured that way is narrower than drawn, so the id placed after it ran into it.
-  t.prepare(QTransform(), font);
+  // Not prepared here: it is laid out in the painter's font when first drawn, so a graph of thousands of
+  // nodes shapes text only for the nodes on screen. Widths come from the fonts' metrics instead of size(),
+  // which before a paint measures in the default font: a bold title measured so was narrower than drawn,
+  // and the id placed after it ran into it.
   return t;
 }
 
@@ -47,21 +48,23 @@ void NodeGeometry::layout(const NodeContent& c, const QString& badge) {
   collapsed_ = c.collapsed;
   inputs_ = int(c.ports.inputs.size());
   outputs_ = int(c.ports.outputs.size());
-  fullTitle_ = staticText(c.typeName, f.title);
-  idText_ = staticText(c.id, f.small);
+  fullTitle_ = staticText(c.typeName);
+  idText_ = staticText(c.id);
   inLabels_.clear();
   outLabels_.clear();
   qreal maxIn = 0, maxOut = 0;
   for (const core::PortSpec& p : c.ports.inputs) {
-    inLabels_ << staticText(p.name, f.body);
+    inLabels_ << staticText(p.name);
     maxIn = qMax(maxIn, f.bodyMetrics.horizontalAdvance(p.name));
   }
   for (const core::PortSpec& p : c.ports.outputs) {
-    outLabels_ << staticText(p.name, f.body);
+    outLabels_ << staticText(p.name);
     maxOut = qMax(maxOut, f.bodyMetrics.horizontalAdvance(p.name));
   }
   const qreal typeW = f.titleMetrics.horizontalAdvance(c.typeName),
               idW = f.smallMetrics.horizontalAdvance(c.id);
+  fullTitleWidth_ = typeW;
+  idWidth_ = idW;
   // Room for the type and the id; and for the id, a few letters of the type and a status badge ("12.3 ms")
   // side by side. While a run shows one, the type is shortened rather than every node widened for it:
   // graphs are laid out for nodes of about this width (the layer examples place them 200 apart).
@@ -83,7 +86,7 @@ void NodeGeometry::layout(const NodeContent& c, const QString& badge) {
         wrapped << part;
     }
     for (const QString& l : wrapped)
-      factLines_ << staticText(f.bodyMetrics.elidedText(l, Qt::ElideRight, room), f.body);
+      factLines_ << staticText(f.bodyMetrics.elidedText(l, Qt::ElideRight, room));
   }
 
   // Three lines of text under the ports, facts first: a node keeps the height the graph was laid out for,
@@ -91,7 +94,7 @@ void NodeGeometry::layout(const NodeContent& c, const QString& badge) {
   const qsizetype maxParams = qMax<qsizetype>(1, 3 - factLines_.size());
   summary_.clear();
   for (const QString& l : c.summaryLines.mid(0, maxParams))
-    summary_ << staticText(f.smallMetrics.elidedText(clippedText(l), Qt::ElideRight, w - 16), f.small);
+    summary_ << staticText(f.smallMetrics.elidedText(clippedText(l), Qt::ElideRight, w - 16));
 
   qreal h = kNodePortTop + portRows() * kNodePortRow + summary_.size() * kNodeSummaryRow + 10;
   if (!factLines_.isEmpty()) h += factLines_.size() * kNodeFactRow + 6;
@@ -101,8 +104,7 @@ void NodeGeometry::layout(const NodeContent& c, const QString& badge) {
   if (previewHeight_ > 0) h += previewHeight_ + 6;
   hasError_ = !c.firstError.isEmpty();
   if (hasError_) {
-    errorLine_ =
-        staticText(f.smallMetrics.elidedText(clippedText(c.firstError), Qt::ElideRight, w - 12), f.small);
+    errorLine_ = staticText(f.smallMetrics.elidedText(clippedText(c.firstError), Qt::ElideRight, w - 12));
     h += kNodeErrorStrip;
   }
   if (collapsed_) h = kNodeHeader;
@@ -130,23 +132,26 @@ void NodeGeometry::layoutHeader(const QString& badge) {
   const qreal titleX = collapseToggleRect().right() + 2;
   const qreal badgeWidth = badge.isEmpty() ? 0 : f.smallMetrics.horizontalAdvance(badge) + 12;
   const qreal badgeLeft = body_.width() - badgeWidth - 6;
-  const qreal idW = idText_.size().width();
+  const qreal idW = idWidth_;
   // Beside a status badge, the type gives way before the id does. The shortened type is kept until the room
   // changes, so a progress tick does not shape text.
-  shortened_ = !badge.isEmpty() && titleX + 6 + fullTitle_.size().width() + idW > badgeLeft - 4;
+  shortened_ = !badge.isEmpty() && titleX + 6 + fullTitleWidth_ + idW > badgeLeft - 4;
   if (shortened_) {
     const qreal room = qMax<qreal>(0, badgeLeft - 4 - idW - titleX - 6);
     if (room != shortTitleRoom_) {
       shortTitleRoom_ = room;
-      shortTitle_ = staticText(f.titleMetrics.elidedText(typeName_, Qt::ElideRight, room), f.title);
+      const QString elided = f.titleMetrics.elidedText(typeName_, Qt::ElideRight, room);
+      shortTitle_ = staticText(elided);
+      shortTitleWidth_ = f.titleMetrics.horizontalAdvance(elided);
     }
   }
   const QStaticText& shown = title();
-  titleRect_ = shown.text().isEmpty()
-                   ? QRectF()
-                   : QRectF(QPointF(titleX, (kNodeHeader - f.titleMetrics.height()) / 2), shown.size());
-  const qreal idX = titleX + 6 + (shown.text().isEmpty() ? -6 : shown.size().width());
-  idRect_ = QRectF(QPointF(idX, (kNodeHeader - f.smallMetrics.height()) / 2 + 1), idText_.size());
+  const qreal shownWidth = shortened_ ? shortTitleWidth_ : fullTitleWidth_;
+  titleRect_ = shown.text().isEmpty() ? QRectF()
+                                      : QRectF(titleX, (kNodeHeader - f.titleMetrics.height()) / 2,
+                                               shownWidth, f.titleMetrics.height());
+  const qreal idX = titleX + 6 + (shown.text().isEmpty() ? -6 : shownWidth);
+  idRect_ = QRectF(idX, (kNodeHeader - f.smallMetrics.height()) / 2 + 1, idW, f.smallMetrics.height());
   badgeRect_ = badge.isEmpty() ? QRectF() : QRectF(badgeLeft, 5, badgeWidth, kNodeHeader - 10);
   headerTextClip_ =
       !badge.isEmpty() && idX + idW > badgeLeft - 4 ? QRectF(0, 0, badgeLeft - 4, kNodeHeader) : QRectF();

@@ -34,8 +34,9 @@ const CanvasFonts& canvasFonts();
 // `text` cut to `max` characters with an ellipsis: a hostile file's 10 MB param or type name would otherwise
 // be shaped whole on every layout, which takes seconds.
 QString clippedText(const QString& text, qsizetype max = 160);
-// Pre-laid-out plain text in `font`, measured (size()) as it will be drawn in that font.
-QStaticText staticText(const QString& text, const QFont& font);
+// Plain text cached for drawing, laid out in the painter's font when first drawn; measure it with the
+// font's metrics, not size().
+QStaticText staticText(const QString& text);
 
 // What a node shows, as the layout needs it.
 struct NodeContent {
@@ -99,8 +100,9 @@ class NodeGeometry {
   int portRows() const;
   QString typeName_;
   QStaticText fullTitle_, shortTitle_, idText_, errorLine_;
-  bool shortened_ = false;     // the title shows shortTitle_
-  qreal shortTitleRoom_ = -1;  // the width shortTitle_ was made for
+  bool shortened_ = false;                                        // the title shows shortTitle_
+  qreal shortTitleRoom_ = -1;                                     // the width shortTitle_ was made for
+  qreal fullTitleWidth_ = 0, shortTitleWidth_ = 0, idWidth_ = 0;  // as drawn, from the fonts' metrics
   QList<QStaticText> inLabels_, outLabels_, summary_, factLines_;
   int inputs_ = 0, outputs_ = 0;
   bool collapsed_ = false, hasError_ = false;
