@@ -202,6 +202,17 @@ void NodeCheck::checkPrecision(const std::vector<Device>& devices, const QString
     }
 }
 
+Known NodeCheck::modelDevice(const QString& port) const {
+  Known m;
+  const std::optional<Known> dev = input(port);
+  if (!dev)
+    m.devices = {Device::cpu()};
+  else if (dev->isDevices && !dev->devices.empty())
+    m.devices = {dev->devices.front()};
+  if (dev && dev->devices.size() == 1) m.deviceOutput = dev->deviceOutput;
+  return m;
+}
+
 void NodeCheck::checkImages(const Known& model, const Known& data) {
   if (!model.model || !data.channels || !data.side) return;
   const QString why = imageMismatch(*model.model, *data.channels, *data.side);

@@ -109,6 +109,9 @@ class NodeCheck {
   void checkPrecision(const std::vector<Device>& devices, const QString& where);
   // A model that cannot take the dataset's images, reported on the data input.
   void checkImages(const Known& model, const Known& data);
+  // Where a model built by this node lives: the one device wired into `port` (the first of a list), the CPU
+  // when the port is open, unknown otherwise; with the Device output that put it there, for fixes.
+  Known modelDevice(const QString& port) const;
 
  private:
   const GraphWalk& walk_;

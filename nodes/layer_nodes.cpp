@@ -190,33 +190,40 @@ QList<core::ParamSpec> batchNormParams() {
 class NetworkNode final : public GpuNode {
  public:
   NetworkNode()
-      : GpuNode({
-            .name = "Network",
-            .category = "Layers",
-            .description =
-                "A model built from the layer nodes drawn upstream of its out input: exactly one Input, any "
-                "branches (Add, Concat) between. Train, Evaluate, Forward, Parameters, SaveParams and "
-                "LoadParams take it like a Model. Weights are drawn in the order a depth-first walk from out "
-                "reaches the layers (inputs in port order), so a drawn LeNet or ResNet-18 starts from the "
-                "same "
-                "weights as the Model node's with the same seed and init. Parameters are named "
-                "<layer id>.weight, <layer id>.bias, <layer id>.running_mean, ...",
-            .inputs = {inPort("out", PortType::Layer, "The network's last activation: its output."),
-                       inPort("device", PortType::Devices,
-                              "Where the parameters live: a Device, or Devices whose first device holds the "
-                              "model (Train replicates it onto the others). Open: the CPU.",
-                              false)},
-            .outputs = {outPort("model", PortType::Model, "The initialised model.")},
-            .params =
-                {
-                    enumParam("init", {"normal", "xavier", "kaiming"}, "normal",
-                              "Weights: normal(0, init_std); xavier (Glorot uniform); kaiming (He normal). "
-                              "Biases start at 0, BatchNorm at weight 1 and bias 0."),
-                    floatParam("init_std", 0.01, "normal: the standard deviation (above 0)."),
-                    intParam("seed", 0, 0, 9007199254740991.0,
-                             "Random seed: the same seed gives the same parameters on every device."),
-                },
-        }, Reuse::Pure) {}
+      : GpuNode(
+            {
+                .name = "Network",
+                .category = "Layers",
+                .description =
+                    "A model built from the layer nodes drawn upstream of its out input: exactly one Input, "
+                    "any "
+                    "branches (Add, Concat) between. Train, Evaluate, Forward, Parameters, SaveParams and "
+                    "LoadParams take it like a Model. Weights are drawn in the order a depth-first walk from "
+                    "out "
+                    "reaches the layers (inputs in port order), so a drawn LeNet or ResNet-18 starts from "
+                    "the "
+                    "same "
+                    "weights as the Model node's with the same seed and init. Parameters are named "
+                    "<layer id>.weight, <layer id>.bias, <layer id>.running_mean, ...",
+                .inputs = {inPort("out", PortType::Layer, "The network's last activation: its output."),
+                           inPort(
+                               "device", PortType::Devices,
+                               "Where the parameters live: a Device, or Devices whose first device holds the "
+                               "model (Train replicates it onto the others). Open: the CPU.",
+                               false)},
+                .outputs = {outPort("model", PortType::Model, "The initialised model.")},
+                .params =
+                    {
+                        enumParam(
+                            "init", {"normal", "xavier", "kaiming"}, "normal",
+                            "Weights: normal(0, init_std); xavier (Glorot uniform); kaiming (He normal). "
+                            "Biases start at 0, BatchNorm at weight 1 and bias 0."),
+                        floatParam("init_std", 0.01, "normal: the standard deviation (above 0)."),
+                        intParam("seed", 0, 0, 9007199254740991.0,
+                                 "Random seed: the same seed gives the same parameters on every device."),
+                    },
+            },
+            Reuse::Pure) {}
 
   QStringList validateParams(const QJsonObject& params) const override {
     const double std = params["init_std"].toDouble();
@@ -228,13 +235,7 @@ class NetworkNode final : public GpuNode {
   // The model of the layers upstream of out, on the device wired in (the CPU when open), with its totals and
   // layer table drawn on the node; its parameters and buffers must fit there.
   Outputs check(NodeCheck& check) const override {
-    Known m;
-    const std::optional<Known> dev = check.input("device");
-    if (!dev)
-      m.devices = {Device::cpu()};
-    else if (dev->isDevices && !dev->devices.empty())
-      m.devices = {dev->devices.front()};
-    if (dev && dev->devices.size() == 1) m.deviceOutput = dev->deviceOutput;
+    Known m = check.modelDevice("device");
     const Known out = check.inputOrUnknown("out");
     if (!out.layer) return {{"model", m}};
     try {

@@ -19,43 +19,52 @@ using core::PortType;
 class ModelNode final : public GpuNode {
  public:
   ModelNode()
-      : GpuNode({
-            .name = "Model",
-            .category = "Models",
-            .description =
-                "A network whose parameters are created on a device and stay there (the seed's "
-                "net.to(device=try_gpu())). linear is the seed's nn.Linear(in_channels, classes); mlp "
-                "Flatten-784-256-ReLU-classes; lenet d2l's LeNet (sigmoid, average pooling); resnet18 the "
-                "d2l ResNet-18 of the concise multi-GPU chapter (3x3 stem, no max-pool). The report lists "
-                "every parameter's name, shape and device. This is the quick way to the seed's models; to "
-                "draw "
-                "a network of your own, wire nodes of the Layers category into a Network node "
-                "(lenet-layers.json and resnet18-layers.json draw these two).",
-            .inputs = {inPort("device", PortType::Devices,
-                              "Where the parameters live: a Device, or Devices (try_all_gpus), whose first "
-                              "device holds the model; Train replicates it onto the others. Open: the CPU.",
-                              false)},
-            .outputs = {outPort("model", PortType::Model, "The initialised model.")},
-            .params =
-                {
-                    enumParam("arch", {"linear", "mlp", "lenet", "resnet18"}, "mlp",
-                              "linear: one Linear(in_channels, classes) layer on [N, in_channels] tensors. "
-                              "mlp, lenet, resnet18: image classifiers."),
-                    intParam("classes", 10, 1, 100000, "Outputs: classes (linear: out_features)."),
-                    intParam("in_channels", 1, 1, 100000,
-                             "Image channels (1 for Fashion-MNIST); linear: in_features."),
-                    intParam("image_size", 28, 1, 4096,
-                             "The square image side the mlp and lenet are built for (28, or the Dataset's "
-                             "resize). resnet18 takes any size; linear ignores it."),
-                    enumParam(
-                        "init", {"normal", "xavier", "kaiming"}, "normal",
-                        "Weights: normal(0, init_std) as the seed's nn.init.normal_(std=0.01); xavier "
-                        "(Glorot uniform); kaiming (He normal). Biases start at 0, BatchNorm at 1 and 0."),
-                    floatParam("init_std", 0.01, "normal: the standard deviation (above 0)."),
-                    intParam("seed", 0, 0, 9007199254740991.0,
-                             "Random seed: the same seed gives the same parameters on every device."),
-                },
-        }, Reuse::Pure) {}
+      : GpuNode(
+            {
+                .name = "Model",
+                .category = "Models",
+                .description =
+                    "A network whose parameters are created on a device and stay there (the seed's "
+                    "net.to(device=try_gpu())). linear is the seed's nn.Linear(in_channels, classes); mlp "
+                    "Flatten-784-256-ReLU-classes; lenet d2l's LeNet (sigmoid, average pooling); resnet18 "
+                    "the "
+                    "d2l ResNet-18 of the concise multi-GPU chapter (3x3 stem, no max-pool). The report "
+                    "lists "
+                    "every parameter's name, shape and device. This is the quick way to the seed's models; "
+                    "to "
+                    "draw "
+                    "a network of your own, wire nodes of the Layers category into a Network node "
+                    "(lenet-layers.json and resnet18-layers.json draw these two).",
+                .inputs = {inPort(
+                    "device", PortType::Devices,
+                    "Where the parameters live: a Device, or Devices (try_all_gpus), whose first "
+                    "device holds the model; Train replicates it onto the others. Open: the CPU.",
+                    false)},
+                .outputs = {outPort("model", PortType::Model, "The initialised model.")},
+                .params =
+                    {
+                        enumParam(
+                            "arch", {"linear", "mlp", "lenet", "resnet18"}, "mlp",
+                            "linear: one Linear(in_channels, classes) layer on [N, in_channels] tensors. "
+                            "mlp, lenet, resnet18: image classifiers."),
+                        intParam("classes", 10, 1, 100000, "Outputs: classes (linear: out_features)."),
+                        intParam("in_channels", 1, 1, 100000,
+                                 "Image channels (1 for Fashion-MNIST); linear: in_features."),
+                        intParam(
+                            "image_size", 28, 1, 4096,
+                            "The square image side the mlp and lenet are built for (28, or the Dataset's "
+                            "resize). resnet18 takes any size; linear ignores it."),
+                        enumParam(
+                            "init", {"normal", "xavier", "kaiming"}, "normal",
+                            "Weights: normal(0, init_std) as the seed's nn.init.normal_(std=0.01); xavier "
+                            "(Glorot uniform); kaiming (He normal). Biases start at 0, BatchNorm at 1 and "
+                            "0."),
+                        floatParam("init_std", 0.01, "normal: the standard deviation (above 0)."),
+                        intParam("seed", 0, 0, 9007199254740991.0,
+                                 "Random seed: the same seed gives the same parameters on every device."),
+                    },
+            },
+            Reuse::Pure) {}
 
   QStringList validateParams(const QJsonObject& params) const override {
     QStringList problems;
@@ -70,13 +79,7 @@ class ModelNode final : public GpuNode {
   // The model on the device wired in (the CPU when open); its parameters and buffers must fit there.
   Outputs check(NodeCheck& check) const override {
     const QJsonObject& p = check.params();
-    Known m;
-    const std::optional<Known> dev = check.input("device");
-    if (!dev)
-      m.devices = {Device::cpu()};
-    else if (dev->isDevices && !dev->devices.empty())
-      m.devices = {dev->devices.front()};
-    if (dev && dev->devices.size() == 1) m.deviceOutput = dev->deviceOutput;
+    Known m = check.modelDevice("device");
     try {
       m.model = modelOptionsOf(p);
     } catch (const std::exception&) {
@@ -109,18 +112,22 @@ class ModelNode final : public GpuNode {
 class ForwardNode final : public GpuNode {
  public:
   ForwardNode()
-      : GpuNode({
-            .name = "Forward",
-            .category = "Models",
-            .description = "The model applied to each tensor of the batch, in evaluation mode (the seed's "
-                           "net(X)). The tensors must be on the model's device: nothing is copied, and a "
-                           "tensor elsewhere fails with the framework's same-device error.",
-            .inputs = {inPort("model", PortType::Model, "The model."),
-                       inPort("in", PortType::Tensor,
-                              "Inputs: [N, in_channels] for linear, [N, C, H, W] images otherwise.")},
-            .outputs = {outPort("out", PortType::Tensor, "The outputs [N, classes], on the model's device.")},
-            .params = {},
-        }, Reuse::Pure) {}
+      : GpuNode(
+            {
+                .name = "Forward",
+                .category = "Models",
+                .description =
+                    "The model applied to each tensor of the batch, in evaluation mode (the seed's "
+                    "net(X)). The tensors must be on the model's device: nothing is copied, and a "
+                    "tensor elsewhere fails with the framework's same-device error.",
+                .inputs = {inPort("model", PortType::Model, "The model."),
+                           inPort("in", PortType::Tensor,
+                                  "Inputs: [N, in_channels] for linear, [N, C, H, W] images otherwise.")},
+                .outputs = {outPort("out", PortType::Tensor,
+                                    "The outputs [N, classes], on the model's device.")},
+                .params = {},
+            },
+            Reuse::Pure) {}
 
   // The tensors on the model's device, of a shape the model takes; out is [N, classes] (or the network's).
   Outputs check(NodeCheck& check) const override {
@@ -160,19 +167,22 @@ class ForwardNode final : public GpuNode {
 class ParametersNode final : public GpuNode {
  public:
   ParametersNode()
-      : GpuNode({
-            .name = "Parameters",
-            .category = "Models",
-            .description =
-                "The model's parameters and buffers as a batch of tensors, in state-dict order (the "
-                "seed's net[0].weight.data). Wire it into Inspect to see where each lives and its "
-                "values; the report names them.",
-            .inputs = {inPort("model", PortType::Model, "The model.")},
-            .outputs = {outPort("out", PortType::Tensor,
-                                "One tensor per parameter or buffer, on the model's device (the model's own "
-                                "storage, not a copy).")},
-            .params = {},
-        }, Reuse::Pure) {}
+      : GpuNode(
+            {
+                .name = "Parameters",
+                .category = "Models",
+                .description =
+                    "The model's parameters and buffers as a batch of tensors, in state-dict order (the "
+                    "seed's net[0].weight.data). Wire it into Inspect to see where each lives and its "
+                    "values; the report names them.",
+                .inputs = {inPort("model", PortType::Model, "The model.")},
+                .outputs = {outPort(
+                    "out", PortType::Tensor,
+                    "One tensor per parameter or buffer, on the model's device (the model's own "
+                    "storage, not a copy).")},
+                .params = {},
+            },
+            Reuse::Pure) {}
 
   // Tensors on the model's device.
   Outputs check(NodeCheck& check) const override {
@@ -239,8 +249,8 @@ class SaveParamsNode final : public GpuNode {
     const QString format = ctx.params()["format"].toString();
     // In a distributed run every rank holds the same trained model; rank 0 alone writes it, so that ranks
     // on one machine never write one file at once.
-    const bool writes = !dist::launch_info().under_mpirun || !dist::World::get().joint_runs() ||
-                        dist::World::get().is_root();
+    const bool writes =
+        !dist::launch_info().under_mpirun || !dist::World::get().joint_runs() || dist::World::get().is_root();
     try {
       if (writes)
         nn::save_params(model->model(), path.toStdString(), nn::parse_params_format(format.toStdString()));
@@ -267,28 +277,37 @@ class SaveParamsNode final : public GpuNode {
 class LoadParamsNode final : public GpuNode {
  public:
   LoadParamsNode()
-      : GpuNode({
-            .name = "LoadParams",
-            .category = "Models",
-            .description =
-                "Builds the model a parameter file describes on a device and loads the file's values into "
-                "it: parameters saved from one device load onto any other. Reads gpunodes' GNPARAMS files "
-                "and "
-                "safetensors files (SaveParams' two formats, and weights saved from PyTorch's state_dict), "
-                "telling them apart by content, not by the file name. With `like` wired, the file must hold "
-                "a model of that architecture and size, or the node fails saying what the file holds. A "
-                "safetensors file written by PyTorch does not say which model it holds: wire a Model of the "
-                "same network into `like`, and every tensor's name and shape must match it. A truncated or "
-                "corrupt file fails too, before any parameter is touched.",
-            .inputs = {inPort("device", PortType::Device, "Where the loaded parameters live."),
-                       inPort("like", PortType::Model,
-                              "Optional: the architecture the file must hold (arch, classes, channels, image "
-                              "size); needed for a safetensors file from PyTorch. Wiring SaveParams' output "
-                              "here also loads only after it saved.",
-                              false)},
-            .outputs = {outPort("model", PortType::Model, "The model with the file's parameters.")},
-            .params = {stringParam("path", "model.params", "The parameter file to read.")},
-        }, Reuse::Pure) {}
+      : GpuNode(
+            {
+                .name = "LoadParams",
+                .category = "Models",
+                .description =
+                    "Builds the model a parameter file describes on a device and loads the file's values "
+                    "into "
+                    "it: parameters saved from one device load onto any other. Reads gpunodes' GNPARAMS "
+                    "files "
+                    "and "
+                    "safetensors files (SaveParams' two formats, and weights saved from PyTorch's "
+                    "state_dict), "
+                    "telling them apart by content, not by the file name. With `like` wired, the file must "
+                    "hold "
+                    "a model of that architecture and size, or the node fails saying what the file holds. A "
+                    "safetensors file written by PyTorch does not say which model it holds: wire a Model of "
+                    "the "
+                    "same network into `like`, and every tensor's name and shape must match it. A truncated "
+                    "or "
+                    "corrupt file fails too, before any parameter is touched.",
+                .inputs =
+                    {inPort("device", PortType::Device, "Where the loaded parameters live."),
+                     inPort("like", PortType::Model,
+                            "Optional: the architecture the file must hold (arch, classes, channels, image "
+                            "size); needed for a safetensors file from PyTorch. Wiring SaveParams' output "
+                            "here also loads only after it saved.",
+                            false)},
+                .outputs = {outPort("model", PortType::Model, "The model with the file's parameters.")},
+                .params = {stringParam("path", "model.params", "The parameter file to read.")},
+            },
+            Reuse::Pure) {}
 
   QStringList validateParams(const QJsonObject& params) const override {
     if (params["path"].toString().trimmed().isEmpty()) return {"path: give the file to read"};

@@ -106,6 +106,24 @@ class TestProcessRun : public QObject {
     doc->setParam("train", "log_every", 5);
   }
 
+  // Runs training "on one process" whose rank is a shell script printing `lines` (a stand-in for rank 0's
+  // stream), and waits for the run to end.
+  void runFakeRank(const QByteArray& lines) {
+    QTemporaryDir dir;
+    const QString script = dir.filePath("fake-rank.sh");
+    QFile f(script);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write("#!/bin/sh\n" + lines);
+    f.close();
+    QVERIFY(f.setPermissions(f.permissions() | QFileDevice::ExeOwner));
+    openTraining(1);
+    ProcessRunOptions o = twoRanks();
+    o.processes = 1;
+    o.program = script;
+    QVERIFY2(w_->runOnProcesses(o), qPrintable(w_->lastMessage()));
+    QTRY_VERIFY_WITH_TIMEOUT(!w_->runner()->isRunning(), 60000 * kTimeScale);
+  }
+
  private slots:
   void initTestCase() {
 #if !defined(GN_NODES_PLUGIN) || !defined(GN_MPIRUN) || !defined(GN_GPUNODES)
@@ -282,26 +300,13 @@ class TestProcessRun : public QObject {
     // Through the window: a "rank" that sends a RunStarted, a malformed line and dies with an error on
     // stderr. The log warns about the line, quotes the error, and the run is failed with mpirun's last
     // words in the status bar.
-    QTemporaryDir dir;
-    const QString script = dir.filePath("fake-rank.sh");
-    QFile f(script);
-    QVERIFY(f.open(QIODevice::WriteOnly));
-    f.write(
-        "#!/bin/sh\n"
+    runFakeRank(
         "echo '{\"kind\":\"RunStarted\",\"message\":\"fake\"}'\n"
         "echo '{\"kind\":\"NodeQueued\",\"node\":\"data\"}'\n"
         "echo '{\"kind\":\"NodeStarted\",\"node\":\"data\"}'\n"
         "echo 'this is not an event'\n"
         "echo 'error: the fake rank fell over' >&2\n"
         "exit 3\n");
-    f.close();
-    QVERIFY(f.setPermissions(f.permissions() | QFileDevice::ExeOwner));
-    openTraining(1);
-    ProcessRunOptions o = twoRanks();
-    o.processes = 1;
-    o.program = script;
-    QVERIFY2(w_->runOnProcesses(o), qPrintable(w_->lastMessage()));
-    QTRY_VERIFY_WITH_TIMEOUT(!w_->runner()->isRunning(), 60000 * kTimeScale);
     const QStringList warned = logLines(w_.get(), "warning");
     QVERIFY2(warned.filter("is not an event").size() == 1, qPrintable(warned.join('\n')));
     QVERIFY2(warned.filter("this is not an event").size() == 1, qPrintable(warned.join('\n')));
@@ -320,29 +325,21 @@ class TestProcessRun : public QObject {
   void eachOutcomeReachesTheReportAndTheCanvasByItsStatus() {
     // A "rank" whose stream says each outcome once. The words never decide: train's cancel does not say
     // "cancel", and test's failure does.
-    QTemporaryDir dir;
-    const QString script = dir.filePath("fake-rank.sh");
-    QFile f(script);
-    QVERIFY(f.open(QIODevice::WriteOnly));
-    f.write(
-        "#!/bin/sh\n"
+    runFakeRank(
         "echo '{\"kind\":\"RunStarted\",\"message\":\"fake\"}'\n"
-        "for n in dev data net train test untrained; do echo \"{\\\"kind\\\":\\\"NodeQueued\\\",\\\"node\\\":\\\"$n\\\"}\"; done\n"
+        "for n in dev data net train test untrained; do echo "
+        "\"{\\\"kind\\\":\\\"NodeQueued\\\",\\\"node\\\":\\\"$n\\\"}\"; done\n"
         "echo '{\"kind\":\"NodeFinished\",\"node\":\"dev\",\"status\":\"ok\",\"value\":1}'\n"
         "echo '{\"kind\":\"NodeCached\",\"node\":\"data\",\"status\":\"cached\"}'\n"
         "echo '{\"kind\":\"NodeFailed\",\"node\":\"net\",\"status\":\"bypassed\",\"message\":\"bypassed\"}'\n"
-        "echo '{\"kind\":\"NodeFailed\",\"node\":\"train\",\"status\":\"cancelled\",\"message\":\"stopped before the end\"}'\n"
-        "echo '{\"kind\":\"NodeFailed\",\"node\":\"test\",\"status\":\"failed\",\"message\":\"could not cancel the copy\"}'\n"
-        "echo '{\"kind\":\"NodeFailed\",\"node\":\"untrained\",\"status\":\"skipped\",\"message\":\"input model (net.model) is gone\"}'\n"
-        "echo '{\"kind\":\"RunFinished\",\"ok\":false,\"status\":\"failed\",\"message\":\"test: could not cancel the copy\",\"value\":5}'\n");
-    f.close();
-    QVERIFY(f.setPermissions(f.permissions() | QFileDevice::ExeOwner));
-    openTraining(1);
-    ProcessRunOptions o = twoRanks();
-    o.processes = 1;
-    o.program = script;
-    QVERIFY2(w_->runOnProcesses(o), qPrintable(w_->lastMessage()));
-    QTRY_VERIFY_WITH_TIMEOUT(!w_->runner()->isRunning(), 60000 * kTimeScale);
+        "echo '{\"kind\":\"NodeFailed\",\"node\":\"train\",\"status\":\"cancelled\",\"message\":\"stopped "
+        "before the end\"}'\n"
+        "echo '{\"kind\":\"NodeFailed\",\"node\":\"test\",\"status\":\"failed\",\"message\":\"could not "
+        "cancel the copy\"}'\n"
+        "echo '{\"kind\":\"NodeFailed\",\"node\":\"untrained\",\"status\":\"skipped\",\"message\":\"input "
+        "model (net.model) is gone\"}'\n"
+        "echo '{\"kind\":\"RunFinished\",\"ok\":false,\"status\":\"failed\",\"message\":\"test: could not "
+        "cancel the copy\",\"value\":5}'\n");
     const QJsonObject nodes = w_->runner()->report()["nodes"].toObject();
     auto status = [&](const char* id) { return nodes[id].toObject()["status"].toString(); };
     QCOMPARE(status("dev"), QString("ok"));
