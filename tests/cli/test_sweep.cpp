@@ -15,6 +15,7 @@
 #include <QtTest>
 #include <csignal>
 
+#include "csv_test_util.h"
 #include "cli/cli_test_util.h"
 #include "time_scale.h"
 
@@ -87,25 +88,6 @@ QStringList csvLines(const QString& path) {
   return QString::fromUtf8(f.readAll()).split(u'\n', Qt::SkipEmptyParts);
 }
 
-// One CSV record: fields split at commas outside quotes, "" inside quotes read as one quote.
-QStringList csvCells(const QString& line) {
-  QStringList cells{QString()};
-  bool quoted = false;
-  for (qsizetype i = 0; i < line.size(); ++i) {
-    const QChar c = line[i];
-    if (quoted && c == u'"' && i + 1 < line.size() && line[i + 1] == u'"') {
-      cells.last() += c;
-      ++i;
-    } else if (c == u'"') {
-      quoted = !quoted;
-    } else if (c == u',' && !quoted) {
-      cells.append(QString());
-    } else {
-      cells.last() += c;
-    }
-  }
-  return cells;
-}
 
 QString plotName(const QString& metric) {
   QString safe = metric;
@@ -161,7 +143,7 @@ class SweepTest : public QObject {
              (QStringList{"point"} + gridParams + QStringList{"ok", "error", "wall_ms"} + metrics).join(","));
     for (qsizetype i = 0; i < points.size(); ++i) {
       const QJsonObject p = points[i].toObject();
-      const QStringList cells = csvCells(lines[i + 1]);
+      const QStringList cells = gn::test::csvCells(lines[i + 1]);
       QCOMPARE(cells.size(), 1 + gridParams.size() + 3 + metrics.size());
       QCOMPARE(cells[0].toInt(), p.value("point").toInt());
       QCOMPARE(cells[gridParams.size() + 1], p.value("ok").toBool() ? QString("true") : QString("false"));

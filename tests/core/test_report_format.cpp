@@ -6,34 +6,10 @@
 #include <cmath>
 #include <limits>
 
+#include "csv_test_util.h"
 #include "gpunodes/core/report_format.h"
 
 using namespace gn::core;
-
-namespace {
-
-// One CSV record read back the way a spreadsheet reads it: commas outside quotes split, "" in quotes is one
-// quote.
-QStringList readRecord(const QString& line) {
-  QStringList cells{QString()};
-  bool quoted = false;
-  for (qsizetype i = 0; i < line.size(); ++i) {
-    const QChar c = line[i];
-    if (quoted && c == u'"' && i + 1 < line.size() && line[i + 1] == u'"') {
-      cells.last() += u'"';
-      ++i;
-    } else if (c == u'"') {
-      quoted = !quoted;
-    } else if (c == u',' && !quoted) {
-      cells.append(QString());
-    } else {
-      cells.last() += c;
-    }
-  }
-  return cells;
-}
-
-}  // namespace
 
 class ReportFormatTest : public QObject {
   Q_OBJECT
@@ -48,7 +24,7 @@ class ReportFormatTest : public QObject {
     QCOMPARE(csvField("cr\rhere"), QString("\"cr\rhere\""));
     QCOMPARE(csvField(""), QString(""));
     for (const QString& s : {QString("a,b"), QString("say \"hi\", twice"), QString("\"")})
-      QCOMPARE(readRecord(csvField(s)), QStringList{s});
+      QCOMPARE(gn::test::csvCells(csvField(s)), QStringList{s});
   }
 
   void numbersReadBackAsTheSameDouble() {
@@ -103,7 +79,7 @@ class ReportFormatTest : public QObject {
     const QList<QByteArray> lines = metricsCsv(metrics).split('\n');
     QList<QStringList> records;
     for (const QByteArray& line : lines.mid(1))
-      if (!line.isEmpty()) records << readRecord(QString::fromUtf8(line));
+      if (!line.isEmpty()) records << gn::test::csvCells(QString::fromUtf8(line));
     QCOMPARE(records.size(), 4);
     QCOMPARE(records[1][0], QString("say \"hi\""));
     QCOMPARE(records[1][2].toDouble(), 1.0 / 3);
