@@ -1,4 +1,5 @@
-// Fashion-MNIST's IDX files through zlib, the synthetic set, augmentation, and the background loader.
+// Fashion-MNIST's IDX files through zlib, the synthetic set, augmentation, and the background loader of
+// image and value datasets.
 #include "gpunodes/nn/data.h"
 
 #include <zlib.h>
@@ -162,7 +163,29 @@ std::vector<Tap> taps(int64_t in, int64_t out) {
   return t;
 }
 
+int64_t product(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 }  // namespace
+
+int64_t Dataset::sample_numel() const {
+  return has_values() ? product(sample_shape) : channels * height * width;
+}
+
+int64_t Dataset::target_numel() const {
+  return has_values() ? product(target_shape) : 1;
+}
+
+int64_t HostBatch::sample_numel() const {
+  return product(sample_dims());
+}
+
+int64_t HostBatch::target_numel() const {
+  return product(target_shape);
+}
 
 const char* default_fashion_mnist_dir() {
   return "/usr/share/datasets/fashion-mnist";
@@ -213,12 +236,19 @@ DatasetPtr take(const DatasetPtr& data, int64_t limit) {
   auto d = std::make_shared<Dataset>(*data);
   d->name = data->name + "[:" + std::to_string(limit) + "]";
   d->count = limit;
-  d->images.resize(static_cast<size_t>(limit * data->sample_numel()));
-  d->labels.resize(static_cast<size_t>(limit));
+  if (data->has_values()) {
+    d->values.resize(static_cast<size_t>(limit * data->sample_numel()));
+    d->targets.resize(static_cast<size_t>(limit * data->target_numel()));
+  } else {
+    d->images.resize(static_cast<size_t>(limit * data->sample_numel()));
+    d->labels.resize(static_cast<size_t>(limit));
+  }
   return d;
 }
 
 ChannelStats channel_stats(const Dataset& data) {
+  if (data.has_values())
+    throw Error("channel statistics: " + data.name + " holds values, not images with channels");
   const int64_t c = data.channels, plane = data.height * data.width;
   ChannelStats out;
   out.mean.assign(static_cast<size_t>(c), 0.0);
@@ -347,6 +377,38 @@ struct DataLoader::Pool {
   }
 };
 
+namespace {
+// An image dataset's transform must fit its channels.
+void check_transform(const Dataset& data) {
+  const Transform& t = data.transform;
+  if (t.crop_padding < 0) throw Error("data loader: the crop padding must be 0 (none) or more");
+  if (t.normalizes()) {
+    if (static_cast<int64_t>(t.mean.size()) != data.channels ||
+        static_cast<int64_t>(t.std.size()) != data.channels)
+      throw Error("data loader: normalisation needs one mean and one std per channel (" +
+                  std::to_string(data.channels) + "), got " + std::to_string(t.mean.size()) + " and " +
+                  std::to_string(t.std.size()));
+    for (float s : t.std)
+      if (!(s > 0) || !std::isfinite(s))
+        throw Error("data loader: normalisation needs standard deviations above 0");
+  }
+}
+
+// A value dataset's buffers must hold what its shapes say, or batches would read past them.
+void check_values(const Dataset& data) {
+  for (int64_t d : data.sample_shape)
+    if (d < 1) throw Error("data loader: " + data.name + " has samples " + shape_str(data.sample_shape));
+  for (int64_t d : data.target_shape)
+    if (d < 1) throw Error("data loader: " + data.name + " has targets " + shape_str(data.target_shape));
+  const auto need_values = static_cast<size_t>(data.count * data.sample_numel());
+  const auto need_targets = static_cast<size_t>(data.count * data.target_numel());
+  if (data.count < 0 || data.values.size() != need_values || data.targets.size() != need_targets)
+    throw Error("data loader: " + data.name + " has " + std::to_string(data.values.size()) + " values and " +
+                std::to_string(data.targets.size()) + " targets for " + std::to_string(data.count) +
+                " samples " + shape_str(data.sample_shape) + " with targets " + shape_str(data.target_shape));
+}
+}  // namespace
+
 DataLoader::DataLoader(DatasetPtr data, LoaderOptions options) : data_(std::move(data)), options_(options) {
   if (!data_) throw Error("data loader: no dataset");
   if (options_.batch_size < 1) throw Error("data loader: batch size must be at least 1");
@@ -355,23 +417,24 @@ DataLoader::DataLoader(DatasetPtr data, LoaderOptions options) : data_(std::move
                 std::to_string(options_.shards));
   if (options_.resize < 0) throw Error("data loader: resize must be 0 (none) or a size");
   if (options_.prefetch < 1) options_.prefetch = 1;
-  const Transform& t = data_->transform;
-  if (t.crop_padding < 0) throw Error("data loader: the crop padding must be 0 (none) or more");
-  if (t.normalizes()) {
-    if (static_cast<int64_t>(t.mean.size()) != data_->channels ||
-        static_cast<int64_t>(t.std.size()) != data_->channels)
-      throw Error("data loader: normalisation needs one mean and one std per channel (" +
-                  std::to_string(data_->channels) + "), got " + std::to_string(t.mean.size()) + " and " +
-                  std::to_string(t.std.size()));
-    for (float s : t.std)
-      if (!(s > 0) || !std::isfinite(s))
-        throw Error("data loader: normalisation needs standard deviations above 0");
+  if (data_->has_values()) {
+    check_values(*data_);
+    if (options_.resize)
+      throw Error("data loader: resize applies to images, and " + data_->name + " holds values " +
+                  shape_str(data_->sample_shape));
+    sample_floats_ = data_->sample_numel();
+    target_floats_ = data_->target_numel();
+  } else {
+    check_transform(*data_);
+    out_h_ = options_.resize ? options_.resize : data_->height;
+    out_w_ = options_.resize ? options_.resize : data_->width;
+    sample_floats_ = data_->channels * out_h_ * out_w_;
+    target_floats_ = 1;
   }
-  out_h_ = options_.resize ? options_.resize : data_->height;
-  out_w_ = options_.resize ? options_.resize : data_->width;
+  if (data_->sequential && data_->count > 0)
+    sequential_batches_ = std::max<int64_t>(1, data_->count / options_.batch_size);
   pool_ = std::make_shared<Pool>();
-  pool_->bytes =
-      static_cast<size_t>(options_.batch_size * (data_->channels * out_h_ * out_w_ + 1)) * sizeof(float);
+  pool_->bytes = static_cast<size_t>(options_.batch_size * (sample_floats_ + target_floats_)) * sizeof(float);
   // Page-locked only where CUDA can give it; the probe buffer becomes the pool's first.
   if (options_.pinned) {
     if (void* p = pinned_alloc(pool_->bytes)) {
@@ -385,13 +448,35 @@ DataLoader::~DataLoader() {
   stop();
 }
 
+int64_t DataLoader::batch_rows() const {
+  if (!data_->sequential) return options_.batch_size;
+  return std::min(options_.batch_size, data_->count);
+}
+
 int64_t DataLoader::batches_per_epoch() const {
+  if (data_->sequential) return sequential_batches_;
   const int64_t b = options_.batch_size;
   return options_.drop_last ? data_->count / b : (data_->count + b - 1) / b;
 }
 
 int64_t DataLoader::samples_per_epoch() const {
+  if (data_->sequential) return sequential_batches_ * batch_rows();
   return options_.drop_last ? batches_per_epoch() * options_.batch_size : data_->count;
+}
+
+std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
+  if (data_->sequential) {
+    // d2l's seq_data_iter_sequential: position b * rows + i, row i of batch b, is window i * nb + b.
+    const int64_t rows = batch_rows(), nb = sequential_batches_;
+    std::vector<int64_t> order(static_cast<size_t>(rows * nb));
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t i = 0; i < rows; ++i) order[static_cast<size_t>(b * rows + i)] = i * nb + b;
+    return order;
+  }
+  if (options_.shuffle) return shuffled_indices(data_->count, options_.seed, epoch);
+  std::vector<int64_t> order(static_cast<size_t>(data_->count));
+  for (int64_t i = 0; i < data_->count; ++i) order[i] = i;
+  return order;
 }
 
 void DataLoader::stop() {
@@ -411,13 +496,7 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
   if (first_batch < 0 || first_batch > batches_per_epoch())
     throw Error("data loader: batch " + std::to_string(first_batch) + " is outside an epoch of " +
                 std::to_string(batches_per_epoch()) + " batches");
-  std::vector<int64_t> order;
-  if (options_.shuffle) {
-    order = shuffled_indices(data_->count, options_.seed, epoch);
-  } else {
-    order.resize(static_cast<size_t>(data_->count));
-    for (int64_t i = 0; i < data_->count; ++i) order[i] = i;
-  }
+  std::vector<int64_t> order = epoch_order(epoch);
   {
     std::lock_guard lock(mutex_);
     stopping_ = false;
@@ -436,19 +515,26 @@ double DataLoader::ms_per_batch() const {
 
 void DataLoader::produce(std::vector<int64_t> order, int64_t epoch, int64_t first_batch) {
   try {
-    const int64_t batches = batches_per_epoch();
+    const int64_t batches = batches_per_epoch(), rows = batch_rows();
     for (int64_t b = first_batch; b < batches; ++b) {
       {
         std::unique_lock lock(mutex_);
         cv_.wait(lock, [&] { return stopping_ || static_cast<int>(queue_.size()) < options_.prefetch; });
         if (stopping_) return;
       }
-      const int64_t begin = b * options_.batch_size;
-      const int64_t end = std::min<int64_t>(begin + options_.batch_size, static_cast<int64_t>(order.size()));
+      const int64_t begin = b * rows;
+      const int64_t end = std::min<int64_t>(begin + rows, static_cast<int64_t>(order.size()));
       const auto t0 = std::chrono::steady_clock::now();
-      // This shard's samples of the global batch: every shards-th from its own offset.
       std::vector<int64_t> mine;
-      for (int64_t k = begin + options_.shard; k < end; k += options_.shards) mine.push_back(order[k]);
+      if (data_->sequential) {
+        // A contiguous block of rows, the same in every batch, so that this shard's rows continue too.
+        const int64_t lo = rows * options_.shard / options_.shards;
+        const int64_t hi = rows * (options_.shard + 1) / options_.shards;
+        mine.assign(order.begin() + begin + lo, order.begin() + begin + hi);
+      } else {
+        // This shard's samples of the global batch: every shards-th from its own offset.
+        for (int64_t k = begin + options_.shard; k < end; k += options_.shards) mine.push_back(order[k]);
+      }
       HostBatchPtr batch = make_batch(mine, end - begin, epoch);
       prepare_ns_ +=
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
@@ -502,18 +588,43 @@ void read_sample(const uint8_t* src, float* dst, int64_t c, int64_t h, int64_t w
 
 HostBatchPtr DataLoader::make_batch(const std::vector<int64_t>& samples, int64_t global_size, int64_t epoch) {
   auto batch = std::make_shared<HostBatch>();
-  const int64_t n = static_cast<int64_t>(samples.size()), c = data_->channels, h = data_->height,
-                w = data_->width;
-  batch->size = n, batch->channels = c, batch->height = out_h_, batch->width = out_w_;
+  batch->size = static_cast<int64_t>(samples.size());
+  if (data_->has_values()) {
+    batch->sample_shape = data_->sample_shape;
+    batch->target_shape = data_->target_shape;
+  } else {
+    batch->channels = data_->channels, batch->height = out_h_, batch->width = out_w_;
+    batch->sample_shape = {data_->channels, out_h_, out_w_};
+  }
   batch->global_size = global_size;
   void* raw = pool_->get();
   std::shared_ptr<Pool> pool = pool_;
   batch->storage = std::shared_ptr<void>(raw, [pool](void* p) { pool->put(p); });
   batch->pinned = pool_->pinned;
   auto* images = static_cast<float*>(raw);
-  float* labels = images + options_.batch_size * c * out_h_ * out_w_;
+  float* labels = images + options_.batch_size * sample_floats_;
   batch->images = images;
   batch->labels = labels;
+  if (data_->has_values())
+    read_values(samples, images, labels);
+  else
+    read_images(samples, images, labels, epoch);
+  return batch;
+}
+
+void DataLoader::read_values(const std::vector<int64_t>& samples, float* images, float* labels) const {
+  const auto sample = static_cast<size_t>(sample_floats_), target = static_cast<size_t>(target_floats_);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const auto s = static_cast<size_t>(samples[i]);
+    std::memcpy(images + i * sample, data_->values.data() + s * sample, sample * sizeof(float));
+    std::memcpy(labels + i * target, data_->targets.data() + s * target, target * sizeof(float));
+  }
+}
+
+void DataLoader::read_images(const std::vector<int64_t>& samples, float* images, float* labels,
+                             int64_t epoch) const {
+  const int64_t n = static_cast<int64_t>(samples.size()), c = data_->channels, h = data_->height,
+                w = data_->width;
   const bool resize = out_h_ != h || out_w_ != w;
   std::vector<Tap> ty, tx;
   if (resize) ty = taps(h, out_h_), tx = taps(w, out_w_);
@@ -530,7 +641,6 @@ HostBatchPtr DataLoader::make_batch(const std::vector<int64_t>& samples, int64_t
       augment_sample(transform, draw_augment(transform, options_.seed, epoch, s), dst, c, out_h_, out_w_);
     normalize_sample(transform, dst, c, out_h_, out_w_);
   }
-  return batch;
 }
 
 HostBatchPtr DataLoader::next() {
@@ -545,14 +655,22 @@ HostBatchPtr DataLoader::next() {
   return b;
 }
 
+namespace {
+Shape rows_of(int64_t n, const Shape& each) {
+  Shape shape{n};
+  shape.insert(shape.end(), each.begin(), each.end());
+  return shape;
+}
+}  // namespace
+
 DeviceBatch to_device(Runtime& rt, const HostBatchPtr& batch, int64_t begin, int64_t end, Device device) {
   if (!batch) throw Error("to_device: no batch");
   if (begin < 0 || end > batch->size || begin >= end)
     throw Error("to_device: rows [" + std::to_string(begin) + ", " + std::to_string(end) +
                 ") of a batch of " + std::to_string(batch->size));
   const int64_t n = end - begin;
-  DeviceBatch out{Tensor(rt, {n, batch->channels, batch->height, batch->width}, device, StreamKind::Copy),
-                  Tensor(rt, {n}, device, StreamKind::Copy)};
+  DeviceBatch out{Tensor(rt, rows_of(n, batch->sample_dims()), device, StreamKind::Copy),
+                  Tensor(rt, rows_of(n, batch->target_shape), device, StreamKind::Copy)};
   copy_batch_into(batch, begin, out);
   return out;
 }
@@ -560,16 +678,18 @@ DeviceBatch to_device(Runtime& rt, const HostBatchPtr& batch, int64_t begin, int
 void copy_batch_into(const HostBatchPtr& batch, int64_t begin, const DeviceBatch& dst) {
   if (!batch) throw Error("copy_batch_into: no batch");
   const Tensor images = dst.images, labels = dst.labels;
-  const int64_t n = labels.numel(), numel = batch->sample_numel();
-  if (images.shape() != Shape{n, batch->channels, batch->height, batch->width} || begin < 0 ||
-      begin + n > batch->size)
+  const int64_t n = labels.shape().empty() ? 0 : labels.shape()[0];
+  if (labels.shape() != rows_of(n, batch->target_shape) ||
+      images.shape() != rows_of(n, batch->sample_dims()) || begin < 0 || begin + n > batch->size)
     throw ShapeError("copy_batch_into: rows [" + std::to_string(begin) + ", " + std::to_string(begin + n) +
-                     ") of a batch of " + std::to_string(batch->size) + " do not fit " + images.str());
+                     ") of a batch of " + std::to_string(batch->size) + " samples " +
+                     shape_str(batch->sample_dims()) + " with targets " + shape_str(batch->target_shape) +
+                     " do not fit " + images.str() + " and " + labels.str());
   Runtime& rt = images.runtime();
   const Device device = images.device();
   Backend* be = &rt.backend(device);
-  const float* img = batch->images + begin * numel;
-  const float* lbl = batch->labels + begin;
+  const float* img = batch->images + begin * batch->sample_numel();
+  const float* lbl = batch->labels + begin * batch->target_numel();
   // Page-locked sources copy asynchronously as they are; pageable ones go through the backend's staging.
   const bool staging = !batch->pinned;
   rt.engine().push(

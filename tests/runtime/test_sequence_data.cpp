@@ -1,0 +1,725 @@
+// Text, series and tables as value datasets (nn/sequence_data.h) and the loader serving them: vocabularies
+// against counts made here, windows and their shifted targets, d2l's sequential order through a real
+// DataLoader, the series of d2l 9.1, CSV tables (task, standardisation, stratified split), one clear message
+// per bad file, and image batches shaped as before.
+#include <sys/stat.h>
+
+#include <QRegularExpression>
+#include <QtTest>
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "gpunodes/errors.h"
+#include "gpunodes/nn/data.h"
+#include "gpunodes/nn/sequence_data.h"
+#include "gpunodes/ops.h"
+#include "nn_test_util.h"
+
+using namespace gn;
+using namespace gn::nn;
+
+namespace {
+
+const char* const kGpl3 = "/usr/share/common-licenses/GPL-3";
+
+// d2l's preprocessing, written independently of the loader's: re.sub('[^A-Za-z]+', ' ', text).lower().
+QString d2lPreprocess(const QByteArray& text) {
+  return QString::fromUtf8(text).replace(QRegularExpression("[^A-Za-z]+"), " ").toLower();
+}
+
+// A vocabulary as d2l builds it from tokens: "<unk>" first, then by count descending and first appearance.
+struct Counted {
+  std::vector<std::string> vocabulary{"<unk>"};
+  std::vector<int64_t> counts{0};
+};
+Counted countTokens(const QStringList& tokens, int64_t minFreq) {
+  std::map<QString, int64_t> count, first;
+  for (qsizetype i = 0; i < tokens.size(); ++i) {
+    ++count[tokens[i]];
+    first.emplace(tokens[i], i);
+  }
+  std::vector<QString> order;
+  for (const auto& [token, n] : count) order.push_back(token);
+  std::sort(order.begin(), order.end(), [&](const QString& a, const QString& b) {
+    return count[a] != count[b] ? count[a] > count[b] : first[a] < first[b];
+  });
+  Counted out;
+  for (const QString& t : order) {
+    if (count[t] >= minFreq) {
+      out.vocabulary.push_back(t.toStdString());
+      out.counts.push_back(count[t]);
+    } else {
+      out.counts[0] += count[t];
+    }
+  }
+  return out;
+}
+
+QStringList characters(const QString& s) {
+  QStringList out;
+  for (QChar c : s) out.append(QString(c));
+  return out;
+}
+
+class Files {
+ public:
+  QString write(const QString& name, const QByteArray& bytes) {
+    const QString path = dir_.filePath(name);
+    QFile f(path);
+    if (!f.open(QIODevice::WriteOnly)) qFatal("cannot write %s", qPrintable(path));
+    f.write(bytes);
+    return path;
+  }
+  QString path(const QString& name) const { return dir_.filePath(name); }
+
+ private:
+  QTemporaryDir dir_;
+};
+
+std::vector<float> row(const float* base, int64_t numel, int64_t i) {
+  return std::vector<float>(base + i * numel, base + (i + 1) * numel);
+}
+
+TextOptions textOptions(const QString& path, int64_t steps = 10) {
+  TextOptions o;
+  o.path = path.toStdString();
+  o.num_steps = steps;
+  return o;
+}
+
+QByteArray gpl3() {
+  QFile f(kGpl3);
+  return f.open(QIODevice::ReadOnly) ? f.readAll() : QByteArray();
+}
+
+}  // namespace
+
+class SequenceDataTest : public QObject {
+  Q_OBJECT
+
+ private slots:
+  // --- text
+  // -------------------------------------------------------------------------------------------------
+
+  void vocabulary_of_a_written_text_matches_an_independent_count() {
+    Files files;
+    const QByteArray text =
+        "The Time Machine, by H. G. Wells [1898]\n\nI\n\nThe Time Traveller (for so it will be "
+        "convenient to speak of him) was expounding a recondite matter to us.\n";
+    const TextData d = load_text(textOptions(files.write("tm.txt", text)));
+    const Counted want = countTokens(characters(d2lPreprocess(text)), 0);
+    QCOMPARE(d.train->vocabulary, want.vocabulary);
+    QCOMPARE(d.train->token_counts, want.counts);
+    QCOMPARE(d.train->classes, static_cast<int64_t>(want.vocabulary.size()));
+    QCOMPARE(d.train->vocabulary[1], std::string(" "));  // the most frequent character of English text
+    QVERIFY(!d.test);
+
+    TextOptions words = textOptions(files.path("tm.txt"), 3);
+    words.tokens = TextOptions::Tokens::Word;
+    const TextData w = load_text(words);
+    const Counted wantWords = countTokens(d2lPreprocess(text).split(' ', Qt::SkipEmptyParts), 0);
+    QCOMPARE(w.train->vocabulary, wantWords.vocabulary);
+    QCOMPARE(w.train->token_counts, wantWords.counts);
+  }
+
+  void vocabulary_of_the_gpl_matches_an_independent_count() {
+    const QByteArray text = gpl3();
+    if (text.isEmpty()) QSKIP("/usr/share/common-licenses/GPL-3 is not installed");
+    for (int64_t minFreq : {0, 5}) {
+      TextOptions o = textOptions(kGpl3, 35);
+      o.tokens = TextOptions::Tokens::Word;
+      o.min_freq = minFreq;
+      const TextData d = load_text(o);
+      const Counted want = countTokens(d2lPreprocess(text).split(' ', Qt::SkipEmptyParts), minFreq);
+      QCOMPARE(d.train->vocabulary.size(), want.vocabulary.size());
+      QCOMPARE(d.train->vocabulary, want.vocabulary);
+      QCOMPARE(d.train->token_counts, want.counts);
+      QCOMPARE(d.train->vocabulary[1], std::string("the"));
+    }
+    // Without the preprocessing, every character is a token, capitals and punctuation too.
+    TextOptions raw = textOptions(kGpl3);
+    raw.preprocess = false;
+    const TextData d = load_text(raw);
+    const Counted want = countTokens(characters(QString::fromUtf8(text)), 0);
+    QCOMPARE(d.train->vocabulary, want.vocabulary);
+    QCOMPARE(d.train->token_counts, want.counts);
+  }
+
+  void windows_are_consecutive_and_targets_shift_by_one() {
+    Files files;
+    QByteArray text;
+    for (int i = 0; i < 40; ++i) text += "abcdefghij klmnopqrst uvwxyz " + QByteArray::number(i) + "\n";
+    const QString path = files.write("letters.txt", text);
+    std::set<int64_t> offsets;
+    for (uint64_t seed : {0, 1, 2, 3, 4, 5, 6, 7}) {
+      TextOptions o = textOptions(path, 7);
+      o.seed = seed;
+      const DatasetPtr d = load_text(o).train;
+      QVERIFY(d->has_values());
+      QCOMPARE(d->sample_shape, Shape{7});
+      QCOMPARE(d->target_shape, Shape{7});
+      QCOMPARE(d->sample_numel(), int64_t(7));
+      QCOMPARE(d->target_numel(), int64_t(7));
+      const std::vector<int64_t> corpus = encode(*d, d2lPreprocess(text).toStdString());
+      // The first window says where the windows start; every later one follows it.
+      int64_t offset = -1;
+      for (int64_t s = 0; s < 7 && offset < 0; ++s)
+        if (std::equal(d->values.begin(), d->values.begin() + 7, corpus.begin() + s,
+                       [](float v, int64_t id) { return v == static_cast<float>(id); }))
+          offset = s;
+      QVERIFY2(offset >= 0, "the first window is not at an offset below num_steps");
+      offsets.insert(offset);
+      QCOMPARE(d->count, (static_cast<int64_t>(corpus.size()) - offset - 1) / 7);
+      for (int64_t j = 0; j < d->count; ++j)
+        for (int64_t k = 0; k < 7; ++k) {
+          QCOMPARE(d->values[j * 7 + k], static_cast<float>(corpus[offset + j * 7 + k]));
+          QCOMPARE(d->targets[j * 7 + k], static_cast<float>(corpus[offset + j * 7 + k + 1]));
+        }
+    }
+    QVERIFY2(offsets.size() > 1, "the seed does not move the offset");
+  }
+
+  void the_random_partition_is_shuffled_every_epoch() {
+    if (gpl3().isEmpty()) QSKIP("/usr/share/common-licenses/GPL-3 is not installed");
+    const DatasetPtr d = load_text(textOptions(kGpl3, 10)).train;
+    QVERIFY(!d->sequential);
+    LoaderOptions lo;
+    lo.batch_size = 64;
+    lo.seed = 5;
+    DataLoader loader(d, lo);
+    std::vector<std::vector<std::vector<float>>> epochs;
+    for (int64_t epoch : {0, 1}) {
+      loader.start_epoch(epoch);
+      std::vector<std::vector<float>> rows;
+      while (HostBatchPtr b = loader.next()) {
+        QCOMPARE(b->sample_shape, Shape{10});
+        QCOMPARE(b->target_shape, Shape{10});
+        for (int64_t i = 0; i < b->size; ++i) rows.push_back(row(b->images, 10, i));
+      }
+      epochs.push_back(rows);
+    }
+    std::multiset<std::vector<float>> all, first(epochs[0].begin(), epochs[0].end()),
+        second(epochs[1].begin(), epochs[1].end());
+    for (int64_t j = 0; j < d->count; ++j) all.insert(row(d->values.data(), 10, j));
+    QVERIFY(first == all);  // every window once per epoch
+    QVERIFY(second == all);
+    QVERIFY(epochs[0] != epochs[1]);
+  }
+
+  void the_sequential_partition_continues_each_row_from_batch_to_batch() {
+    if (gpl3().isEmpty()) QSKIP("/usr/share/common-licenses/GPL-3 is not installed");
+    TextOptions o = textOptions(kGpl3, 9);
+    o.partition = TextOptions::Partition::Sequential;
+    o.seed = 3;
+    const DatasetPtr d = load_text(o).train;
+    QVERIFY(d->sequential);
+    const int64_t batch = 8, steps = 9, nb = d->count / batch;
+    LoaderOptions lo;
+    lo.batch_size = batch;
+    lo.shuffle = true;  // ignored for a sequential dataset
+    DataLoader loader(d, lo);
+    QCOMPARE(loader.batches_per_epoch(), nb);
+    QCOMPARE(loader.samples_per_epoch(), nb * batch);
+    for (int64_t epoch : {0, 1}) {
+      loader.start_epoch(epoch);
+      std::vector<HostBatchPtr> batches;
+      while (HostBatchPtr b = loader.next()) batches.push_back(b);
+      QCOMPARE(static_cast<int64_t>(batches.size()), nb);
+      for (int64_t b = 0; b < nb; ++b) {
+        QCOMPARE(batches[b]->size, batch);
+        for (int64_t i = 0; i < batch; ++i) {
+          // Row i of batch b is window i * nb + b ...
+          QCOMPARE(row(batches[b]->images, steps, i), row(d->values.data(), steps, i * nb + b));
+          QCOMPARE(row(batches[b]->labels, steps, i), row(d->targets.data(), steps, i * nb + b));
+          // ... so it starts where row i of the batch before ended: its last target is this row's first
+          // token.
+          if (b > 0) QCOMPARE(batches[b]->images[i * steps], batches[b - 1]->labels[i * steps + steps - 1]);
+        }
+      }
+    }
+    // Shards take contiguous blocks of rows, the same in every batch, and resume where they were.
+    for (int shards : {2, 3}) {
+      std::vector<std::vector<HostBatchPtr>> mine(static_cast<size_t>(shards));
+      for (int s = 0; s < shards; ++s) {
+        LoaderOptions so = lo;
+        so.shard = s, so.shards = shards;
+        DataLoader sl(d, so);
+        sl.start_epoch(0, 1);
+        while (HostBatchPtr b = sl.next()) mine[s].push_back(b);
+        QCOMPARE(static_cast<int64_t>(mine[s].size()), nb - 1);
+      }
+      for (int64_t b = 0; b + 1 < nb; ++b) {
+        int64_t next = 0;
+        for (int s = 0; s < shards; ++s) {
+          const HostBatch& part = *mine[s][b];
+          QCOMPARE(part.global_size, batch);
+          QCOMPARE(part.size, batch * (s + 1) / shards - batch * s / shards);
+          for (int64_t i = 0; i < part.size; ++i, ++next)
+            QCOMPARE(row(part.images, steps, i), row(d->values.data(), steps, next * nb + b + 1));
+        }
+        QCOMPARE(next, batch);
+      }
+    }
+    // Fewer windows than a batch: one batch of them all.
+    LoaderOptions big;
+    big.batch_size = d->count + 5;
+    DataLoader one(d, big);
+    QCOMPARE(one.batches_per_epoch(), int64_t(1));
+    one.start_epoch(0);
+    QCOMPARE(one.next()->size, d->count);
+  }
+
+  void rare_tokens_become_unknown() {
+    Files files;
+    const QByteArray text = "aaaa bbbb cc d aaaa bbbb cc d e <unk> <unk> aaaa\n";
+    TextOptions o = textOptions(files.write("rare.txt", text), 2);
+    o.tokens = TextOptions::Tokens::Word;
+    o.preprocess = false;  // keeps the literal "<unk>"
+    o.min_freq = 2;
+    const DatasetPtr d = load_text(o).train;
+    QCOMPARE(d->vocabulary, (std::vector<std::string>{"<unk>", "aaaa", "bbbb", "cc", "d"}));
+    QCOMPARE(d->token_counts, (std::vector<int64_t>{3, 3, 2, 2, 2}));  // "e" and the two literal "<unk>"
+    QCOMPARE(encode(*d, "aaaa e zzz <unk> d"), (std::vector<int64_t>{1, 0, 0, 0, 4}));
+    // The windows hold the corpus's ids, rare tokens as 0, from an offset of 0 or 1 (num_steps 2).
+    const std::vector<float> corpus{1, 2, 3, 4, 1, 2, 3, 4, 0, 0, 0, 1};
+    bool found = false;
+    for (size_t offset : {0, 1}) {
+      const auto windows = static_cast<int64_t>((corpus.size() - offset - 1) / 2);
+      found = found || (d->count == windows &&
+                        std::equal(d->values.begin(), d->values.end(), corpus.begin() + offset) &&
+                        std::equal(d->targets.begin(), d->targets.end(), corpus.begin() + offset + 1));
+    }
+    QVERIFY(found);
+  }
+
+  void encode_and_decode_round_trip() {
+    if (gpl3().isEmpty()) QSKIP("/usr/share/common-licenses/GPL-3 is not installed");
+    const DatasetPtr chars = load_text(textOptions(kGpl3)).train;
+    const std::string prompt = "time traveller";
+    QCOMPARE(decode(*chars, encode(*chars, prompt)), prompt);
+    // Encoding cuts as the dataset did: the preprocessing lowers case and folds punctuation into a space.
+    QCOMPARE(decode(*chars, encode(*chars, "Time,  Traveller!")), std::string("time traveller "));
+    TextOptions wo = textOptions(kGpl3, 5);
+    wo.tokens = TextOptions::Tokens::Word;
+    const DatasetPtr words = load_text(wo).train;
+    QCOMPARE(words->tokenizer.unit, TokenUnit::Word);
+    QCOMPARE(decode(*words, encode(*words, "the  program\nis free")), std::string("the program is free"));
+    QCOMPARE(decode(*words, encode(*words, "the quixotically program")), std::string("the <unk> program"));
+    expect_error(
+        [&] {
+          decode(*words, {1, static_cast<int64_t>(words->vocabulary.size())});
+        },
+        {"token id", "outside the vocabulary"});
+    expect_error([&] { encode(*words, "bad \xff byte"); }, {"prompt", "UTF-8", "byte offset 4"});
+    expect_error([&] { encode(*make_synthetic({}), "x"); }, {"no vocabulary"});
+  }
+
+  void the_test_split_is_the_end_of_the_corpus_with_the_training_vocabulary() {
+    Files files;
+    QByteArray text;
+    for (int i = 0; i < 30; ++i) text += "abc abd ";
+    text += "xyz xyz xyz xyz abc";  // x, y and z appear only in the last part
+    TextOptions o = textOptions(files.write("end.txt", text), 4);
+    o.test_fraction = 0.1;
+    o.partition = TextOptions::Partition::Sequential;
+    const TextData d = load_text(o);
+    QVERIFY(d.test);
+    QCOMPARE(d.test->vocabulary, d.train->vocabulary);
+    QCOMPARE(d.test->name, std::string("text/test"));
+    QVERIFY(d.test->sequential);
+    const std::set<std::string> vocab(d.train->vocabulary.begin(), d.train->vocabulary.end());
+    QVERIFY(!vocab.count("x") && !vocab.count("y") && !vocab.count("z"));
+    const int64_t tokens = d2lPreprocess(text).size(), test = std::llround(0.1 * tokens);
+    QCOMPARE(d.test->count, (test - 1) / 4);  // from offset 0
+    const std::vector<int64_t> tail = encode(*d.train, d2lPreprocess(text).right(test).toStdString());
+    for (int64_t k = 0; k < d.test->count * 4; ++k) QCOMPARE(d.test->values[k], static_cast<float>(tail[k]));
+    QVERIFY(std::count(d.test->values.begin(), d.test->values.end(), 0.0f) >= 4);  // x, y, z are <unk>
+  }
+
+  // --- series
+  // -----------------------------------------------------------------------------------------------
+
+  void the_made_series_is_d2ls() {
+    const SeriesData s = load_series({});
+    QVERIFY(s.train && s.test);
+    QCOMPARE(s.train->count, int64_t(600));  // d2l trains on the first 600 of 1000
+    QCOMPARE(s.test->count, int64_t(1000 - 4 - 600));
+    QVERIFY(s.train->regression);
+    QCOMPARE(s.train->classes, int64_t(1));
+    QCOMPARE(s.train->sample_shape, Shape{4});
+    QCOMPARE(s.train->target_shape, Shape{});
+    QCOMPARE(s.train->target_numel(), int64_t(1));
+    const std::vector<float>& x = *s.train->series;
+    QCOMPARE(x.size(), size_t(1000));
+    QCOMPARE(s.test->series.get(), s.train->series.get());
+    // x_t = sin(0.01 t) + N(0, 0.2) for t = 1..1000.
+    double sum = 0, squares = 0;
+    for (int t = 1; t <= 1000; ++t) {
+      const double noise = x[t - 1] - std::sin(0.01 * t);
+      sum += noise, squares += noise * noise;
+    }
+    const double mean = sum / 1000, sd = std::sqrt(squares / 1000 - mean * mean);
+    QVERIFY2(std::abs(mean) < 0.03 && sd > 0.18 && sd < 0.22, qPrintable(QString("%1 %2").arg(mean).arg(sd)));
+    // Samples are the tau values before each target, split by time.
+    for (const DatasetPtr& d : {s.train, s.test})
+      for (int64_t i = 0; i < d->count; ++i) {
+        const int64_t t = d->series_first + i;
+        QCOMPARE(d->targets[i], x[t]);
+        for (int64_t k = 0; k < 4; ++k) QCOMPARE(d->values[i * 4 + k], x[t - 4 + k]);
+      }
+    QCOMPARE(s.train->series_first, int64_t(4));
+    QCOMPARE(s.test->series_first, int64_t(604));
+    // The seed picks the noise.
+    SeriesOptions other;
+    other.seed = 1;
+    QVERIFY(*load_series(other).train->series != x);
+    QVERIFY(*load_series({}).train->series == x);
+  }
+
+  void a_series_from_a_csv_column() {
+    Files files;
+    const QString path = files.write("s.csv",
+                                     "date,value,note\r\n2024-01-01,1.5,a\r\n2024-01-02,2.5,b\r\n"
+                                     "2024-01-03,-3,c\r\n2024-01-04,4e1,d\r\n2024-01-05,+5,e\r\n");
+    SeriesOptions o;
+    o.path = path.toStdString();
+    o.tau = 2;
+    o.test_fraction = 0;
+    const SeriesData s = load_series(o);  // the only numeric column
+    QCOMPARE(*s.train->series, (std::vector<float>{1.5f, 2.5f, -3, 40, 5}));
+    QCOMPARE(s.train->count, int64_t(3));
+    QVERIFY(!s.test);
+    QCOMPARE(s.train->values, (std::vector<float>{1.5f, 2.5f, 2.5f, -3, -3, 40}));
+    QCOMPARE(s.train->targets, (std::vector<float>{-3, 40, 5}));
+    o.column = "note";
+    expect_error([&] { load_series(o); }, {"line 2", "'note'", "number 3", "'a'", "not a number"});
+    o.column = "price";
+    expect_error([&] { load_series(o); }, {"no column 'price'", "'date', 'value', 'note'"});
+    o.column.clear();
+    o.path = files.write("two.csv", "a,b\n1,2\n3,4\n").toStdString();
+    expect_error([&] { load_series(o); }, {"several columns", "'a', 'b'"});
+    o.path = files.write("short.csv", "a\n1\n2\n").toStdString();
+    expect_error([&] { load_series(o); }, {"2 values", "tau = 2"});
+  }
+
+  // --- tables
+  // -----------------------------------------------------------------------------------------------
+
+  void a_table_finds_its_task() {
+    Files files;
+    TableOptions o;
+    o.test_fraction = 0;
+    o.path = files.write("r.csv", "a,b,y\n1,2,3.5\n2,2,-1\n3,2,7\n").toStdString();
+    o.target = "y";
+    TableData t = load_table(o);
+    QVERIFY(t.train->regression);
+    QCOMPARE(t.train->classes, int64_t(1));
+    QCOMPARE(t.train->targets, (std::vector<float>{3.5f, -1, 7}));  // raw, not standardised
+    QCOMPARE(t.train->feature_names, (std::vector<std::string>{"a", "b"}));
+    QCOMPARE(t.train->sample_shape, Shape{2});
+
+    // RFC 4180: quoted fields with commas, doubled quotes and line ends; CRLF records.
+    o.path = files
+                 .write("c.csv",
+                        "x,\"the, species\"\r\n1,setosa\r\n2,\"vir\"\"gin\nica\"\r\n3,setosa\r\n"
+                        "4,versicolor\r\n")
+                 .toStdString();
+    o.target = "the, species";
+    t = load_table(o);
+    QVERIFY(!t.train->regression);
+    QCOMPARE(t.train->class_names, (std::vector<std::string>{"setosa", "versicolor", "vir\"gin\nica"}));
+    QCOMPARE(t.train->classes, int64_t(3));
+    QCOMPARE(t.train->targets, (std::vector<float>{0, 2, 0, 1}));
+    o.task = TableOptions::Task::Regression;
+    expect_error([&] { load_table(o); }, {"line 2", "'the, species'", "number 2", "'setosa'", "regression"});
+
+    // Numbers as classes sort by value.
+    o.path = files.write("n.csv", "x,y\n1,10\n2,2\n3,1\n4,2\n").toStdString();
+    o.target = "y";
+    o.task = TableOptions::Task::Classification;
+    t = load_table(o);
+    QCOMPARE(t.train->class_names, (std::vector<std::string>{"1", "2", "10"}));
+    QCOMPARE(t.train->targets, (std::vector<float>{2, 1, 0, 1}));
+    o.features = {"y"};
+    expect_error([&] { load_table(o); }, {"target", "cannot also be a feature"});
+  }
+
+  void features_are_standardised_with_the_training_statistics() {
+    Files files;
+    TableOptions o;
+    o.path = files.write("s.csv", "a,b,c,y\n1,7,0,u\n2,7,10,v\n3,7,0,u\n4,7,10,v\n").toStdString();
+    o.target = "y";
+    o.features = {"c", "a", "b"};
+    o.test_fraction = 0;
+    const DatasetPtr d = load_table(o).train;
+    QCOMPARE(d->feature_names, (std::vector<std::string>{"c", "a", "b"}));
+    // By hand: c has mean 5 and std 5; a mean 2.5 and std sqrt(1.25); b is constant (std 1).
+    QCOMPARE(d->feature_mean, (std::vector<double>{5, 2.5, 7}));
+    QCOMPARE(d->feature_std[0], 5.0);
+    QCOMPARE(d->feature_std[1], std::sqrt(1.25));
+    QCOMPARE(d->feature_std[2], 1.0);
+    const float s = static_cast<float>(1 / std::sqrt(1.25));
+    const std::vector<float> want{-1, -1.5f * s, 0, 1, -0.5f * s, 0, -1, 0.5f * s, 0, 1, 1.5f * s, 0};
+    for (size_t k = 0; k < want.size(); ++k) QVERIFY(std::abs(d->values[k] - want[k]) < 1e-6f);
+
+    // With a split, the test rows are standardised with the training rows' statistics. Row r has a = r and
+    // b = r * r, and its target r tells which row a sample is.
+    QByteArray csv = "a,b,y\n";
+    for (int r = 0; r < 20; ++r)
+      csv += QByteArray::number(r) + "," + QByteArray::number(r * r) + "," + QByteArray::number(r) + "\n";
+    TableOptions so;
+    so.path = files.write("split.csv", csv).toStdString();
+    so.target = "y";
+    so.test_fraction = 0.25;
+    so.seed = 9;
+    const TableData t = load_table(so);
+    QCOMPARE(t.test->count, int64_t(5));
+    QCOMPARE(t.train->count, int64_t(15));
+    double sa = 0, sb = 0, qa = 0, qb = 0;
+    for (float r : t.train->targets) sa += r, sb += r * r;
+    const double ma = sa / 15, mb = sb / 15;
+    for (float r : t.train->targets) qa += (r - ma) * (r - ma), qb += (r * r - mb) * (r * r - mb);
+    const double da = std::sqrt(qa / 15), db = std::sqrt(qb / 15);
+    QVERIFY(std::abs(t.test->feature_mean[0] - ma) < 1e-9 && std::abs(t.test->feature_mean[1] - mb) < 1e-9);
+    QVERIFY(std::abs(t.test->feature_std[0] - da) < 1e-9 && std::abs(t.test->feature_std[1] - db) < 1e-9);
+    for (const DatasetPtr& split : {t.train, t.test})
+      for (int64_t i = 0; i < split->count; ++i) {
+        const double r = split->targets[i];
+        QVERIFY(std::abs(split->values[i * 2] - (r - ma) / da) < 1e-5);
+        QVERIFY(std::abs(split->values[i * 2 + 1] - (r * r - mb) / db) < 1e-5);
+        if (i > 0) QVERIFY(split->targets[i] > split->targets[i - 1]);  // the file's order
+      }
+  }
+
+  void the_test_split_is_stratified_by_class() {
+    Files files;
+    QByteArray csv = "id,label\n";
+    const std::map<QByteArray, int> sizes{{"A", 10}, {"B", 7}, {"C", 3}, {"D", 2}};
+    int id = 0;
+    for (int round = 0; round < 10; ++round)  // interleaved, so that the file's order is no split
+      for (const auto& [label, n] : sizes)
+        if (round < n) csv += QByteArray::number(id++) + "," + label + "\n";
+    TableOptions o;
+    o.path = files.write("strata.csv", csv).toStdString();
+    o.target = "label";
+    o.test_fraction = 0.3;
+    std::set<std::vector<float>> picks;
+    for (uint64_t seed : {1, 2, 3}) {
+      o.seed = seed;
+      const TableData t = load_table(o);
+      QVERIFY(!t.train->regression);
+      QCOMPARE(t.train->class_names, (std::vector<std::string>{"A", "B", "C", "D"}));
+      for (int c = 0; c < 4; ++c) {
+        const auto inTest = std::count(t.test->targets.begin(), t.test->targets.end(), float(c));
+        const auto inTrain = std::count(t.train->targets.begin(), t.train->targets.end(), float(c));
+        const int n = sizes.at(QByteArray(1, char('A' + c)));
+        QCOMPARE(static_cast<int>(inTest + inTrain), n);
+        QVERIFY2(inTest >= 1 && inTrain >= 1, qPrintable(QString("class %1").arg(c)));
+        QVERIFY2(std::abs(inTest - 0.3 * n) <= 1.0,
+                 qPrintable(QString("class %1: %2 of %3").arg(c).arg(inTest).arg(n)));
+      }
+      // The test rows' ids, recovered from their standardised feature.
+      std::vector<float> ids;
+      for (int64_t i = 0; i < t.test->count; ++i)
+        ids.push_back(std::round(t.test->values[i] * t.test->feature_std[0] + t.test->feature_mean[0]));
+      picks.insert(ids);
+      QCOMPARE(load_table(o).test->values, t.test->values);  // the seed decides
+    }
+    QVERIFY2(picks.size() > 1, "every seed held out the same rows");
+  }
+
+  // --- bad files
+  // --------------------------------------------------------------------------------------------
+
+  void every_bad_file_is_one_clear_message() {
+    Files files;
+    auto text = [&](const QString& name, const QByteArray& bytes, int64_t steps = 3) {
+      return textOptions(files.write(name, bytes), steps);
+    };
+    expect_error([&] { load_text(text("latin1.txt", "abc\ndef\xe9gh\n")); },
+                 {"latin1.txt", "not UTF-8", "0xE9", "byte offset 7", "line 2", "column 4"});
+    expect_error([&] { load_text(text("overlong.txt", "ab\xc0\xaf")); }, {"byte offset 2", "0xC0"});
+    expect_error([&] { load_text(text("surrogate.txt", "ab\xed\xa0\x80")); }, {"surrogate", "byte offset 2"});
+    expect_error([&] { load_text(text("cut.txt", "abcd\xe2\x82")); }, {"cut short", "byte offset 4"});
+    expect_error([&] { load_text(text("nul.txt", QByteArray("ab\0cd", 5))); },
+                 {"nul.txt", "NUL", "byte offset 2", "line 1", "column 3"});
+    expect_error([&] { load_text(text("utf16.txt", QByteArray("a\0b\0c\0", 6))); }, {"UTF-16"});
+    expect_error([&] { load_text(text("empty.txt", "")); }, {"empty.txt", "is empty"});
+    expect_error([&] { load_text(textOptions(files.path("missing.txt"))); },
+                 {"missing.txt", "does not exist"});
+    expect_error([&] { load_text(textOptions(files.path(""))); }, {"is a directory"});
+    expect_error([&] { load_text(TextOptions{}); }, {"no file given"});
+    const QString fifo = files.path("fifo");
+    QCOMPARE(::mkfifo(qPrintable(fifo), 0600), 0);
+    expect_error([&] { load_text(textOptions(fifo)); },
+                 {"fifo", "not a regular file"});  // and does not block
+    expect_error([&] { load_text(text("short.txt", "abc", 35)); }, {"short.txt", "3 character tokens", "36"});
+    TextOptions split = text("split.txt", "abcdefghijklmnopqrstuvwxyz", 3);
+    split.test_fraction = 0.1;
+    expect_error([&] { load_text(split); }, {"test split", "last 3 of 26", "4 tokens"});
+    TextOptions small = text("big.txt", QByteArray(200, 'a'));
+    small.max_bytes = 100;
+    expect_error([&] { load_text(small); }, {"big.txt", "200 B", "more than", "max_bytes"});
+
+    TableOptions t;
+    t.target = "y";
+    t.test_fraction = 0;
+    auto table = [&](const QString& name, const QByteArray& bytes) {
+      t.path = files.write(name, bytes).toStdString();
+      return t;
+    };
+    expect_error([&] { load_table(table("ragged.csv", "a,b,y\n1,2,3\n1,2\n")); },
+                 {"ragged.csv", "line 3", "has 2 fields", "header has 3"});
+    expect_error([&] { load_table(table("word.csv", "a,b,y\n1,2,3\n\n1,x7,3\n")); },
+                 {"word.csv", "line 4", "'b'", "number 2", "'x7'", "not a number"});
+    expect_error([&] { load_table(table("nan.csv", "a,y\nnan,1\n")); }, {"line 2", "'nan'"});
+    expect_error([&] { load_table(table("empty-cell.csv", "a,y\n,1\n")); }, {"line 2", "''"});
+    expect_error([&] { load_table(table("no-target.csv", "a,b,price\n1,2,3\n")); },
+                 {"no-target.csv", "no column 'y'", "'a', 'b', 'price'"});
+    expect_error([&] { load_table(table("quote.csv", "a,b,y\n1,\"2,3\n4,5,6\n")); },
+                 {"quote.csv", "never closed", "line 2, column 3"});
+    expect_error([&] { load_table(table("after-quote.csv", "a,y\n\"1\"2,3\n")); },
+                 {"line 2", "after its closing"});
+    expect_error([&] { load_table(table("twice.csv", "a,a,y\n1,2,3\n")); }, {"'a' twice", "columns 1 and 2"});
+    expect_error([&] { load_table(table("header-only.csv", "a,y\n")); }, {"no rows"});
+    expect_error([&] { load_table(table("blank-target.csv", "a,y\n1,\n")); }, {"line 2", "'y'", "is empty"});
+    expect_error([&] { load_table(table("nul.csv", QByteArray("a,y\n1,\0\n", 8))); }, {"NUL", "line 2"});
+    t.target.clear();
+    expect_error([&] { load_table(table("unnamed.csv", "a,y\n1,2\n")); }, {"no column is named", "'a', 'y'"});
+    t.target = "y";
+    t.test_fraction = 0.5;
+    expect_error([&] { load_table(table("one-row.csv", "a,y\n1,2\n")); }, {"too few rows"});
+  }
+
+  void hostile_files_neither_crash_nor_hang() {
+    Files files;
+    // One line of 8 MB: a header of one huge name, then nothing.
+    TableOptions t;
+    t.target = "y";
+    t.path = files.write("huge-line.csv", QByteArray(8 << 20, 'x')).toStdString();
+    const std::string message = expect_error([&] { load_table(t); }, {"no column 'y'", "bytes)"});
+    QVERIFY2(message.size() < 400, message.c_str());  // the name is cut for the message
+    // A quote that never closes, over megabytes.
+    t.path = files.write("open-quote.csv", "a,y\n1,\"" + QByteArray(4 << 20, 'q')).toStdString();
+    expect_error([&] { load_table(t); }, {"never closed", "line 2"});
+    // A text of one 4 MB line loads: one token, repeated.
+    TextOptions o = textOptions(files.write("huge-line.txt", QByteArray(4 << 20, 'z')), 64);
+    const DatasetPtr d = load_text(o).train;
+    QCOMPARE(d->vocabulary, (std::vector<std::string>{"<unk>", "z"}));
+    // Random bytes: refused as not UTF-8 (or NUL), never a crash.
+    QByteArray noise(1 << 16, '\0');
+    uint32_t state = 12345;
+    for (char& c : noise) c = static_cast<char>((state = state * 1664525u + 1013904223u) >> 24);
+    t.path = files.write("noise.csv", noise).toStdString();
+    expect_error([&] { load_table(t); }, {"noise.csv", "byte offset"});
+    expect_error([&] { load_text(textOptions(QString::fromStdString(t.path))); }, {"byte offset"});
+  }
+
+  // --- the loader, for both kinds
+  // -----------------------------------------------------------------------------
+
+  void image_batches_are_shaped_as_before() {
+    Runtime rt;
+    SyntheticOptions so;
+    so.count = 20;
+    const DatasetPtr images = make_synthetic(so);
+    QVERIFY(!images->has_values());
+    QCOMPARE(images->sample_dims(), (Shape{1, 28, 28}));
+    QCOMPARE(images->target_dims(), Shape{});
+    QCOMPARE(images->sample_numel(), int64_t(784));
+    QCOMPARE(images->target_numel(), int64_t(1));
+    for (int64_t resize : {0, 32}) {
+      LoaderOptions lo;
+      lo.batch_size = 8;
+      lo.shuffle = false;
+      lo.resize = resize;
+      DataLoader loader(images, lo);
+      loader.start_epoch(0);
+      const HostBatchPtr b = loader.next();
+      const int64_t side = resize ? resize : 28;
+      QCOMPARE(b->channels, int64_t(1));
+      QCOMPARE(b->height, side);
+      QCOMPARE(b->sample_shape, (Shape{1, side, side}));
+      QCOMPARE(b->target_shape, Shape{});
+      const DeviceBatch db = to_device(rt, b, 2, 5, Device::cpu());
+      QCOMPARE(db.images.shape(), (Shape{3, 1, side, side}));
+      QCOMPARE(db.labels.shape(), Shape{3});
+      QCOMPARE(to_host(db.labels), (std::vector<float>{float(images->labels[2]), float(images->labels[3]),
+                                                       float(images->labels[4])}));
+      if (!resize) QCOMPARE(to_host(db.images)[0], images->images[2 * 784] * (1.0f / 255.0f));
+    }
+    // A batch made by hand with only channels, height and width is [n, C, H, W] as it was.
+    std::vector<float> pixels(2 * 3 * 4 * 5, 0.5f), labels{1, 0};
+    auto hand = std::make_shared<HostBatch>();
+    hand->size = 2, hand->channels = 3, hand->height = 4, hand->width = 5;
+    hand->images = pixels.data(), hand->labels = labels.data();
+    QCOMPARE(hand->sample_numel(), int64_t(60));
+    const DeviceBatch db = to_device(rt, hand, 0, 2, Device::cpu());
+    QCOMPARE(db.images.shape(), (Shape{2, 3, 4, 5}));
+    QCOMPARE(db.labels.shape(), Shape{2});
+  }
+
+  void value_batches_reach_the_device_as_they_are() {
+    if (gpl3().isEmpty()) QSKIP("/usr/share/common-licenses/GPL-3 is not installed");
+    Runtime rt;
+    const DatasetPtr d = load_text(textOptions(kGpl3, 6)).train;
+    LoaderOptions lo;
+    lo.batch_size = 4;
+    lo.shuffle = false;
+    DataLoader loader(d, lo);
+    loader.start_epoch(0);
+    const HostBatchPtr b = loader.next();
+    QCOMPARE(b->channels, int64_t(0));
+    QCOMPARE(b->sample_numel(), int64_t(6));
+    QCOMPARE(b->target_numel(), int64_t(6));
+    const DeviceBatch db = to_device(rt, b, 1, 3, Device::cpu());
+    QCOMPARE(db.images.shape(), (Shape{2, 6}));
+    QCOMPARE(db.labels.shape(), (Shape{2, 6}));
+    QCOMPARE(to_host(db.images), std::vector<float>(d->values.begin() + 6, d->values.begin() + 18));
+    QCOMPARE(to_host(db.labels), std::vector<float>(d->targets.begin() + 6, d->targets.begin() + 18));
+    // copy_batch_into takes the same shapes, and refuses others.
+    const DeviceBatch into{Tensor(rt, {2, 6}, Device::cpu()), Tensor(rt, {2, 6}, Device::cpu())};
+    copy_batch_into(b, 2, into);
+    QCOMPARE(to_host(into.labels), std::vector<float>(d->targets.begin() + 12, d->targets.begin() + 24));
+    const DeviceBatch wrong{Tensor(rt, {2, 6}, Device::cpu()), Tensor(rt, {2}, Device::cpu())};
+    expect_error([&] { copy_batch_into(b, 0, wrong); }, {"do not fit"});
+
+    // A table's scalar targets are [n].
+    Files files;
+    TableOptions to;
+    to.path = files.write("t.csv", "a,b,y\n1,2,0\n3,4,1\n5,6,0\n").toStdString();
+    to.target = "y";
+    to.test_fraction = 0;
+    LoaderOptions tl;
+    tl.batch_size = 2;
+    tl.shuffle = false;
+    DataLoader tables(load_table(to).train, tl);
+    tables.start_epoch(0);
+    const DeviceBatch tb = to_device(rt, tables.next(), 0, 2, Device::cpu());
+    QCOMPARE(tb.images.shape(), (Shape{2, 2}));
+    QCOMPARE(tb.labels.shape(), Shape{2});
+    QCOMPARE(to_host(tb.labels), (std::vector<float>{0, 1}));
+  }
+
+  void take_keeps_values_and_the_loader_refuses_what_does_not_fit() {
+    if (gpl3().isEmpty()) QSKIP("/usr/share/common-licenses/GPL-3 is not installed");
+    const DatasetPtr d = load_text(textOptions(kGpl3, 5)).train;
+    const DatasetPtr few = take(d, 3);
+    QCOMPARE(few->count, int64_t(3));
+    QCOMPARE(few->values, std::vector<float>(d->values.begin(), d->values.begin() + 15));
+    QCOMPARE(few->targets, std::vector<float>(d->targets.begin(), d->targets.begin() + 15));
+    QCOMPARE(few->vocabulary, d->vocabulary);
+    LoaderOptions lo;
+    lo.resize = 32;
+    expect_error([&] { DataLoader loader(d, lo); }, {"resize applies to images"});
+    auto broken = std::make_shared<Dataset>(*few);
+    broken->values.pop_back();
+    expect_error([&] { DataLoader loader(broken, {}); }, {"14 values", "3 samples"});
+    expect_error([&] { channel_stats(*d); }, {"holds values"});
+  }
+};
+
+QTEST_GUILESS_MAIN(SequenceDataTest)
+#include "test_sequence_data.moc"
