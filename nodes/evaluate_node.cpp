@@ -2,10 +2,12 @@
 // and the mistakes it made, for the editor's Confusion and Mistakes views.
 #include <QBuffer>
 #include <QImage>
+#include <algorithm>
 #include <cmath>
 
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/predict.h"
+#include "gpunodes/nn/trainer.h"
 #include "model_values.h"
 #include "node_util.h"
 
@@ -56,10 +58,15 @@ class EvaluateNode final : public GpuNode {
                 "the series <node>.accuracy. The same pass gives the report the confusion matrix (rows: true "
                 "class, columns: predicted), the accuracy of each class, the class names and the first "
                 "mistakes_shown mistakes, most confident first, each with its image and top-5 classes: the "
-                "editor's Confusion and Mistakes tabs.",
+                "editor's Confusion and Mistakes tabs. On a text (a language model) it reports the "
+                "accuracy of the next token and the perplexity; on a regression the MSE, MAE and R^2 with "
+                "every prediction against its target, and for a series d2l 9.1's one-step and k-step-ahead "
+                "predictions over the whole series.",
             .inputs = {inPort("model", PortType::Model, "The model."),
                        inPort("data", PortType::Dataset, "The data, read in its batch size.")},
-            .outputs = {outPort("accuracy", PortType::Scalar, "The fraction classified correctly.")},
+            .outputs = {outPort("accuracy", PortType::Scalar,
+                                "The fraction classified correctly (of next tokens, for a text); for a "
+                                "regression the mean squared error.")},
             .params = {enumParam("split", {"test", "train"}, "test", "Which split to measure."),
                        intParam("mistakes_shown", 48, 0, 1000,
                                 "How many of the mistakes (the most confident first) the report carries with "
@@ -73,7 +80,7 @@ class EvaluateNode final : public GpuNode {
     if (!(split == "train" ? data.hasTrain : data.hasTest))
       check.error("params.split",
                   "the dataset has no " + split + " split (set its split to both or " + split + ")");
-    check.checkImages(model, data);
+    check.checkData(model, data);
     return {};
   }
 
@@ -87,8 +94,10 @@ class EvaluateNode final : public GpuNode {
     if (!set || set->count == 0)
       throw Error(
           ("the dataset has no " + split + " split (set its split to both or " + split + ")").toStdString());
-    const QString mismatch = imageMismatch(model->model().options(), data->channels(), data->side());
+    const QString mismatch = dataMismatch(model->model().options(), data->shape());
     if (!mismatch.isEmpty()) throw Error(mismatch.toStdString());
+    if (set->regression) return evaluateRegression(ctx, *model, set, ds);
+    if (set->target_numel() > 1) return evaluateLanguageModel(ctx, *model, set, ds);
 
     const nn::Predictions p = nn::predict(model->model(), set, ds.batchSize, ds.resize);
     const double accuracy = p.accuracy();
@@ -114,10 +123,11 @@ class EvaluateNode final : public GpuNode {
                                       {"predicted", static_cast<double>(m.predicted)},
                                       {"confidence", number(m.confidence)},
                                       {"top5", top5},
-                                      {"image", samplePng(*set, m.index)}});
+                                      {"image", set->has_values() ? QString() : samplePng(*set, m.index)}});
     }
 
     ctx.metric(ctx.nodeId() + ".accuracy", model->epochsTrained(), accuracy);
+    ctx.reportField("task", "classification");
     ctx.reportField("accuracy", accuracy);
     ctx.reportField("samples", static_cast<double>(set->count));
     ctx.reportField("split", split);
@@ -127,6 +137,80 @@ class EvaluateNode final : public GpuNode {
     ctx.reportField("mistakes", mistakesJson);
     ctx.reportField("mistakes_total", static_cast<double>(wrong));
     ctx.setOutput("accuracy", std::make_shared<ScalarValue>(std::vector<double>{accuracy}));
+  }
+
+ private:
+  // The next token's accuracy and d2l's perplexity (exp of the mean per-token cross-entropy).
+  static void evaluateLanguageModel(core::NodeContext& ctx, const ModelValue& model, const nn::DatasetPtr& set,
+                                    const DatasetSpec& ds) {
+    const QString target = targetMismatch(model.model().options(), DataShape{set->sample_dims(), set->target_dims(),
+                                                                              set->classes, false, "text"},
+                                          nn::LossKind::CrossEntropy);
+    if (!target.isEmpty()) throw Error(target.toStdString());
+    const nn::EvalMetrics m = nn::evaluate_metrics(model.model(), set, nn::LossKind::CrossEntropy, ds.batchSize);
+    ctx.metric(ctx.nodeId() + ".accuracy", model.epochsTrained(), m.accuracy);
+    ctx.metric(ctx.nodeId() + ".perplexity", model.epochsTrained(), m.perplexity);
+    ctx.reportField("task", "language_model");
+    ctx.reportField("accuracy", m.accuracy);
+    ctx.reportField("perplexity", m.perplexity);
+    ctx.reportField("loss", m.loss);
+    ctx.reportField("samples", static_cast<double>(set->count));
+    ctx.reportField("split", ctx.params()["split"].toString());
+    ctx.setOutput("accuracy", std::make_shared<ScalarValue>(std::vector<double>{m.accuracy}));
+  }
+
+  // MSE, MAE and R^2 from every prediction (float64 on the host), the points for the editor's scatter, and
+  // for a series d2l's one-step and k-step-ahead predictions.
+  static void evaluateRegression(core::NodeContext& ctx, const ModelValue& model, const nn::DatasetPtr& set,
+                                 const DatasetSpec& ds) {
+    const QString target = targetMismatch(model.model().options(), DataShape{set->sample_dims(), set->target_dims(),
+                                                                              1, true, ds.name},
+                                          nn::LossKind::Mse);
+    if (!target.isEmpty()) throw Error(target.toStdString());
+    const std::vector<float> predicted = nn::predict_values(model.model(), set, ds.batchSize);
+    const std::vector<float>& truth = set->targets;
+    const size_t n = std::min(predicted.size(), truth.size());
+    double mean = 0, sse = 0, sae = 0, sst = 0;
+    for (size_t i = 0; i < n; ++i) mean += truth[i];
+    mean /= static_cast<double>(std::max<size_t>(n, 1));
+    QJsonArray trueJson, predictedJson;
+    constexpr size_t kPoints = 5000;  // enough to see the cloud; the numbers use every point
+    for (size_t i = 0; i < n; ++i) {
+      const double e = static_cast<double>(predicted[i]) - truth[i];
+      sse += e * e;
+      sae += std::abs(e);
+      sst += (truth[i] - mean) * (truth[i] - mean);
+      if (i < kPoints) {
+        trueJson.append(truth[i]);
+        predictedJson.append(number(predicted[i]));
+      }
+    }
+    const double mse = sse / static_cast<double>(n), mae = sae / static_cast<double>(n);
+    const double r2 = sst > 0 ? 1 - sse / sst : NAN;
+    ctx.metric(ctx.nodeId() + ".mse", model.epochsTrained(), mse);
+    ctx.reportField("task", "regression");
+    ctx.reportField("samples", static_cast<double>(set->count));
+    ctx.reportField("split", ctx.params()["split"].toString());
+    ctx.reportField("loss", mse);
+    ctx.reportField("mse", mse);
+    ctx.reportField("mae", mae);
+    ctx.reportField("r2", number(r2));
+    ctx.reportField("predictions", QJsonObject{{"true", trueJson}, {"predicted", predictedJson}});
+    if (set->series) {
+      // The test split's first target is where training data ends: the k-step prediction starts there.
+      const int64_t trainEnd = ds.test ? ds.test->series_first : static_cast<int64_t>(set->series->size());
+      const nn::SeriesPredictions sp = nn::predict_series(model.model(), *set, trainEnd);
+      QJsonArray values, one, k;
+      for (float v : *set->series) values.append(v);
+      for (double v : sp.one_step) one.append(number(v));
+      for (double v : sp.k_step) k.append(number(v));
+      ctx.reportField("series", QJsonObject{{"values", values},
+                                            {"tau", static_cast<double>(set->sample_shape[0])},
+                                            {"train_end", static_cast<double>(trainEnd)},
+                                            {"one_step", one},
+                                            {"k_step", k}});
+    }
+    ctx.setOutput("accuracy", std::make_shared<ScalarValue>(std::vector<double>{mse}));
   }
 };
 

@@ -213,9 +213,14 @@ Known NodeCheck::modelDevice(const QString& port) const {
   return m;
 }
 
-void NodeCheck::checkImages(const Known& model, const Known& data) {
-  if (!model.model || !data.channels || !data.side) return;
-  const QString why = imageMismatch(*model.model, *data.channels, *data.side);
+void NodeCheck::checkData(const Known& model, const Known& data, std::optional<nn::LossKind> loss) {
+  if (!model.model) return;
+  QString why;
+  if (data.channels && data.side)
+    why = imageMismatch(*model.model, *data.channels, *data.side);
+  else if (data.data && !data.data->images())
+    why = dataMismatch(*model.model, *data.data);
+  if (why.isEmpty() && loss && data.data) why = targetMismatch(*model.model, *data.data, *loss);
   if (!why.isEmpty()) error("inputs.data", why);
 }
 

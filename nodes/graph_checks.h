@@ -19,6 +19,7 @@
 #include "gpunodes/nn/model.h"
 #include "gpunodes/nn/network.h"
 #include "gpunodes/shape.h"
+#include "model_values.h"
 
 namespace gn::nodes {
 
@@ -42,8 +43,10 @@ struct Known {
   std::optional<double> count;  // Tensors: the batch size (a double: unchecked params may be absurd)
   std::optional<nn::ModelOptions> model;  // Model: the architecture
   nn::LayerNodePtr layer;                 // Layer: the activation and what it is built from
-  // Dataset: image channels and side (after resize), which splits it has, the batch size.
+  // Dataset: image channels and side (after resize), which splits it has, the batch size, and what it serves
+  // (samples and targets, as far as known before the run).
   std::optional<int64_t> channels, side, batch;
+  std::optional<DataShape> data;
   bool hasTrain = true, hasTest = true;
 
   static Known deviceList(std::vector<Device> d) {
@@ -108,7 +111,9 @@ class NodeCheck {
   // Every precision but fp32 needs CUDA devices (check_precision's rule); `where` names what runs on them.
   void checkPrecision(const std::vector<Device>& devices, const QString& where);
   // A model that cannot take the dataset's images, reported on the data input.
-  void checkImages(const Known& model, const Known& data);
+  // That the model takes the dataset's samples and, under `loss` (when the node trains), gives what its
+  // targets need: errors on inputs.data.
+  void checkData(const Known& model, const Known& data, std::optional<nn::LossKind> loss = std::nullopt);
   // Where a model built by this node lives: the one device wired into `port` (the first of a list), the CPU
   // when the port is open, unknown otherwise; with the Device output that put it there, for fixes.
   Known modelDevice(const QString& port) const;

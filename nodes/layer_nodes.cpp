@@ -32,6 +32,16 @@ nn::LayerSpec layerSpecOf(LayerKind kind, const QString& id, const QJsonObject& 
   };
   if (auto shape = shapeOf(p["shape"])) l.shape = *shape;
   integer(kind == LayerKind::Linear ? "out_features" : "out_channels", l.features);
+  integer("hidden_size", l.features);
+  integer("embedding_dim", l.features);
+  integer("num_classes", l.features);
+  integer("num_embeddings", l.vocab);
+  integer("num_layers", l.num_layers);
+  integer("dim0", l.dim0);
+  integer("dim1", l.dim1);
+  if (p.contains("bidirectional")) l.bidirectional = p["bidirectional"].toBool();
+  if (p.contains("nonlinearity")) l.relu = p["nonlinearity"].toString() == "relu";
+  real("dropout", l.dropout);
   integer("kernel_size", l.kernel);
   integer("stride", l.stride);
   integer("padding", l.padding);
@@ -72,12 +82,27 @@ QString flopsText(double flops) {
   return QString::number(flops, 'f', 0) + " FLOPs";
 }
 
+// The axes of a per-sample shape, in words, for the node's tooltip.
+QString axesText(const Shape& s, nn::LayerKind kind) {
+  switch (s.size()) {
+    case 3:
+      return QString("%1 channels × %2 × %3 pixels per sample").arg(s[0]).arg(s[1]).arg(s[2]);
+    case 2:
+      return QString("%1 steps × %2 features per sample").arg(s[0]).arg(s[1]);
+    case 1:
+      return kind == nn::LayerKind::Input ? QString("%1 values per sample: features, or %1 token ids").arg(s[0])
+                                          : QString("%1 features per sample").arg(s[0]);
+    default:
+      return {};
+  }
+}
+
 }  // namespace
 
 core::NodeFacts layerFacts(const nn::LayerNode& layer) {
   QString badge = shapeText(layer.info.out);
   if (layer.info.params > 0) badge += " · " + count(layer.info.params) + " params";
-  return {.badge = badge};
+  return {.badge = badge, .detail = axesText(layer.info.out, layer.spec.kind)};
 }
 
 core::NodeFacts networkFacts(const nn::NetworkSpec& net) {
@@ -187,6 +212,28 @@ QList<core::ParamSpec> batchNormParams() {
                     "definition), with the batch's unbiased variance.")};
 }
 
+// Reshape's target: dimensions of at least 1, or one -1.
+core::ParamSpec reshapeParam() {
+  core::ParamSpec p = shapeParam("shape", QJsonArray{28, 28},
+                                 "The shape per sample, one dimension may be -1; it must hold the input's values.");
+  p.min = -1;
+  return p;
+}
+
+// RNN, GRU and LSTM: PyTorch's constructor arguments.
+QList<core::ParamSpec> recurrentParams(bool nonlinearity) {
+  QList<core::ParamSpec> p{
+      intParam("hidden_size", 256, 1, kMaxWidth, "Features of the hidden state (d2l's num_hiddens)."),
+      intParam("num_layers", 1, 1, 64, "Stacked layers: layer l + 1 reads layer l's outputs."),
+      boolParam("bidirectional", false,
+                "A second set of weights reads the sequence backwards; outputs are both, side by side."),
+      unitFloat("dropout", 0, 0.99, "Dropout on each layer's outputs but the last, in training."),
+      boolParam("bias", true, "Whether the layers add the biases b_ih and b_hh.")};
+  if (nonlinearity)
+    p.append(enumParam("nonlinearity", {"tanh", "relu"}, "tanh", "The activation of the hidden state."));
+  return p;
+}
+
 class NetworkNode final : public GpuNode {
  public:
   NetworkNode()
@@ -279,9 +326,11 @@ QList<core::NodeTypePtr> makeLayerNodes() {
   const core::ParamSpec bias = boolParam("bias", true, "Whether the layer adds a learned bias.");
   return {
       layer(LayerKind::Input,
-            "Where a network starts: the shape of one sample, [C, H, W] for images or [features].",
+            "Where a network starts: the shape of one sample, [C, H, W] for images, [features] for a table or a "
+            "series window, [T] for token ids or [T, F] for a sequence of T steps of F features.",
             {shapeParam("shape", QJsonArray{1, 28, 28},
-                        "One sample's shape: [C, H, W] (Fashion-MNIST: [1, 28, 28]) or [features].")}),
+                        "One sample's shape: [C, H, W] (Fashion-MNIST: [1, 28, 28]), [features], token ids [T] "
+                        "(a text dataset's num_steps) or [T, F].")}),
       layer(LayerKind::Conv2d,
             "2-D convolution over a [C, H, W] activation (PyTorch's nn.Conv2d; square kernel).",
             {intParam("out_channels", 16, 1, kMaxWidth, "Output channels (filters)."),
@@ -308,7 +357,9 @@ QList<core::NodeTypePtr> makeLayerNodes() {
             "The mean of each channel: [C, H, W] -> [C, 1, 1] (d2l's "
             "AdaptiveAvgPool2d((1, 1)))."),
       layer(LayerKind::Flatten, "Everything per sample into one axis: [C, H, W] -> [C*H*W]."),
-      layer(LayerKind::Linear, "y = x W^T + b on a flat [features] activation (PyTorch's nn.Linear).",
+      layer(LayerKind::Linear,
+            "y = x W^T + b on a flat [features] activation, or on each step of a [T, F] sequence (PyTorch's "
+            "nn.Linear acts on the last axis).",
             {intParam("out_features", 10, 1, kMaxWidth, "Output features (the classes, for the last layer)."),
              bias}),
       layer(LayerKind::Dropout,
@@ -318,6 +369,41 @@ QList<core::NodeTypePtr> makeLayerNodes() {
       layer(LayerKind::Add, "a + b, elementwise: the residual connection. Both must have the same shape."),
       layer(LayerKind::Concat,
             "a and b joined along the channel axis (the first per-sample axis); the other sizes must match."),
+      layer(LayerKind::Embedding,
+            "Token ids [T] to vectors [T, embedding_dim] (PyTorch's nn.Embedding; weight <id>.weight "
+            "[num_embeddings, embedding_dim] from N(0, 1)). An id outside [0, num_embeddings) fails the run, "
+            "naming the id, its sample and step.",
+            {intParam("num_embeddings", 28, 1, 1 << 24, "The vocabulary's size: ids run from 0 to this - 1."),
+             intParam("embedding_dim", 32, 1, kMaxWidth, "Features per token.")}),
+      layer(LayerKind::OneHot,
+            "Token ids [T] to one-hot rows [T, num_classes] (d2l's RNN language model's F.one_hot).",
+            {intParam("num_classes", 28, 1, 1 << 24, "The vocabulary's size: ids run from 0 to this - 1.")}),
+      layer(LayerKind::RNN,
+            "An Elman RNN over a [T, F] sequence, every step's output [T, hidden_size x directions] "
+            "(PyTorch's nn.RNN, batch_first): h' = act(W_ih x + b_ih + W_hh h + b_hh). Parameters "
+            "<id>.weight_ih_l0, <id>.weight_hh_l0, <id>.bias_ih_l0, <id>.bias_hh_l0 (and _reverse), from "
+            "U(-1/sqrt(hidden_size), 1/sqrt(hidden_size)). Starts from zeros; a sequential text dataset "
+            "carries the state from batch to batch.",
+            recurrentParams(true)),
+      layer(LayerKind::GRU,
+            "A gated recurrent unit over a [T, F] sequence (PyTorch's nn.GRU: gates r, z, n, the reset "
+            "gate applied after the hidden product), every step's output [T, hidden_size x directions]. "
+            "Parameters named and initialised as PyTorch's.",
+            recurrentParams(false)),
+      layer(LayerKind::LSTM,
+            "A long short-term memory over a [T, F] sequence (PyTorch's nn.LSTM: gates i, f, g, o), every "
+            "step's output [T, hidden_size x directions]. Parameters named and initialised as PyTorch's.",
+            recurrentParams(false)),
+      layer(LayerKind::Reshape,
+            "The same values per sample in another shape (one -1 takes what is left): Input [1, 28, 28] -> "
+            "Reshape [28, 28] reads an image's rows as 28 steps.",
+            {reshapeParam()}),
+      layer(LayerKind::Transpose, "Swaps two per-sample axes (negative ones count from the end).",
+            {intParam("dim0", 0, -4, 3, "The first axis (0 is the first per-sample axis)."),
+             intParam("dim1", 1, -4, 3, "The second axis.")}),
+      layer(LayerKind::LastStep,
+            "The last step of a [T, F] sequence: [F] (x[:, -1]), what a classifier reads after a recurrent "
+            "layer."),
       std::make_shared<NetworkNode>(),
   };
 }

@@ -37,6 +37,23 @@ int64_t DatasetValue::channels() const {
   return d ? d->channels : 0;
 }
 
+DataShape DatasetValue::shape() const {
+  DataShape d;
+  const nn::DatasetPtr& set = anySplit();
+  if (!set) return d;
+  d.classes = set->classes;
+  d.regression = set->regression;
+  d.target = set->target_dims();
+  if (set->has_values()) {
+    d.sample = set->sample_dims();
+    d.kind = spec_.name;
+  } else {
+    d.sample = {set->channels, side(), side()};
+    d.kind = "images";
+  }
+  return d;
+}
+
 QString DatasetValue::summary() const {
   QStringList parts;
   if (spec_.train) parts.append(QString("train %1").arg(spec_.train->count));
@@ -44,6 +61,14 @@ QString DatasetValue::summary() const {
   if (spec_.train && spec_.train->transform.augments()) parts.append("augmented");
   const nn::DatasetPtr& d = spec_.train ? spec_.train : spec_.test;
   if (d && d->transform.normalizes()) parts.append("normalized");
+  if (d && d->has_values()) {
+    const QString what = spec_.name == "text" ? QString("windows of %1 tokens, vocabulary %2")
+                                                    .arg(d->sample_dims().empty() ? 0 : d->sample_dims()[0])
+                                                    .arg(d->classes)
+                         : d->regression ? QString("%1 values per sample, regression").arg(d->sample_numel())
+                                         : QString("%1 values per sample, %2 classes").arg(d->sample_numel()).arg(d->classes);
+    return QString("%1: %2, %3, batch %4").arg(spec_.name, parts.join(", "), what).arg(spec_.batchSize);
+  }
   return QString("%1: %2, %3x%4x%4, batch %5")
       .arg(spec_.name, parts.join(", "))
       .arg(channels())
@@ -116,6 +141,86 @@ QString imageMismatch(const nn::ModelOptions& m, int64_t channels, int64_t side)
         .arg(arch)
         .arg(m.image_size)
         .arg(side);
+  return {};
+}
+
+namespace {
+
+QString bracketed(const Shape& s) {
+  QStringList d;
+  for (int64_t v : s) d.append(QString::number(v));
+  return "[" + d.join(", ") + "]";
+}
+
+// The model's output per sample.
+Shape outputPerSample(const nn::ModelOptions& m) {
+  if (m.arch == nn::Arch::Network) return m.network->infer().back().out;
+  return {m.classes};
+}
+
+}  // namespace
+
+QString dataMismatch(const nn::ModelOptions& m, const DataShape& data) {
+  if (data.sample.empty()) return {};
+  if (data.images()) return imageMismatch(m, data.sample[0], data.sample[1]);
+  if (m.arch != nn::Arch::Network)
+    return QString("the %1 model takes images, and the %2 dataset gives %3 values per sample: draw a Network "
+                   "from an Input of shape %4")
+        .arg(nn::arch_name(m.arch), data.kind)
+        .arg(checked_numel(data.sample))
+        .arg(bracketed(data.sample));
+  const Shape& in = m.network->input().shape;
+  if (in != data.sample)
+    return QString("the network's Input is %1, but the %2 dataset gives samples of %3 (set the Input's shape to "
+                   "%3)")
+        .arg(bracketed(in), data.kind, bracketed(data.sample));
+  return {};
+}
+
+QString targetMismatch(const nn::ModelOptions& m, const DataShape& data, nn::LossKind loss) {
+  if (data.kind.isEmpty() || !data.targetsKnown) return {};
+  const QString lossName = nn::loss_kind_name(loss);
+  if (data.regression && !nn::is_regression(loss))
+    return QString("the %1 dataset's targets are values to predict (a regression), but the loss is %2: set Train's "
+                   "loss to mse, l1 or huber")
+        .arg(data.kind, lossName);
+  if (!data.regression && nn::is_regression(loss))
+    return QString("the %1 dataset's targets are classes, but the loss is %2, a regression loss: set Train's loss "
+                   "to cross_entropy")
+        .arg(data.kind, lossName);
+  const Shape out = outputPerSample(m);
+  if (data.regression) {
+    const int64_t want = data.target.empty() ? 1 : checked_numel(data.target);
+    if (checked_numel(out) != want)
+      return QString("a regression predicts %1 value%2 per sample, but the model gives %3: end the network with a "
+                     "Linear of out_features %1")
+          .arg(want)
+          .arg(want == 1 ? "" : "s")
+          .arg(bracketed(out));
+    return {};
+  }
+  const int64_t classes = out.empty() ? 0 : out.back();
+  if (data.target.size() == 1) {  // a target per step: a language model
+    const int64_t steps = data.target[0];
+    if (out.size() != 2 || out[0] != steps)
+      return QString("the %1 dataset has a target token for each of %2 steps, so the network must end in [%2, "
+                     "vocabulary] scores (a Linear after the recurrent layer, on every step), but it ends in %3")
+          .arg(data.kind)
+          .arg(steps)
+          .arg(bracketed(out));
+  } else if (out.size() != 1) {
+    return QString("the network ends in %1 per sample, not in [classes] scores: end it with a Linear (after a "
+                   "Flatten or a LastStep)")
+        .arg(bracketed(out));
+  }
+  if (data.classes > 0 && classes < data.classes)
+    return QString("the model gives %1 scores per %2, but the %3 dataset has %4 %5: set the last Linear's "
+                   "out_features (or the Model's classes) to %4")
+        .arg(classes)
+        .arg(data.target.size() == 1 ? "step" : "sample")
+        .arg(data.kind)
+        .arg(data.classes)
+        .arg(data.target.size() == 1 ? "tokens in its vocabulary" : "classes");
   return {};
 }
 

@@ -10,6 +10,7 @@
 #include "gpunodes/core/node_type.h"
 #include "gpunodes/nn/data.h"
 #include "gpunodes/nn/model.h"
+#include "gpunodes/nn/trainer.h"
 #include "gpunodes/runtime.h"
 
 namespace gn::nodes {
@@ -36,9 +37,21 @@ class ModelValue final : public core::PortValue {
   double epochsTrained_ = 0;
 };
 
+// What a dataset serves and what its targets are: what a model must take and give. Known on a Dataset wire
+// before the run as far as the Dataset's params tell, and exactly from a DatasetValue.
+struct DataShape {
+  Shape sample;             // one sample as the loader hands it out (after resize); empty: not known yet
+  Shape target;             // one target: {} a label or a value, {T} a token per step
+  int64_t classes = 0;      // classes, or a text's vocabulary; 0: not known before the run (or regression)
+  bool regression = false;  // targets are values to predict
+  QString kind;             // "images", "text", "series", "table"
+  bool targetsKnown = true; // false before the run where the rows decide the task (a table's auto)
+  bool images() const { return kind == "images"; }
+};
+
 // A Dataset port's value: the training and test splits (either may be absent) and how to batch them.
 struct DatasetSpec {
-  QString name;          // "fashion-mnist", "synthetic", "image_folder"
+  QString name;          // "fashion-mnist", "synthetic", "image_folder", "text", "series", "table"
   nn::DatasetPtr train;  // null when the node loads only the test split; carries the augmentation
   nn::DatasetPtr test;   // null when the node loads only the training split; normalised like train, no more
   int64_t batchSize = 256;
@@ -53,6 +66,10 @@ class DatasetValue final : public core::PortValue {
   // The image side the loader hands out (after resize) and the channels.
   int64_t side() const;
   int64_t channels() const;
+  // The samples and targets (from the training split, else the test split).
+  DataShape shape() const;
+  // The split that is there: the training split, else the test split.
+  const nn::DatasetPtr& anySplit() const { return spec_.train ? spec_.train : spec_.test; }
   QString summary() const override;
   qint64 bytes() const override;  // the splits' images and labels
 
@@ -70,6 +87,14 @@ nn::ModelOptions modelOptionsOf(const QJsonObject& params);
 // Why `model` cannot take images of channels x side x side; empty when it can. ResNet-18 ends in a global
 // average pool and takes any size; the MLP and LeNet are built for one size; Linear takes no images.
 QString imageMismatch(const nn::ModelOptions& model, int64_t channels, int64_t side);
+
+// Why `model` cannot take the dataset's samples (imageMismatch for images; a drawn network's Input must be a
+// value dataset's sample shape); empty when it can, or when the samples are not known yet.
+QString dataMismatch(const nn::ModelOptions& model, const DataShape& data);
+// Why the model's output cannot be trained with `loss` against the dataset's targets: the task (classes or
+// values), the output's shape per sample ([classes], [T, vocab] for a target per step, one value per
+// regression target) and too few classes; empty when it fits or is not known yet.
+QString targetMismatch(const nn::ModelOptions& model, const DataShape& data, nn::LossKind loss);
 
 // Why `model` cannot take a tensor of this shape (Forward); empty when it can.
 QString inputMismatch(const nn::ModelOptions& model, const Shape& shape);

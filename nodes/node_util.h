@@ -114,6 +114,7 @@ core::NodeTypePtr makeLoadParamsNode();
 core::NodeTypePtr makeDatasetNode();
 core::NodeTypePtr makeTrainNode();
 core::NodeTypePtr makeEvaluateNode();
+core::NodeTypePtr makeGenerateNode();
 // Input, Conv2d, ... Concat and Network: the "Layers" category (layer_nodes.cpp).
 QList<core::NodeTypePtr> makeLayerNodes();
 

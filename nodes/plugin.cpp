@@ -12,7 +12,7 @@ GpuNodesPlugin::GpuNodesPlugin()
              makeMatMulNode(),     makeElementwiseNode(), makeNormNode(),    makeSynchronizeNode(),
              makeInspectNode(),    makeModelNode(),       makeForwardNode(), makeParametersNode(),
              makeSaveParamsNode(), makeLoadParamsNode(),  makeDatasetNode(), makeTrainNode(),
-             makeEvaluateNode()} {
+             makeEvaluateNode(), makeGenerateNode()} {
   types_.append(makeLayerNodes());
 }
 

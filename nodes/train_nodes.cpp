@@ -1,5 +1,5 @@
-// Dataset and Train: Fashion-MNIST, a folder of images (or a synthetic set) in batches, and data-parallel
-// training across devices with live metric series.
+// Train: data-parallel training across devices with live metric series, for classes, language models and
+// regression.
 #include <QDir>
 #include <QFileInfo>
 #include <QJsonArray>
@@ -19,326 +19,6 @@ namespace gn::nodes {
 namespace {
 
 using core::PortType;
-
-// The synthetic set's sizes before `limit`: enough for a model to learn its patterns in an epoch or two.
-constexpr int64_t kSyntheticTrain = 2048, kSyntheticTest = 512;
-
-// `data` served with transform `t`. A set made for this node alone (`own`: an image folder's, which may fill
-// most of memory) takes it in place; loaded sets are shared, so they are copied when `t` changes anything.
-nn::DatasetPtr withTransform(const nn::DatasetPtr& data, const nn::Transform& t,
-                             const std::shared_ptr<nn::Dataset>& own = nullptr) {
-  if (own) {
-    own->transform = t;
-    return own;
-  }
-  if (!data || (!t.augments() && !t.normalizes())) return data;
-  auto d = std::make_shared<nn::Dataset>(*data);
-  d->transform = t;
-  return d;
-}
-
-// The loader's milliseconds per batch over the first batches of epoch 0, as Train will read `data`: whether
-// it can keep a device fed. A batch too large to probe cheaply is measured smaller and scaled (the cost is
-// per sample).
-double probeLoader(const nn::DatasetPtr& data, const DatasetSpec& spec, bool training) {
-  constexpr int kBatches = 8;
-  constexpr double kSeconds = 0.25, kMaxProbeBytes = 256.0 * (1 << 20);
-  const int64_t side = spec.resize > 0 ? spec.resize : data->height;
-  const double sampleBytes = static_cast<double>(data->channels * side * side + 1) * sizeof(float);
-  const int64_t full = std::min(spec.batchSize, data->count);
-  const int64_t probe =
-      std::clamp<int64_t>(static_cast<int64_t>(kMaxProbeBytes / sampleBytes), int64_t(1), full);
-  nn::LoaderOptions lo;
-  lo.batch_size = probe;
-  lo.shuffle = training;
-  lo.seed = spec.shuffleSeed;
-  lo.resize = spec.resize;
-  nn::DataLoader loader(data, lo);
-  loader.start_epoch(0);
-  const auto start = std::chrono::steady_clock::now();
-  for (int b = 0; b < kBatches; ++b) {
-    if (!loader.next()) break;
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kSeconds) break;
-  }
-  loader.stop();
-  return loader.ms_per_batch() * static_cast<double>(full) / static_cast<double>(probe);
-}
-
-QJsonArray classCounts(const nn::Dataset& d) {
-  std::vector<double> counts(static_cast<size_t>(d.classes), 0.0);
-  for (uint8_t label : d.labels)
-    if (label < counts.size()) counts[label] += 1;
-  QJsonArray out;
-  for (double c : counts) out.append(c);
-  return out;
-}
-
-class DatasetNode final : public GpuNode {
- public:
-  DatasetNode()
-      : GpuNode({
-            .name = "Dataset",
-            .category = "Models",
-            .description =
-                "Fashion-MNIST from its gzipped IDX files (the Debian package dataset-fashion-mnist installs "
-                "them under /usr/share/datasets/fashion-mnist), a folder of your own PNG or JPEG images in "
-                "torchvision's ImageFolder layout (image_folder), or a small synthetic set for quick checks: "
-                "10 classes of fixed random 28x28 patterns plus noise. Train and Evaluate read it in batches "
-                "of batch_size, shuffled per epoch from shuffle_seed, prepared on a background thread, which "
-                "also augments training batches (random crop, flip) and normalises both splits when asked. "
-                "Reports the classes, the samples per class, the loader's milliseconds per batch, and the "
-                "normalisation's mean and std.",
-            .inputs = {},
-            .outputs = {outPort("data", PortType::Dataset,
-                                "The splits and how to batch them: Train trains on the training split and "
-                                "reports test accuracy on the test split.")},
-            .params =
-                {
-                    enumParam("name", {"fashion-mnist", "synthetic", "image_folder"}, "fashion-mnist",
-                              "fashion-mnist: 60,000 training and 10,000 test images, 28x28 grey. synthetic: "
-                              "2,048 training and 512 test samples of the same shape, made in memory. "
-                              "image_folder: the images under path, decoded into memory."),
-                    stringParam(
-                        "path", nn::default_fashion_mnist_dir(),
-                        "fashion-mnist: the directory holding train-images-idx3-ubyte.gz, "
-                        "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and "
-                        "t10k-labels-idx1-ubyte.gz (or the same names without .gz). image_folder: a "
-                        "directory with one sub-directory of images per class (path/<class>/<image>, "
-                        "classes sorted by name, class i is label i, as torchvision's ImageFolder), "
-                        "or with train/ and test/ sub-directories of that layout (the same classes in "
-                        "both). Files that do not read as images are skipped and listed in a "
-                        "warning."),
-                    intParam("channels", 1, 1, 3,
-                             "image_folder: 1 converts every image to grey, 3 to RGB (grey images give "
-                             "R = G = B). The other sets are grey: 1."),
-                    floatParam("test_fraction", 0.2,
-                               "image_folder without train/ and test/ directories: the share of each class "
-                               "held out as the test split (stratified, 0 to 0.9), drawn from shuffle_seed."),
-                    enumParam("split", {"both", "train", "test"}, "both",
-                              "Which splits to load: both (training and test), train or test only."),
-                    intParam("batch_size", 256, 1, 1000000,
-                             "Samples per step, the whole minibatch: Train splits it across its devices "
-                             "(unevenly when it does not divide)."),
-                    intParam(
-                        "limit", 0, 0, 100000000,
-                        "Use only the first `limit` samples of each split (image_folder: of each split's "
-                        "order drawn from shuffle_seed, so every class is represented); 0 uses them "
-                        "all."),
-                    intParam("shuffle_seed", 0, 0, 9007199254740991.0,
-                             "The order of epoch e is a permutation drawn from (shuffle_seed, e): runs "
-                             "repeat exactly."),
-                    intParam("resize", 0, 0, 1024,
-                             "0: images as stored (28x28; image_folder: all must share one square size). "
-                             "Otherwise bilinear resize to resize x resize, as d2l's "
-                             "load_data_fashion_mnist(resize=96) (image_folder: scaled once, when decoded); "
-                             "the Model's image_size must match for mlp and lenet."),
-                    intParam("augment_crop_padding", 0, 0, 1024,
-                             "Training batches only: a random crop of the image's size after zero padding "
-                             "by this many pixels on each side, as torchvision's RandomCrop(size, padding). "
-                             "0: off."),
-                    boolParam("augment_flip", false,
-                              "Training batches only: a random horizontal flip with probability 0.5. Crop "
-                              "and flip are drawn per image from (the Train's shuffle seed, epoch, image), "
-                              "so runs repeat."),
-                    boolParam("normalize", false,
-                              "Subtract each channel's mean and divide by its standard deviation, both "
-                              "computed once over the training split as stored (reported as mean and std), "
-                              "on training and test batches alike."),
-                },
-        }, Reuse::Pure) {}
-
-  QStringList validateParams(const QJsonObject& p) const override {
-    QStringList problems;
-    const qint64 channels = p["channels"].toInteger();
-    if (channels != 1 && channels != 3)
-      problems.append("channels: must be 1 (grey) or 3 (RGB)");
-    else if (channels == 3 && p["name"].toString() != "image_folder")
-      problems.append("channels: " + p["name"].toString() + " is grey; 3 channels apply to image_folder");
-    const double fraction = p["test_fraction"].toDouble();
-    if (!(fraction >= 0 && fraction <= 0.9)) problems.append("test_fraction: must be between 0 and 0.9");
-    return problems;
-  }
-
-  // The files read: changed or added images make another dataset. The synthetic set reads none.
-  QByteArray cacheIdentity(const QJsonObject& p, core::RunSession* session) const override {
-    Q_UNUSED(session);
-    return p["name"].toString() == "synthetic" ? QByteArray() : fileIdentity(p["path"].toString());
-  }
-
-  // The images' channels and side, the splits and the batch size; the loader's own complaints about the
-  // files (missing, unreadable folders) before the run.
-  Outputs check(NodeCheck& check) const override {
-    const QJsonObject& p = check.params();
-    Known d;
-    const QString split = p["split"].toString();
-    d.hasTrain = split != "test";
-    d.hasTest = split != "train";
-    d.channels = 1;
-    const qint64 resize = p["resize"].toInteger();
-    d.side = resize > 0 ? resize : 28;
-    d.batch = p["batch_size"].toInteger();
-    if (p["name"].toString() == "image_folder") {
-      d.channels = p["channels"].toInteger();
-      // Without resize the side is the images' own, known from one header once the folder scans.
-      if (resize <= 0) d.side.reset();
-      // The loader's own scan (class folders only, not their files).
-      try {
-        const ImageFolderLayout layout = scanImageFolder(p["path"].toString());
-        if (resize <= 0)
-          if (const std::optional<QSize> size = firstImageSize(layout);
-              size && size->width() == size->height())
-            d.side = size->width();
-      } catch (const std::exception& e) {
-        check.error("params.path", QString::fromUtf8(e.what()));
-      }
-      return {{"data", d}};
-    }
-    if (p["name"].toString() == "fashion-mnist") checkFashionMnist(check, d);
-    return {{"data", d}};
-  }
-
-  // The loader's message, before the run: what is missing, where, and how to install it.
-  static void checkFashionMnist(NodeCheck& check, const Known& d) {
-    const QString dir = check.params()["path"].toString();
-    const QString hint =
-        "Install the Debian package dataset-fashion-mnist (apt-get install dataset-fashion-mnist), or set "
-        "path "
-        "to the directory that holds train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
-        "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz";
-    if (!QFileInfo(dir).isDir()) {
-      check.error("params.path", "Fashion-MNIST: the directory " + dir + " does not exist. " + hint);
-      return;
-    }
-    QStringList missing;
-    QStringList files;
-    // normalize reads the training split for its statistics, even when only the test split goes on.
-    if (d.hasTrain || check.params()["normalize"].toBool())
-      files << "train-images-idx3-ubyte"
-            << "train-labels-idx1-ubyte";
-    if (d.hasTest)
-      files << "t10k-images-idx3-ubyte"
-            << "t10k-labels-idx1-ubyte";
-    for (const QString& f : files) {
-      const QString gz = QDir(dir).filePath(f + ".gz");
-      if (!QFileInfo::exists(gz) && !QFileInfo::exists(QDir(dir).filePath(f))) missing << gz;
-    }
-    if (!missing.isEmpty())
-      check.error("params.path", "Fashion-MNIST: " + missing.join(", ") +
-                                     (missing.size() == 1 ? " is" : " are") + " missing. " + hint);
-  }
-
-  void execute(core::NodeContext& ctx) const override {
-    const QJsonObject& p = ctx.params();
-    DatasetSpec spec;
-    spec.name = p["name"].toString();
-    spec.batchSize = p["batch_size"].toInteger();
-    spec.resize = p["resize"].toInteger();
-    spec.shuffleSeed = static_cast<uint64_t>(p["shuffle_seed"].toInteger());
-    const int64_t limit = p["limit"].toInteger();
-    const QString split = p["split"].toString();
-    const bool wantTrain = split != "test", wantTest = split != "train";
-    const bool normalize = p["normalize"].toBool();
-    // Normalisation's statistics come from the training split, loaded for them even when not handed on.
-    const bool loadTrain = wantTrain || normalize;
-    nn::DatasetPtr train, test;
-    std::shared_ptr<nn::Dataset> ownTrain, ownTest;
-    if (spec.name == "synthetic") {
-      const int64_t nTrain = limit > 0 ? std::min(limit, kSyntheticTrain) : kSyntheticTrain;
-      const int64_t nTest = limit > 0 ? std::min(limit, kSyntheticTest) : kSyntheticTest;
-      // One set cut in two, so that both splits share the class patterns.
-      nn::SyntheticOptions so;
-      so.count = nTrain + nTest;
-      const nn::DatasetPtr all = nn::make_synthetic(so);
-      if (loadTrain) train = sliceDataset(all, 0, nTrain, "synthetic/train");
-      if (wantTest) test = sliceDataset(all, nTrain, nTrain + nTest, "synthetic/test");
-    } else if (spec.name == "fashion-mnist") {
-      const std::string dir = p["path"].toString().toStdString();
-      if (loadTrain) train = nn::take(nn::load_fashion_mnist(nn::Split::Train, dir), limit);
-      if (ctx.cancelled()) throw CancelledError();
-      if (wantTest) test = nn::take(nn::load_fashion_mnist(nn::Split::Test, dir), limit);
-    } else if (spec.name == "image_folder") {
-      ImageFolderOptions fo;
-      fo.channels = static_cast<int>(p["channels"].toInteger());
-      fo.resize = spec.resize;
-      fo.testFraction = p["test_fraction"].toDouble();
-      fo.seed = spec.shuffleSeed;
-      fo.limit = limit;
-      fo.wantTrain = loadTrain;
-      fo.wantTest = wantTest;
-      fo.cancelled = [&ctx] { return ctx.cancelled(); };
-      fo.progress = [&ctx](double f) { ctx.progress(f); };
-      ImageFolderData folder = loadImageFolder(p["path"].toString(), fo);
-      train = ownTrain = folder.train;
-      test = ownTest = folder.test;
-      // Scaled once when decoded: the loader hands the images out as they are.
-      spec.resize = 0;
-      const QJsonArray names = [&] {
-        QJsonArray a;
-        for (const QString& c : folder.layout.classes) a.append(c);
-        return a;
-      }();
-      ctx.reportField("classes", names);
-      ctx.reportField("split_by", folder.layout.trainTestDirs
-                                      ? QString("the train and test folders")
-                                      : QString("test_fraction %1 of each class").arg(fo.testFraction));
-      ctx.reportField("unreadable_files", static_cast<double>(folder.unreadable.size()));
-      if (!folder.unreadable.isEmpty()) {
-        constexpr int kShown = 5;
-        QStringList shown = folder.unreadable.mid(0, kShown);
-        if (folder.unreadable.size() > kShown)
-          shown.append(QString("and %1 more").arg(folder.unreadable.size() - kShown));
-        const bool one = folder.unreadable.size() == 1;
-        ctx.warning(QString("%1 file%2 under %3 did not read as images and %4 skipped: %5")
-                        .arg(folder.unreadable.size())
-                        .arg(one ? QString() : QString("s"), p["path"].toString(),
-                             one ? QString("was") : QString("were"), shown.join(", ")));
-      }
-    } else {
-      throw Error("name: unknown dataset " + spec.name.toStdString());
-    }
-
-    nn::Transform both;
-    if (normalize) {
-      const nn::ChannelStats stats = nn::channel_stats(*train);
-      QJsonArray mean, std;
-      for (size_t c = 0; c < stats.mean.size(); ++c) {
-        mean.append(stats.mean[c]);
-        std.append(stats.std[c]);
-        both.mean.push_back(static_cast<float>(stats.mean[c]));
-        // A constant channel has nothing to scale: it is only centred.
-        const bool constant = !(stats.std[c] > 1e-12);
-        both.std.push_back(constant ? 1.0f : static_cast<float>(stats.std[c]));
-        if (constant)
-          ctx.warning(
-              QString("normalize: channel %1 is the same value everywhere in the training split: it is "
-                      "centred but not scaled")
-                  .arg(c));
-      }
-      ctx.reportField("mean", mean);
-      ctx.reportField("std", std);
-    }
-    nn::Transform augmented = both;
-    augmented.crop_padding = p["augment_crop_padding"].toInteger();
-    augmented.flip = p["augment_flip"].toBool();
-    if (wantTrain) spec.train = withTransform(train, augmented, ownTrain);
-    spec.test = withTransform(test, both, ownTest);
-
-    auto value = std::make_shared<DatasetValue>(std::move(spec));
-    const DatasetSpec& s = value->spec();
-    ctx.reportField("train_samples", s.train ? static_cast<double>(s.train->count) : 0.0);
-    ctx.reportField("test_samples", s.test ? static_cast<double>(s.test->count) : 0.0);
-    if (s.train) ctx.reportField("train_class_counts", classCounts(*s.train));
-    if (s.test) ctx.reportField("test_class_counts", classCounts(*s.test));
-    ctx.reportField("image",
-                    QJsonArray{static_cast<double>(value->channels()), static_cast<double>(value->side()),
-                               static_cast<double>(value->side())});
-    if (const nn::DatasetPtr& probed = s.train ? s.train : s.test; probed && probed->count > 0)
-      ctx.reportField("loader_ms_per_batch", probeLoader(probed, s, probed == s.train));
-    ctx.reportField("summary", value->summary());
-    ctx.progress(1.0);
-    ctx.setOutput("data", value);
-  }
-};
 
 // The Train node's device inputs, in order: the first holds replica 0.
 const QStringList kDevicePorts{"devices", "devices_2", "devices_3", "devices_4"};
@@ -364,6 +44,11 @@ nn::OptimizerOptions optimizerOf(const QJsonObject& p) {
   o.beta2 = p["beta2"].toDouble();
   o.eps = p["eps"].toDouble();
   return o;
+}
+
+// The loss param; graph files from before it train with cross-entropy.
+nn::LossKind lossOf(const QJsonObject& p) {
+  return nn::parse_loss_kind(p["loss"].toString("cross_entropy").toStdString()).value_or(nn::LossKind::CrossEntropy);
 }
 
 nn::ScheduleOptions scheduleOf(const QJsonObject& p) {
@@ -450,6 +135,13 @@ class TrainNode final : public GpuNode {
                     boundedFloat("clip_grad_norm", 0.0, 0, 1e6,
                                  "Clip the gradients' total 2-norm to this (clip_grad_norm_, after the "
                                  "all-reduce); 0: off."),
+                    enumParam("loss", {"cross_entropy", "mse", "l1", "huber"}, "cross_entropy",
+                              "What is minimised, PyTorch's losses with mean reduction: cross_entropy for "
+                              "classes (per step and averaged when the targets are a text's next tokens: the "
+                              "reports add perplexity); mse, l1 or huber for regression (MSELoss, L1Loss, "
+                              "HuberLoss; the reports give MSE, MAE and R^2)."),
+                    boundedFloat("huber_delta", 1.0, 1e-6, 1e6,
+                                 "huber: where the loss turns from quadratic to linear (HuberLoss's delta)."),
                     boundedFloat(
                         "label_smoothing", 0.0, 0, 1,
                         "Label smoothing of the training loss (CrossEntropyLoss(label_smoothing)), 0 "
@@ -542,7 +234,7 @@ class TrainNode final : public GpuNode {
     }
     if (!data.hasTrain)
       check.error("inputs.data", "the dataset has no training split (set its split to both or train)");
-    check.checkImages(model, data);
+    check.checkData(model, data, lossOf(check.params()));
     if (allKnown) check.checkPrecision(devices, "it trains");
     if (allKnown && !devices.empty() && data.batch && *data.batch < static_cast<int64_t>(devices.size()))
       check.warning("inputs.devices",
@@ -568,11 +260,15 @@ class TrainNode final : public GpuNode {
     for (const Device& d : devices)
       if (!seen.insert(d).second) throw Error("device " + d.str() + " is wired in twice");
     if (!ds.train) throw Error("the dataset has no training split (set its split to both or train)");
-    const QString mismatch = imageMismatch(input->model().options(), data->channels(), data->side());
-    if (!mismatch.isEmpty()) throw Error(mismatch.toStdString());
-
     const QJsonObject& p = ctx.params();
+    const nn::LossKind loss = lossOf(p);
+    for (const QString& mismatch : {dataMismatch(input->model().options(), data->shape()),
+                                    targetMismatch(input->model().options(), data->shape(), loss)})
+      if (!mismatch.isEmpty()) throw Error(mismatch.toStdString());
+
     nn::TrainOptions o;
+    o.loss = loss;
+    o.huber_delta = p["huber_delta"].toDouble(1.0);
     o.epochs = p["epochs"].toInteger();
     o.batch_size = ds.batchSize;
     o.optimizer = optimizerOf(p);
@@ -662,7 +358,14 @@ class TrainNode final : public GpuNode {
                       {"loader_ms_per_batch", e.loader_ms_per_batch},
                       {"step_ms", e.step_ms},
                       {"loader_wait_ms", e.loader_wait_ms}};
-      if (std::isfinite(e.test_acc)) row["test_acc"] = e.test_acc;
+      if (nn::is_regression(loss)) {
+        row.remove("train_acc");
+        row["train_mse"] = e.train_mse;
+      }
+      for (const auto& [field, v] : {std::pair{"test_acc", e.test_acc}, std::pair{"test_loss", e.test_loss},
+                                     std::pair{"test_perplexity", e.test_perplexity}, std::pair{"test_mse", e.test_mse},
+                                     std::pair{"test_mae", e.test_mae}, std::pair{"test_r2", e.test_r2}})
+        if (std::isfinite(v)) row[field] = v;
       perEpoch.append(row);
       seconds += e.seconds;
     }
@@ -670,8 +373,17 @@ class TrainNode final : public GpuNode {
     if (!result.epochs.empty()) {
       const nn::EpochResult& last = result.epochs.back();
       ctx.reportField("loss", last.train_loss);
-      ctx.reportField("train_acc", last.train_acc);
-      if (std::isfinite(last.test_acc)) ctx.reportField("test_acc", last.test_acc);
+      if (nn::is_regression(loss)) {
+        ctx.reportField("train_mse", last.train_mse);
+      } else {
+        ctx.reportField("train_acc", last.train_acc);
+        if (ds.train->target_numel() > 1) ctx.reportField("perplexity", std::exp(last.train_loss));
+      }
+      for (const auto& [field, v] : {std::pair{"test_acc", last.test_acc}, std::pair{"test_loss", last.test_loss},
+                                     std::pair{"test_perplexity", last.test_perplexity},
+                                     std::pair{"test_mse", last.test_mse}, std::pair{"test_mae", last.test_mae},
+                                     std::pair{"test_r2", last.test_r2}})
+        if (std::isfinite(v)) ctx.reportField(field, v);
       ctx.reportField("seconds_per_epoch", seconds / static_cast<double>(result.epochs.size()));
       ctx.reportField("images_per_second", last.images_per_second);
       // Whether the loader keeps the devices fed: it prepares the next batches while a step runs.
@@ -693,9 +405,6 @@ class TrainNode final : public GpuNode {
 
 }  // namespace
 
-core::NodeTypePtr makeDatasetNode() {
-  return std::make_shared<DatasetNode>();
-}
 core::NodeTypePtr makeTrainNode() {
   return std::make_shared<TrainNode>();
 }

@@ -330,6 +330,11 @@ void printSummary(const GraphDocument& doc, const QJsonObject& report) {
     if (!error.isEmpty() && o.value("status").toString() == "failed")
       table += QStringLiteral("%1: %2\n").arg(n.id, error);
   }
+  // Text a node made (a Generate node's continuation), as its report field generated_text carries it.
+  for (const GraphNode& n : doc.nodes()) {
+    const QString text = nodes.value(n.id).toObject().value("generated_text").toString();
+    if (!text.isEmpty()) table += QStringLiteral("\n%1 generated:\n%2\n").arg(n.id, text);
+  }
   // The last value of each metric series (loss, test accuracy, ...): what a batch script usually wants to
   // see.
   const QJsonObject metrics = report.value("metrics").toObject();

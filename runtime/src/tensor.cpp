@@ -29,6 +29,15 @@ Tensor::Tensor(Runtime& rt, Shape shape, Device device, StreamKind stream)
   storage_ = std::make_shared<Storage>(rt, device, bytes(), stream);
 }
 
+Tensor Tensor::reshaped(Shape shape) const {
+  if (!storage_) throw Error("reshaped: the tensor is undefined");
+  const int64_t n = checked_numel(shape);
+  if (n != numel_) throw ShapeError("cannot view " + shape_str(shape_) + " as " + shape_str(shape));
+  Tensor view = *this;
+  view.shape_ = std::move(shape);
+  return view;
+}
+
 Device Tensor::device() const {
   return storage_->device;
 }

@@ -256,7 +256,8 @@ void GraphScene::setValidation(const core::ValidationReport& report) {
   for (NodeItem* n : std::as_const(nodes_)) {
     n->setIssues(errs.value(n->id()), warns.value(n->id()));
     // A node the report says nothing about (its upstream has an error) loses what it showed before.
-    n->setFacts(report.facts().value(n->id()).badge);
+    const core::NodeFacts facts = report.facts().value(n->id());
+    n->setFacts(facts.badge, facts.detail);
   }
 }
 

@@ -165,7 +165,8 @@ void NodeItem::setRunWarning(const QString& w) {
   update();
 }
 
-void NodeItem::setFacts(const QString& badge) {
+void NodeItem::setFacts(const QString& badge, const QString& detail) {
+  factsDetail_ = detail;
   if (badge == facts_) return;
   facts_ = badge;
   layout();
@@ -231,6 +232,7 @@ QString NodeItem::tooltipAt(QPointF itemPos) const {
   QString tip = QString("<b>%1</b> (%2)").arg(clippedText(id_, 60), typeName_);
   if (spec && !spec->description.isEmpty()) tip += "<br>" + spec->description.toHtmlEscaped();
   if (!facts_.isEmpty()) tip += "<br><b>" + clippedText(facts_).toHtmlEscaped() + "</b>";
+  if (!factsDetail_.isEmpty()) tip += "<br>" + clippedText(factsDetail_).toHtmlEscaped();
   if (status_ != RunStatus::Idle) tip += "<br>status: " + runStatusName(status_);
   if (status_ == RunStatus::Done) tip += ", " + style::formatMs(timeMs_);
   for (const QString& m : errs) tip += "<br><font color='#ff7b7b'>" + m.toHtmlEscaped() + "</font>";

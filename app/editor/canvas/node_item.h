@@ -74,7 +74,8 @@ class NodeItem : public QGraphicsItem {
   void setIssues(const QStringList& errors, const QStringList& warnings);
   // What validation learned about the node (an output shape, a parameter count): drawn in the body under
   // the ports, wrapped at its " · " separators to the node's width. Empty hides it.
-  void setFacts(const QString& badge);
+  // The plugin's facts: the badge drawn on the node, and what it means for the tooltip.
+  void setFacts(const QString& badge, const QString& detail = QString());
   const QString& factsText() const { return facts_; }
   QStringList factsLines() const;  // the badge as drawn, line by line
   QStringList errors() const;      // validation and run errors, for tooltips and the fixes offered
@@ -119,6 +120,7 @@ class NodeItem : public QGraphicsItem {
   QString runError_, runWarning_;
   QStringList issueErrors_, issueWarnings_;
   QString facts_;
+  QString factsDetail_;
   QList<WireItem*> wires_;
   bool collapsed_ = false;
   NodePreview preview_;

@@ -60,6 +60,10 @@ class Tensor {
   // Allocates the storage on first use (see Storage): call it inside the op that writes or reads the tensor.
   float* data() const { return static_cast<float*>(storage_->data()); }
   const VarPtr& var() const { return storage_->var; }
+  // The same storage under another shape of the same element count (ShapeError otherwise): a view of the
+  // whole tensor, as torch's view on contiguous memory. Ops still write fresh tensors, so a view is only
+  // ever read; the layers use it to run a Linear over every step of a sequence without a copy.
+  Tensor reshaped(Shape shape) const;
   // True when both tensors share storage: to() returning its input, for example.
   bool is_same(const Tensor& other) const { return storage_ == other.storage_; }
   std::shared_ptr<Storage> storage() const { return storage_; }

@@ -27,7 +27,9 @@ constexpr const char* kSignatureKey = "gpunodes.signature";
 constexpr const char* kSettingPrefix = "setting.";
 constexpr const char* kModelPrefix = "model/";
 constexpr const char* kOptimizerPrefix = "optimizer/";
-constexpr int64_t kEpochColumns = 9, kMetricColumns = 5;
+// The epochs table: 9 columns up to the sequence metrics, 15 since (test loss, perplexity, MSE, MAE, R^2 and
+// the training MSE).
+constexpr int64_t kEpochColumnsBefore = 9, kEpochColumns = 15, kMetricColumns = 5;
 
 // Doubles as text that reads back to the same bits.
 std::string exact(double v) {
@@ -135,7 +137,8 @@ void write_checkpoint(const std::string& path, const TrainingCheckpoint& c) {
   for (const EpochResult& e : c.epochs)
     epochs.insert(epochs.end(),
                   {static_cast<double>(e.epoch), e.train_loss, e.train_acc, e.test_acc, e.seconds,
-                   e.images_per_second, e.loader_ms_per_batch, e.step_ms, e.loader_wait_ms});
+                   e.images_per_second, e.loader_ms_per_batch, e.step_ms, e.loader_wait_ms, e.test_loss,
+                   e.test_perplexity, e.test_mse, e.test_mae, e.test_r2, e.train_mse});
   // safetensors has no empty tensors in practice; an empty table is one row of nothing left out.
   if (!c.epochs.empty())
     tensors.push_back(
@@ -244,8 +247,10 @@ TrainingCheckpoint read_checkpoint(const std::string& path) {
       std::memcpy(v.values.data(), r.data(t), v.values.size() * sizeof(float));
       (model ? c.state : c.optimizer).push_back(std::move(v));
     } else if (t.name == "epochs") {
-      const std::vector<double> v = r.f64(t, kEpochColumns);
-      for (size_t row = 0; row < v.size(); row += kEpochColumns) {
+      const int64_t columns = t.shape.size() == 2 && t.shape[1] == kEpochColumnsBefore ? kEpochColumnsBefore
+                                                                                         : kEpochColumns;
+      const std::vector<double> v = r.f64(t, columns);
+      for (size_t row = 0; row < v.size(); row += static_cast<size_t>(columns)) {
         EpochResult e;
         e.epoch = static_cast<int64_t>(v[row]);
         e.train_loss = v[row + 1];
@@ -256,6 +261,14 @@ TrainingCheckpoint read_checkpoint(const std::string& path) {
         e.loader_ms_per_batch = v[row + 6];
         e.step_ms = v[row + 7];
         e.loader_wait_ms = v[row + 8];
+        if (columns == kEpochColumns) {
+          e.test_loss = v[row + 9];
+          e.test_perplexity = v[row + 10];
+          e.test_mse = v[row + 11];
+          e.test_mae = v[row + 12];
+          e.test_r2 = v[row + 13];
+          e.train_mse = v[row + 14];
+        }
         c.epochs.push_back(e);
       }
     } else if (t.name == "metrics") {

@@ -555,9 +555,14 @@ Tensor flatten(const Tensor& x) {
 CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool want_grad,
                                    float grad_scale, float label_smoothing) {
   check_same_device({&logits, &labels});
-  need_rank("softmax_cross_entropy", "logits", logits, 2);
-  const int64_t n = logits.shape()[0], classes = logits.shape()[1];
-  need_shape("softmax_cross_entropy", "labels", labels, {n});
+  if (!logits.defined() || logits.shape().size() < 2)
+    throw ShapeError("softmax_cross_entropy: logits must be [N, classes] or [N, T, classes], got " +
+                     (logits.defined() ? shape_str(logits.shape()) : std::string("nothing")));
+  // Every position of the leading axes is a row: a language model's [N, T, vocab] against [N, T] labels.
+  const int64_t classes = logits.shape().back();
+  const Shape rows(logits.shape().begin(), logits.shape().end() - 1);
+  need_shape("softmax_cross_entropy", "labels", labels, rows);
+  const int64_t n = classes > 0 ? logits.numel() / classes : 0;
   if (n < 1 || classes < 1)
     throw ShapeError("softmax_cross_entropy: empty logits " + shape_str(logits.shape()));
   if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))

@@ -2,83 +2,19 @@
 // needs. Names follow PyTorch's for the same nn.Sequential, so "0.weight" is the seed's net[0].weight.
 #include "gpunodes/nn/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <utility>
 
 #include "gpunodes/errors.h"
+#include "module.h"
 
 namespace gn::nn {
 
 // --- modules -----------------------------------------------------------------------------------------------
 
-class Module {
- public:
-  virtual ~Module() = default;
-  virtual Tensor forward(const Tensor& x, Mode mode) = 0;
-  // Returns dx, undefined when !need_dx. Releases what forward kept.
-  virtual Tensor backward(const Tensor& dy, bool need_dx) = 0;
-  virtual void collect(const std::string& prefix, std::vector<Parameter*>& out) { (void)prefix, (void)out; }
-  // Whether backward produces parameter gradients: only then does what comes before need an input gradient.
-  virtual bool has_params() const { return false; }
-  virtual void clear() {}
-  virtual Shape out_shape(const Shape& in) const = 0;
-  virtual std::string describe() const = 0;
-  // Appends one line per leaf layer.
-  virtual void summarize(const std::string& prefix, Shape& shape, std::ostringstream& out) const {
-    shape = out_shape(shape);
-    out << (prefix.empty() ? "" : prefix + " ") << describe() << " -> " << shape_str(shape) << "\n";
-  }
-};
-
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// Hands out initialised tensors in construction order, each weight from its own Philox stream.
-class Builder {
- public:
-  Builder(Runtime& rt, Device device, const ModelOptions& o, const int64_t& train_forwards)
-      : rt_(rt), device_(device), o_(o), train_forwards_(train_forwards) {}
-
-  Tensor weight(const Shape& shape, int64_t fan_in, int64_t fan_out) {
-    const uint64_t seed = splitmix64(o_.seed ^ splitmix64(static_cast<uint64_t>(counter_++)));
-    switch (o_.init) {
-      case Init::Normal:
-        return normal(rt_, shape, device_, seed, 0.0f, o_.init_std);
-      case Init::Xavier: {
-        const float a = std::sqrt(6.0f / static_cast<float>(fan_in + fan_out));
-        return uniform(rt_, shape, device_, seed, -a, a);
-      }
-      case Init::Kaiming:
-        return normal(rt_, shape, device_, seed, 0.0f, std::sqrt(2.0f / static_cast<float>(fan_in)));
-    }
-    throw Error("unknown initialiser");
-  }
-  Tensor constant(const Shape& shape, float v) { return full(rt_, shape, device_, v); }
-  // How a built-in network passes its activations between layers: the device's blocked layout where it has
-  // one (the CPU's nChw8c / nChw16c, NHWC on CUDA), which saves the reorders around every convolution.
-  Layout activation_layout() const { return has_blocked_layout(device_) ? Layout::Blocked : Layout::Nchw; }
-  // The model's count of Train-mode forwards (Model::batches_tracked()), which numbers dropout's masks.
-  const int64_t& train_forwards() const { return train_forwards_; }
-
- private:
-  Runtime& rt_;
-  Device device_;
-  const ModelOptions& o_;
-  const int64_t& train_forwards_;
-  int counter_ = 0;
-};
-
-void push_param(std::vector<Parameter*>& out, const std::string& prefix, Parameter& p, const char* leaf) {
-  p.name = prefix + leaf;
-  out.push_back(&p);
-}
 
 class LinearM final : public Module {
  public:
@@ -88,16 +24,20 @@ class LinearM final : public Module {
     w_.value = b.weight({out, in}, in, out);
     if (bias) b_.value = b.constant({out}, 0.0f);
   }
+  // A sequence [N, T, F] is viewed as N*T rows, so the layer acts on the last axis as PyTorch's does.
   Tensor forward(const Tensor& x, Mode mode) override {
-    if (mode == Mode::Train) x_ = x;
-    return linear(x, w_.value, b_.value);
+    const Tensor rows = x.shape().size() == 3 ? x.reshaped({x.shape()[0] * x.shape()[1], x.shape()[2]}) : x;
+    if (mode == Mode::Train) x_ = rows, x_shape_ = x.shape();
+    const Tensor y = linear(rows, w_.value, b_.value);
+    return x.shape().size() == 3 ? y.reshaped({x.shape()[0], x.shape()[1], out_}) : y;
   }
   Tensor backward(const Tensor& dy, bool need_dx) override {
-    LinearGrads g = linear_backward(x_, w_.value, dy, need_dx, b_.value.defined());
+    const Tensor dy_rows = dy.shape().size() == 3 ? dy.reshaped({x_.shape()[0], out_}) : dy;
+    LinearGrads g = linear_backward(x_, w_.value, dy_rows, need_dx, b_.value.defined());
     w_.grad = g.dw;
     b_.grad = g.db;
     x_ = Tensor();
-    return g.dx;
+    return g.dx.defined() ? g.dx.reshaped(x_shape_) : g.dx;
   }
   void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
     push_param(out, prefix, w_, "weight");
@@ -105,7 +45,11 @@ class LinearM final : public Module {
   }
   bool has_params() const override { return true; }
   void clear() override { x_ = Tensor(); }
-  Shape out_shape(const Shape& in) const override { return {in[0], out_}; }
+  Shape out_shape(const Shape& in) const override {
+    Shape s = in.size() == 3 ? in : Shape{in[0], 0};
+    s.back() = out_;
+    return s;
+  }
   std::string describe() const override {
     return "Linear(" + std::to_string(in_) + ", " + std::to_string(out_) +
            (b_.value.defined() ? "" : ", bias=False") + ")";
@@ -114,7 +58,8 @@ class LinearM final : public Module {
  private:
   int64_t in_, out_;
   Parameter w_, b_;
-  Tensor x_;
+  Tensor x_;  // the input as rows
+  Shape x_shape_;
 };
 
 class Conv2dM final : public Module {
@@ -571,6 +516,14 @@ class GraphM final : public Module {
     for (const auto& m : modules_)
       if (m) m->clear();
   }
+  void carry_state(bool on) override {
+    for (const auto& m : modules_)
+      if (m) m->carry_state(on);
+  }
+  void reset_state() override {
+    for (const auto& m : modules_)
+      if (m) m->reset_state();
+  }
   Shape out_shape(const Shape& in) const override {
     Shape s = info_.back().out;
     s.insert(s.begin(), in.empty() ? 1 : in[0]);
@@ -623,9 +576,18 @@ class GraphM final : public Module {
       case LayerKind::Flatten:
         return std::make_unique<FlattenM>();
       case LayerKind::Linear:
-        return std::make_unique<LinearM>(b, in[0], l.features, l.bias);
+        return std::make_unique<LinearM>(b, in.back(), l.features, l.bias);
       case LayerKind::Dropout:
         return std::make_unique<DropoutM>(static_cast<float>(l.p), seed, b.train_forwards());
+      case LayerKind::Embedding:
+      case LayerKind::OneHot:
+      case LayerKind::RNN:
+      case LayerKind::GRU:
+      case LayerKind::LSTM:
+      case LayerKind::Reshape:
+      case LayerKind::Transpose:
+      case LayerKind::LastStep:
+        return make_sequence_module(b, l, in, seed);
     }
     throw Error("unknown layer type");
   }
@@ -925,8 +887,10 @@ Tensor Model::forward(const Tensor& x, Mode mode) {
   if (x.device() != device_) throw DeviceMismatchError(device_, x.device());
   const Shape want = input_shape(x.shape().empty() ? 0 : x.shape()[0]);
   const bool resnet = options_.arch == Arch::ResNet18;
-  // ResNet-18 ends in a global average pool and takes any image size (the seed resizes to 96).
-  const bool ok = resnet ? x.shape().size() == 4 && x.shape()[1] == want[1] : x.shape() == want;
+  // ResNet-18 ends in a global average pool and takes any image size (the seed resizes to 96); a drawn
+  // sequence network takes any length its layers can (a Generate node feeds a growing text).
+  const bool ok = resnet ? x.shape().size() == 4 && x.shape()[1] == want[1]
+                         : x.shape() == want || takes_steps(x.shape());
   if (!ok || x.shape()[0] < 1) {
     std::string expect = "[N";
     for (size_t i = 1; i < want.size(); ++i)
@@ -940,6 +904,38 @@ Tensor Model::forward(const Tensor& x, Mode mode) {
     ++batches_tracked_;
   }
   return root_->forward(x, mode);
+}
+
+bool Model::takes_steps(const Shape& x) {
+  if (options_.arch != Arch::Network || x.size() < 2) return false;
+  const Shape& per_sample = options_.network->input().shape;
+  if (x.size() != per_sample.size() + 1 || !std::equal(per_sample.begin() + 1, per_sample.end(), x.begin() + 2))
+    return false;
+  const int64_t steps = x[1];
+  if (std::find(steps_taken_.begin(), steps_taken_.end(), steps) != steps_taken_.end()) return true;
+  bool sequence = false;
+  for (const LayerSpec& l : options_.network->layers)
+    sequence = sequence || is_recurrent(l.kind) || l.kind == LayerKind::Embedding || l.kind == LayerKind::OneHot ||
+               l.kind == LayerKind::LastStep;
+  if (!sequence) return false;
+  NetworkSpec other = *options_.network;
+  for (LayerSpec& l : other.layers)
+    if (l.kind == LayerKind::Input) l.shape[0] = steps;
+  try {
+    other.infer();
+  } catch (const LayerError&) {
+    return false;  // a Reshape or a Linear after a Flatten depends on the length
+  }
+  steps_taken_.push_back(steps);
+  return true;
+}
+
+void Model::carry_state(bool on) {
+  root_->carry_state(on);
+}
+
+void Model::reset_state() {
+  root_->reset_state();
 }
 
 void Model::backward(const Tensor& dlogits) {

@@ -32,6 +32,14 @@ constexpr KindName kKinds[] = {
     {LayerKind::Dropout, "Dropout"},
     {LayerKind::Add, "Add"},
     {LayerKind::Concat, "Concat"},
+    {LayerKind::Embedding, "Embedding"},
+    {LayerKind::OneHot, "OneHot"},
+    {LayerKind::RNN, "RNN"},
+    {LayerKind::GRU, "GRU"},
+    {LayerKind::LSTM, "LSTM"},
+    {LayerKind::Reshape, "Reshape"},
+    {LayerKind::Transpose, "Transpose"},
+    {LayerKind::LastStep, "LastStep"},
 };
 
 // Far past any real layer, and small enough that products of a few of them stay exact in a double.
@@ -48,6 +56,10 @@ double numel(const Shape& s) {
   double n = 1;
   for (int64_t d : s) n *= static_cast<double>(d);
   return n;
+}
+
+std::string num_text(double v) {
+  return std::to_string(static_cast<long long>(v));
 }
 
 std::string name(const LayerSpec& l) {
@@ -72,6 +84,23 @@ void need_image(const LayerSpec& l, const Shape& in) {
                                (in.size() == 1 ? ": it cannot follow a Flatten or a Linear" : ""));
 }
 
+// A [T, F] sequence: what the recurrent layers and LastStep read.
+void need_sequence(const LayerSpec& l, const Shape& in) {
+  if (in.size() == 2) return;
+  const std::string kind = layer_kind_name(l.kind);
+  throw LayerError("in", kind + " needs a [T, F] sequence (steps x features), got " + dims(in) +
+                             (in.size() == 1 ? ": token ids [T] need an Embedding or a OneHot first, and a "
+                                               "flat [features] a Reshape to [T, F]"
+                                             : ": put a Reshape to [T, F] before it"));
+}
+
+// Token ids [T]: what Embedding and OneHot read.
+void need_tokens(const LayerSpec& l, const Shape& in) {
+  if (in.size() == 1) return;
+  throw LayerError("in", std::string(layer_kind_name(l.kind)) + " needs token ids [T], got " + dims(in) +
+                             ": wire it to an Input of shape [T] fed by a text dataset");
+}
+
 void need_positive(const char* param, int64_t v, int64_t min = 1) {
   if (v < min || v > kMaxDim)
     throw LayerError("", std::string(param) + " must be between " + std::to_string(min) + " and " +
@@ -90,6 +119,40 @@ std::optional<LayerKind> parse_layer_kind(const std::string& n) {
   for (const KindName& k : kKinds)
     if (n == k.name) return k.kind;
   return std::nullopt;
+}
+
+bool is_recurrent(LayerKind kind) {
+  return kind == LayerKind::RNN || kind == LayerKind::GRU || kind == LayerKind::LSTM;
+}
+
+Shape LayerSpec::reshape_target(const Shape& in) const {
+  if (shape.empty() || shape.size() > 4)
+    throw LayerError("", "shape must have 1 to 4 dimensions per sample, got [" + dims(shape) + "]");
+  double known = 1;
+  int free_at = -1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      if (free_at >= 0) throw LayerError("", "shape [" + dims(shape) + "] has more than one -1");
+      free_at = static_cast<int>(i);
+    } else {
+      need_positive("every dimension of shape (or one -1)", shape[i]);
+      known *= static_cast<double>(shape[i]);
+    }
+  }
+  const double values = numel(in);
+  Shape out = shape;
+  if (free_at >= 0) {
+    const double rest = values / known;
+    if (rest != std::floor(rest) || rest < 1)
+      throw LayerError("in", "Reshape cannot make [" + dims(shape) + "] of the " + dims(in) + " input's " +
+                                 num_text(values) + " values per sample: " + num_text(values) +
+                                 " is not a multiple of " + num_text(known));
+    out[static_cast<size_t>(free_at)] = static_cast<int64_t>(rest);
+  } else if (known != values) {
+    throw LayerError("in", "Reshape to [" + dims(shape) + "] holds " + num_text(known) +
+                               " values per sample, but its input " + dims(in) + " holds " + num_text(values));
+  }
+  return out;
 }
 
 int layer_arity(LayerKind kind) {
@@ -124,8 +187,9 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
   const double n_in = numel(in);
   switch (l.kind) {
     case LayerKind::Input:
-      if (l.shape.size() != 1 && l.shape.size() != 3)
-        throw LayerError("", "shape must be [C, H, W] or [features], got [" + dims(l.shape) + "]");
+      if (l.shape.empty() || l.shape.size() > 3)
+        throw LayerError("", "shape must be [C, H, W], [T, F] (a sequence) or [features] (also token ids [T]), "
+                             "got [" + dims(l.shape) + "]");
       for (int64_t d : l.shape) need_positive("every dimension of shape", d);
       info.out = l.shape;
       break;
@@ -200,16 +264,71 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
       break;
     case LayerKind::Linear: {
       need_positive("out_features", l.features);
-      if (in.size() != 1)
-        throw LayerError("in", "Linear needs a flat [features] input, got " + dims(in) + " (" +
-                                   std::to_string(static_cast<int64_t>(n_in)) +
+      // PyTorch's Linear acts on the last axis, so a [T, F] sequence gets [T, out_features].
+      if (in.size() != 1 && in.size() != 2)
+        throw LayerError("in", "Linear needs a flat [features] input or a [T, F] sequence, got " + dims(in) +
+                                   " (" + std::to_string(static_cast<int64_t>(n_in)) +
                                    " values per sample): put a Flatten before it");
-      info.out = {l.features};
-      info.params = static_cast<double>(in[0]) * static_cast<double>(l.features) +
-                    (l.bias ? static_cast<double>(l.features) : 0);
-      info.flops = 2 * static_cast<double>(in[0]) * static_cast<double>(l.features);
+      info.out = in;
+      info.out.back() = l.features;
+      const double f = static_cast<double>(in.back()), steps = in.size() == 2 ? static_cast<double>(in[0]) : 1;
+      info.params = f * static_cast<double>(l.features) + (l.bias ? static_cast<double>(l.features) : 0);
+      info.flops = 2 * f * static_cast<double>(l.features) * steps;
       break;
     }
+    case LayerKind::Embedding:
+      need_tokens(l, in);
+      need_positive("num_embeddings", l.vocab);
+      need_positive("embedding_dim", l.features);
+      info.out = {in[0], l.features};
+      info.params = static_cast<double>(l.vocab) * static_cast<double>(l.features);
+      break;
+    case LayerKind::OneHot:
+      need_tokens(l, in);
+      need_positive("num_classes", l.features);
+      info.out = {in[0], l.features};
+      break;
+    case LayerKind::RNN:
+    case LayerKind::GRU:
+    case LayerKind::LSTM: {
+      need_sequence(l, in);
+      need_positive("hidden_size", l.features);
+      if (l.num_layers < 1 || l.num_layers > 64)
+        throw LayerError("", "num_layers must be between 1 and 64, got " + std::to_string(l.num_layers));
+      if (!(l.dropout >= 0 && l.dropout < 1)) throw LayerError("", "dropout must be at least 0 and below 1");
+      const double gates = l.kind == LayerKind::LSTM ? 4 : l.kind == LayerKind::GRU ? 3 : 1;
+      const double h = static_cast<double>(l.features), d = l.bidirectional ? 2 : 1;
+      const double steps = static_cast<double>(in[0]);
+      double in_size = static_cast<double>(in[1]);
+      for (int64_t layer = 0; layer < l.num_layers; ++layer) {
+        const double per_direction = gates * h * (in_size + h) + (l.bias ? 2 * gates * h : 0);
+        info.params += d * per_direction;
+        info.flops += d * steps * (2 * gates * h * (in_size + h) + 4 * gates * h);
+        in_size = h * d;
+      }
+      info.out = {in[0], static_cast<int64_t>(h * d)};
+      break;
+    }
+    case LayerKind::Reshape:
+      info.out = l.reshape_target(in);
+      break;
+    case LayerKind::Transpose: {
+      const int64_t rank = static_cast<int64_t>(in.size());
+      auto axis = [&](const char* param, int64_t v) {
+        if (v < -rank || v >= rank)
+          throw LayerError("", std::string(param) + "=" + std::to_string(v) + " is not an axis of the " +
+                                   dims(in) + " input (per sample: 0 to " + std::to_string(rank - 1) + ")");
+        return static_cast<size_t>(v < 0 ? v + rank : v);
+      };
+      const size_t a = axis("dim0", l.dim0), b = axis("dim1", l.dim1);
+      info.out = in;
+      std::swap(info.out[a], info.out[b]);
+      break;
+    }
+    case LayerKind::LastStep:
+      need_sequence(l, in);
+      info.out = {in[1]};
+      break;
     case LayerKind::Add:
       if (inputs[0] != inputs[1])
         throw LayerError("b", "Add needs two inputs of the same shape: a is " + dims(inputs[0]) + ", b is " +
@@ -327,6 +446,23 @@ std::string params_text(const LayerSpec& l) {
       return "out_features=" + i(l.features) + ",bias=" + i(l.bias);
     case LayerKind::Dropout:
       return "p=" + num(l.p);
+    case LayerKind::Embedding:
+      return "num_embeddings=" + i(l.vocab) + ",embedding_dim=" + i(l.features);
+    case LayerKind::OneHot:
+      return "num_classes=" + i(l.features);
+    case LayerKind::RNN:
+    case LayerKind::GRU:
+    case LayerKind::LSTM:
+      return "hidden_size=" + i(l.features) + ",num_layers=" + i(l.num_layers) +
+             ",bidirectional=" + i(l.bidirectional) + ",dropout=" + num(l.dropout) + ",bias=" + i(l.bias) +
+             (l.kind == LayerKind::RNN ? ",nonlinearity=" + std::string(l.relu ? "relu" : "tanh") : "");
+    case LayerKind::Reshape: {
+      std::string out = "shape=";
+      for (size_t k = 0; k < l.shape.size(); ++k) out += (k ? "x" : "") + i(l.shape[k]);
+      return out;
+    }
+    case LayerKind::Transpose:
+      return "dim0=" + i(l.dim0) + ",dim1=" + i(l.dim1);
     default:
       return "";
   }
@@ -400,7 +536,8 @@ NetworkSpec NetworkSpec::parse(const std::string& text) {
         if (key == "shape") {
           l.shape.clear();
           for (const std::string& d : split(v, "x")) l.shape.push_back(to_int(text, d));
-        } else if (key == "out_channels" || key == "out_features") {
+        } else if (key == "out_channels" || key == "out_features" || key == "hidden_size" ||
+                   key == "embedding_dim" || key == "num_classes") {
           l.features = to_int(text, v);
         } else if (key == "kernel_size") {
           l.kernel = to_int(text, v);
@@ -418,6 +555,21 @@ NetworkSpec NetworkSpec::parse(const std::string& text) {
           l.momentum = to_double(text, v);
         } else if (key == "p") {
           l.p = to_double(text, v);
+        } else if (key == "num_embeddings") {
+          l.vocab = to_int(text, v);
+        } else if (key == "num_layers") {
+          l.num_layers = to_int(text, v);
+        } else if (key == "bidirectional") {
+          l.bidirectional = to_int(text, v) != 0;
+        } else if (key == "dropout") {
+          l.dropout = to_double(text, v);
+        } else if (key == "nonlinearity") {
+          if (v != "tanh" && v != "relu") bad(text, "nonlinearity '" + v + "' is not tanh or relu");
+          l.relu = v == "relu";
+        } else if (key == "dim0") {
+          l.dim0 = to_int(text, v);
+        } else if (key == "dim1") {
+          l.dim1 = to_int(text, v);
         } else {
           bad(text, "unknown param '" + key + "'");
         }

@@ -11,11 +11,11 @@
 
 namespace gn::nn {
 
-// Runs `body` with the kernels of `device` on its compute stream: it reads `reads` and writes `writes`.
-template <class Body>
-void push_kernel(Runtime& rt, Device device, std::vector<VarPtr> reads, std::vector<VarPtr> writes,
-                 OpInfo info, Body body) {
-  NnKernels* kernels = &nn_kernels(device);
+// Runs `body(kernels, kc)` on `device`'s compute stream: it reads `reads` and writes `writes`. `kernels` is
+// that device's kernel set (NnKernels, SequenceKernels, ...).
+template <class Kernels, class Body>
+void push_with(Runtime& rt, Device device, Kernels* kernels, std::vector<VarPtr> reads, std::vector<VarPtr> writes,
+               OpInfo info, Body body) {
   Allocator* alloc = &rt.allocator(device);
   rt.engine().push(
       [kernels, alloc, body = std::move(body)](OpContext& ctx) {
@@ -23,6 +23,14 @@ void push_kernel(Runtime& rt, Device device, std::vector<VarPtr> reads, std::vec
         body(*kernels, kc);
       },
       std::move(reads), std::move(writes), device, StreamKind::Compute, std::move(info));
+}
+
+// Runs `body` with the layer kernels (NnKernels) of `device` on its compute stream.
+template <class Body>
+void push_kernel(Runtime& rt, Device device, std::vector<VarPtr> reads, std::vector<VarPtr> writes,
+                 OpInfo info, Body body) {
+  push_with(rt, device, &nn_kernels(device), std::move(reads), std::move(writes), std::move(info),
+            std::move(body));
 }
 
 // Throws, naming the op and the argument, unless `t` is defined and has exactly `shape`.

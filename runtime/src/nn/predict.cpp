@@ -38,6 +38,61 @@ void softmax(const float* logits, int64_t n, float* out) {
     out[j] = static_cast<float>(std::exp(static_cast<double>(logits[j]) - mx) / sum);
 }
 
+std::vector<float> predict_values(Model& model, const DatasetPtr& data, int64_t batch_size) {
+  if (!data || data->count == 0) throw Error("predict: empty dataset");
+  LoaderOptions lo;
+  lo.batch_size = batch_size;
+  lo.shuffle = false;
+  lo.pinned = model.device().is_cuda();
+  DataLoader loader(data, lo);
+  loader.start_epoch(0);
+  std::vector<float> out;
+  while (HostBatchPtr batch = loader.next()) {
+    if (model.runtime().engine().cancelled()) throw CancelledError();
+    DeviceBatch db = to_device(model.runtime(), batch, 0, batch->size, model.device());
+    const std::vector<float> y = to_host(model.forward(db.images, Mode::Eval));
+    out.insert(out.end(), y.begin(), y.end());
+  }
+  return out;
+}
+
+SeriesPredictions predict_series(Model& model, const Dataset& data, int64_t start) {
+  if (!data.series || data.sample_shape.size() != 1) throw Error("predict_series: the dataset is not a series");
+  const std::vector<float>& x = *data.series;
+  const auto n = static_cast<int64_t>(x.size());
+  const int64_t tau = data.sample_shape[0];
+  start = std::clamp<int64_t>(start, tau, n);
+  Runtime& rt = model.runtime();
+  auto predict_windows = [&](const std::vector<float>& windows, int64_t count) {
+    const std::vector<float> y = to_host(model.forward(from_values(rt, {count, tau}, model.device(), windows), Mode::Eval));
+    if (static_cast<int64_t>(y.size()) != count)
+      throw Error("predict_series: the model gives " + std::to_string(y.size() / std::max<int64_t>(count, 1)) +
+                  " values per window, not 1");
+    return y;
+  };
+  SeriesPredictions p;
+  p.one_step.assign(static_cast<size_t>(n), NAN);
+  p.k_step.assign(static_cast<size_t>(n), NAN);
+  if (n > tau) {
+    // Every window at once: the true values before each t.
+    std::vector<float> windows;
+    windows.reserve(static_cast<size_t>((n - tau) * tau));
+    for (int64_t t = tau; t < n; ++t) windows.insert(windows.end(), x.begin() + (t - tau), x.begin() + t);
+    const std::vector<float> y = predict_windows(windows, n - tau);
+    for (int64_t t = tau; t < n; ++t) p.one_step[static_cast<size_t>(t)] = y[static_cast<size_t>(t - tau)];
+  }
+  // One step at a time, each prediction the next window's last value.
+  std::vector<float> fed(x.begin(), x.begin() + start);
+  for (int64_t t = start; t < n; ++t) {
+    if (rt.engine().cancelled()) throw CancelledError();
+    const std::vector<float> window(fed.end() - tau, fed.end());
+    const float y = predict_windows(window, 1)[0];
+    fed.push_back(y);
+    p.k_step[static_cast<size_t>(t)] = y;
+  }
+  return p;
+}
+
 Predictions predict(Model& model, const DatasetPtr& data, int64_t batch_size, int64_t resize) {
   if (!data || data->count == 0) throw Error("predict: empty dataset");
   Runtime& rt = model.runtime();
@@ -81,11 +136,16 @@ Predictions predict(Model& model, const DatasetPtr& data, int64_t batch_size, in
                   ", classes] logits");
     if (out.classes == 0) {
       out.classes = shape[1];
-      for (int64_t i = 0; i < data->count; ++i)
-        if (data->labels[i] >= out.classes)
-          throw Error("predict: sample " + std::to_string(i) + " has label " +
-                      std::to_string(data->labels[i]) + ", but the model has " + std::to_string(out.classes) +
-                      " classes");
+      if (data->target_numel() != 1)
+        throw Error("predict: the dataset's targets are " + shape_str(data->target_dims()) +
+                    " per sample, not one class label");
+      for (int64_t i = 0; i < data->count; ++i) {
+        // An image set's labels are bytes; a table's classes are floats among its values' targets.
+        const double label = data->has_values() ? data->targets[static_cast<size_t>(i)] : data->labels[i];
+        if (label >= static_cast<double>(out.classes))
+          throw Error("predict: sample " + std::to_string(i) + " has label " + std::to_string(label) +
+                      ", but the model has " + std::to_string(out.classes) + " classes");
+      }
       out.probabilities.resize(static_cast<size_t>(data->count * out.classes));
     }
     for (int64_t i = 0; i < batch->size; ++i) out.labels[offset + i] = static_cast<int64_t>(batch->labels[i]);

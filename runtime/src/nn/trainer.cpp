@@ -8,6 +8,7 @@
 
 #include "cuda_support.h"
 #include "gpunodes/errors.h"
+#include "gpunodes/nn/sequence_layers.h"
 #include "train/host_reducer.h"
 #include "train/loss_scaler.h"
 #include "train/rank_agreement.h"
@@ -16,6 +17,49 @@
 #include "train/training_checkpoints.h"
 
 namespace gn::nn {
+
+namespace {
+
+struct LossName {
+  LossKind kind;
+  const char* name;
+};
+constexpr LossName kLossNames[] = {
+    {LossKind::CrossEntropy, "cross_entropy"}, {LossKind::Mse, "mse"}, {LossKind::L1, "l1"}, {LossKind::Huber, "huber"}};
+
+RegressionLoss regression_kind(LossKind kind) {
+  return kind == LossKind::Mse ? RegressionLoss::Mse : kind == LossKind::L1 ? RegressionLoss::L1 : RegressionLoss::Huber;
+}
+
+// What one loss call gives the trainer: the stats it adds to the totals and the output's gradient.
+struct LossStep {
+  Tensor stats, doutput;
+};
+
+// The loss of `output` against `labels` (targets), its gradient scaled by `scale` per target value.
+LossStep training_loss(const TrainOptions& o, const Tensor& output, const Tensor& labels, bool want_grad, float scale) {
+  if (o.loss == LossKind::CrossEntropy) {
+    CrossEntropy ce = softmax_cross_entropy(output, labels, want_grad, scale, static_cast<float>(o.label_smoothing));
+    return {ce.stats, ce.dlogits};
+  }
+  RegressionLossResult r =
+      regression_loss(regression_kind(o.loss), output, labels, want_grad, scale, static_cast<float>(o.huber_delta));
+  return {r.stats, r.dpred};
+}
+
+}  // namespace
+
+const char* loss_kind_name(LossKind kind) {
+  for (const LossName& l : kLossNames)
+    if (l.kind == kind) return l.name;
+  return "?";
+}
+
+std::optional<LossKind> parse_loss_kind(std::string_view text) {
+  for (const LossName& l : kLossNames)
+    if (text == l.name) return l.kind;
+  return std::nullopt;
+}
 
 Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options)
     : rt_(model.runtime()), model_(model), options_(std::move(options)) {
@@ -34,6 +78,11 @@ Trainer::Trainer(Model& model, std::vector<Device> devices, TrainOptions options
     problems.push_back("clip_grad_norm: must be 0 (off) or more");
   if (!(options_.label_smoothing >= 0 && options_.label_smoothing <= 1))
     problems.push_back("label_smoothing: must be between 0 and 1");
+  if (options_.label_smoothing > 0 && options_.loss != LossKind::CrossEntropy)
+    problems.push_back("label_smoothing: only the cross_entropy loss smooths labels, the loss is " +
+                       std::string(loss_kind_name(options_.loss)));
+  if (!(options_.huber_delta > 0 && std::isfinite(options_.huber_delta)))
+    problems.push_back("huber_delta: must be above 0");
   for (std::string& p : trainer_parts::LossScaler::problems(options_.loss_scale))
     problems.push_back(std::move(p));
   if (!problems.empty()) {
@@ -139,15 +188,16 @@ void Trainer::step(const HostBatchPtr& batch) {
 }
 
 bool Trainer::try_captured_step(const HostBatchPtr& batch) {
-  const std::string obstacle = trainer_parts::capture_obstacle(replicas_->size(), world_ != nullptr,
-                                                               scaler_->enabled(), (*replicas_)[0], *batch);
+  const std::string obstacle = trainer_parts::capture_obstacle(
+      replicas_->size(), world_ != nullptr, scaler_->enabled(), is_regression(options_.loss), carries_state_,
+      (*replicas_)[0], *batch);
   if (!capture_->wanted(obstacle, warn_)) return false;
   Model& m = (*replicas_)[0];
   const int64_t t = optimizer_steps_ + 1;
   if (capture_->can_replay(batch->size)) {
     in_flight_.push_back({capture_->replay(batch, m, options_.optimizer, lr_, t)});
   } else if (capture_->ready_to_capture()) {
-    const float scale = 1.0f / static_cast<float>(batch->size);
+    const float scale = 1.0f / static_cast<float>(batch->size);  // forward_backward divides it per value
     auto body = [&](const DeviceBatch& inputs, const Tensor& scalars, std::vector<Tensor>& grads) {
       const int64_t classes = forward_backward(0, inputs.images, inputs.labels, scale, grads);
       update(0, grads, scalars, Tensor());
@@ -222,13 +272,15 @@ int64_t Trainer::forward_backward(size_t r, const Tensor& images, const Tensor& 
                                   std::vector<Tensor>& grads) {
   const ScopedPrecision precision(options_.precision);
   Model& m = (*replicas_)[r];
-  Tensor logits = m.forward(images, Mode::Train);
-  CrossEntropy ce =
-      softmax_cross_entropy(logits, labels, true, scale, static_cast<float>(options_.label_smoothing));
-  m.backward(ce.dlogits);
-  add_into(replicas_->totals(r), ce.stats);
+  Tensor output = m.forward(images, Mode::Train);
+  // A sample of sequence targets holds one per step; the loss is their mean, as d2l's per-token loss.
+  const int64_t n = labels.shape().empty() ? 1 : labels.shape()[0];
+  values_per_sample_ = n > 0 ? std::max<int64_t>(1, labels.numel() / n) : 1;
+  LossStep loss = training_loss(options_, output, labels, true, scale / static_cast<float>(values_per_sample_));
+  m.backward(loss.doutput);
+  add_into(replicas_->totals(r), loss.stats);
   for (Parameter* p : m.parameters()) grads.push_back(p->grad);
-  return logits.shape()[1];
+  return output.shape().back();
 }
 
 void Trainer::update(size_t r, const std::vector<Tensor>& grads, const Tensor& scalars, Tensor clip) {
@@ -273,7 +325,9 @@ void Trainer::drain() noexcept {
 }
 
 StepTotals Trainer::totals() {
-  return ranks_->sum(replicas_->local_totals());
+  StepTotals t = ranks_->sum(replicas_->local_totals());
+  t.values_per_sample = values_per_sample_;
+  return t;
 }
 
 void Trainer::reset_totals() {
@@ -283,7 +337,7 @@ void Trainer::reset_totals() {
 // --- evaluation
 // ----------------------------------------------------------------------------------------------
 
-double Trainer::evaluate(const DatasetPtr& data) {
+EvalMetrics Trainer::evaluate_metrics(const DatasetPtr& data) {
   if (!data || data->count == 0) throw Error("evaluate: empty dataset");
   const ScopedPrecision precision(options_.precision);
   // DataParallel semantics: every replica evaluates with device 0's BatchNorm running statistics.
@@ -297,8 +351,11 @@ double Trainer::evaluate(const DatasetPtr& data) {
   if (world_) lo.shard = world_->rank(), lo.shards = world_->size();
   DataLoader loader(data, lo);
   loader.start_epoch(0);
-  std::vector<Tensor> correct;
-  for (Device d : devices) correct.push_back(zeros(rt_, {2}, d));
+  const bool regression = is_regression(options_.loss);
+  std::vector<Tensor> sums;  // per replica {loss sum, correct or squared errors}
+  for (Device d : devices) sums.push_back(zeros(rt_, {2}, d));
+  double abs_errors = 0;  // regression: read back per batch, the outputs being one value per target
+  int64_t values = 0;
   std::vector<VarPtr> recent;  // one var per batch, to keep the host two batches ahead at most
   while (HostBatchPtr batch = loader.next()) {
     if (abandon_collectives()) throw CancelledError();
@@ -307,9 +364,15 @@ double Trainer::evaluate(const DatasetPtr& data) {
     for (size_t r = 0; r < replicas_->size(); ++r) {
       if (sizes[r] == 0) continue;
       DeviceBatch db = to_device(rt_, batch, offset, offset + sizes[r], devices[r]);
-      Tensor logits = (*replicas_)[r].forward(db.images, Mode::Eval);
-      correct[r] = add(correct[r], softmax_cross_entropy(logits, db.labels, false).stats);
-      recent.push_back(correct[r].var());
+      Tensor output = (*replicas_)[r].forward(db.images, Mode::Eval);
+      sums[r] = add(sums[r], training_loss(options_, output, db.labels, false, 0).stats);
+      values += db.labels.numel();
+      if (regression) {
+        const std::vector<float> pred = to_host(output), want = to_host(db.labels);
+        for (size_t i = 0; i < pred.size() && i < want.size(); ++i)
+          abs_errors += std::abs(static_cast<double>(pred[i]) - static_cast<double>(want[i]));
+      }
+      recent.push_back(sums[r].var());
       offset += sizes[r];
     }
     while (recent.size() > 2 * replicas_->size()) {
@@ -317,9 +380,37 @@ double Trainer::evaluate(const DatasetPtr& data) {
       recent.erase(recent.begin());
     }
   }
-  double total = 0;
-  for (const Tensor& c : correct) total += to_host(c)[1];
-  return ranks_->sum_correct(total) / static_cast<double>(data->count);
+  double loss_sum = 0, second = 0;
+  for (const Tensor& c : sums) {
+    const std::vector<float> v = to_host(c);
+    loss_sum += v[0];
+    second += v[1];
+  }
+  // Every rank's sums: the ranks share the evaluation as they share the batches.
+  const std::vector<double> all = ranks_->sum_values({loss_sum, second, abs_errors, static_cast<double>(values)});
+  EvalMetrics m;
+  m.samples = data->count;
+  const double n = all[3];
+  m.loss = all[0] / n;
+  if (regression) {
+    m.mse = all[1] / n;
+    m.mae = all[2] / n;
+    // SST about the targets' mean, from the dataset itself (every rank holds all of it).
+    const std::vector<float>& y = data->targets;
+    double mean = 0, sst = 0;
+    for (float v : y) mean += v;
+    mean /= static_cast<double>(std::max<size_t>(1, y.size()));
+    for (float v : y) sst += (v - mean) * (v - mean);
+    m.r2 = sst > 0 ? 1 - all[1] / sst : NAN;
+  } else {
+    m.accuracy = all[1] / n;
+    if (data->target_numel() > 1) m.perplexity = std::exp(m.loss);
+  }
+  return m;
+}
+
+double Trainer::evaluate(const DatasetPtr& data) {
+  return evaluate_metrics(data).accuracy;
 }
 
 double evaluate(Model& model, const DatasetPtr& data, int64_t batch_size, int64_t resize) {
@@ -328,6 +419,14 @@ double evaluate(Model& model, const DatasetPtr& data, int64_t batch_size, int64_
   o.resize = resize;
   Trainer t(model, {model.device()}, o);
   return t.evaluate(data);
+}
+
+EvalMetrics evaluate_metrics(Model& model, const DatasetPtr& data, LossKind loss, int64_t batch_size) {
+  TrainOptions o;
+  o.batch_size = batch_size;
+  o.loss = loss;
+  Trainer t(model, {model.device()}, o);
+  return t.evaluate_metrics(data);
 }
 
 }  // namespace gn::nn

@@ -143,16 +143,17 @@ Tensor reshape(const Tensor& x, const Shape& shape);  // same element count; a c
 // The residual add is gn::add; its backward hands dy to both branches.
 
 // --- loss --------------------------------------------------------------------------------------------------
-// Softmax cross-entropy of logits [N, classes] against labels [N] (class indices stored as floats),
+// Softmax cross-entropy of logits [N, classes] against labels [N] (class indices stored as floats), or of
+// logits [N, T, classes] against labels [N, T], where every position is a row (a language model's loss);
 // computed with the log-sum-exp shift so that large logits do not overflow. With label smoothing e (PyTorch's
 // CrossEntropyLoss(label_smoothing=e)) the target is (1 - e) * onehot + e / classes: each sample's loss is
 // (1 - e) * (-log p[label]) + e * mean over the classes of -log p[j], and its gradient softmax - target.
 struct CrossEntropy {
-  Tensor loss;     // [] mean over the batch
-  Tensor stats;    // [2] {sum of the per-sample losses, number of correct argmax predictions}
-  Tensor dlogits;  // [N, classes] (softmax - target) * grad_scale; undefined unless asked for
+  Tensor loss;     // [] mean over the rows
+  Tensor stats;    // [2] {sum of the per-row losses, number of correct argmax predictions}
+  Tensor dlogits;  // logits' shape: (softmax - target) * grad_scale; undefined unless asked for
 };
-// grad_scale 0 means 1/N, the gradient of the mean. Data parallel replicas pass 1/(total batch) so that
+// grad_scale 0 means 1/rows, the gradient of the mean. Data parallel replicas pass 1/(total batch) so that
 // their gradients sum to the whole batch's. 0 <= label_smoothing <= 1; accuracy ignores it.
 CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool want_grad = true,
                                    float grad_scale = 0, float label_smoothing = 0);

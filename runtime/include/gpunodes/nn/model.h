@@ -106,9 +106,15 @@ class Model {
   // Human-readable layer list, one line per layer with its output shape for a batch of 1.
   std::string summary() const;
 
-  // x must be on the model's device. Train mode uses batch statistics, updates BatchNorm running statistics
+  // x must be on the model's device, in input_shape() (a drawn sequence network also takes other lengths T
+  // where its layers can). Train mode uses batch statistics, updates BatchNorm running statistics
   // and keeps activations for backward(); Eval mode keeps nothing.
   Tensor forward(const Tensor& x, Mode mode = Mode::Eval);
+  // Recurrent state across Train-mode batches (d2l's sequential partition): with carry on, each recurrent
+  // layer starts a batch from the state the previous batch of the same size ended in, detached; reset_state()
+  // starts the next batch from zeros (an epoch's start). Off by default.
+  void carry_state(bool on);
+  void reset_state();
   // dlogits: the loss gradient for the last Train-mode forward. Sets every trainable parameter's grad and
   // releases the kept activations.
   void backward(const Tensor& dlogits);
@@ -131,8 +137,13 @@ class Model {
   Device device_;
   std::unique_ptr<Module> root_;
   std::vector<Parameter*> state_;  // owned by the modules
+  // Whether x is a batch of another length that a drawn sequence network takes (its layers re-inferred with
+  // that length); remembers the lengths it accepted.
+  bool takes_steps(const Shape& x);
+
   bool has_cache_ = false;
   int64_t batches_tracked_ = 0;
+  std::vector<int64_t> steps_taken_;
 };
 
 // The model applied to x in Eval mode: the Forward node.

@@ -14,7 +14,8 @@
 
 namespace gn::nn {
 
-// The layer types, named as PyTorch's nn modules (GlobalAvgPool2d is AdaptiveAvgPool2d((1, 1))).
+// The layer types, named as PyTorch's nn modules (GlobalAvgPool2d is AdaptiveAvgPool2d((1, 1)); OneHot is
+// F.one_hot as floats; Reshape and Transpose act on the per-sample axes; LastStep is x[:, -1]).
 enum class LayerKind {
   Input,
   Conv2d,
@@ -32,6 +33,15 @@ enum class LayerKind {
   Dropout,
   Add,
   Concat,
+  // Sequences: a Layer wire may carry [T, F] per sample (steps x features) or [T] token ids.
+  Embedding,
+  OneHot,
+  RNN,
+  GRU,
+  LSTM,
+  Reshape,
+  Transpose,
+  LastStep,
 };
 const char* layer_kind_name(LayerKind kind);  // "Conv2d": also the node type's name
 std::optional<LayerKind> parse_layer_kind(const std::string& name);
@@ -45,19 +55,32 @@ struct LayerSpec {
   std::string id;  // the node id: parameter names are "<id>.weight"
   LayerKind kind = LayerKind::ReLU;
   std::vector<int> inputs;  // NetworkSpec only: indices of earlier layers, in port order
-  Shape shape;              // Input: the shape per sample, [C, H, W] or [features]
-  int64_t features = 0;     // Conv2d out_channels, Linear out_features
+  Shape shape;              // Input: the shape per sample, [C, H, W], [T, F] or [features]; Reshape: the
+                            // shape per sample wanted, one -1 allowed
+  int64_t features = 0;     // Conv2d out_channels, Linear out_features, RNN/GRU/LSTM hidden_size,
+                            // Embedding embedding_dim, OneHot num_classes
+  int64_t vocab = 0;        // Embedding num_embeddings
+  int64_t num_layers = 1;   // RNN, GRU, LSTM
+  bool bidirectional = false;  // RNN, GRU, LSTM
+  bool relu = false;           // RNN: nonlinearity relu instead of tanh
+  double dropout = 0;          // RNN, GRU, LSTM: between stacked layers, in training
+  int64_t dim0 = 0, dim1 = 1;  // Transpose: the per-sample axes swapped
   int64_t kernel = 1;       // Conv2d, pools: kernel_size
   int64_t stride = 1;       // Conv2d, pools (pools: 0 means kernel_size, PyTorch's default)
   int64_t padding = 0;      // Conv2d, pools
   int64_t groups = 1;       // Conv2d
-  bool bias = true;         // Conv2d, Linear
+  bool bias = true;         // Conv2d, Linear, RNN, GRU, LSTM
   double eps = 1e-5;        // BatchNorm
   double momentum = 0.1;    // BatchNorm
   double p = 0.5;           // Dropout
   // The pool stride in effect.
   int64_t pool_stride() const { return stride > 0 ? stride : kernel; }
+  // The per-sample output of Reshape for an input of `values` values: `shape` with its -1 resolved. Throws
+  // LayerError naming both shapes when they cannot agree.
+  Shape reshape_target(const Shape& in) const;
 };
+// Whether a kind is one of the recurrent layers (RNN, GRU, LSTM).
+bool is_recurrent(LayerKind kind);
 
 // What a layer makes of its inputs: the output shape per sample and its cost.
 struct LayerInfo {

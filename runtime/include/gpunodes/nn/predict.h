@@ -28,6 +28,18 @@ struct Predictions {
 // gn::Error when the model does not give [n, classes] logits or a label is not one of its classes.
 Predictions predict(Model& model, const DatasetPtr& data, int64_t batch_size = 256, int64_t resize = 0);
 
+// The model's outputs for every sample of `data`, in order, each flattened (count x outputs per sample): a
+// regression's predictions.
+std::vector<float> predict_values(Model& model, const DatasetPtr& data, int64_t batch_size = 256);
+
+// d2l 9.1's predictions over a series dataset's whole series (Dataset::series; NaN where there is none):
+// one_step[t] for every t >= tau from the true values before t, and k_step[t] for t >= start fed the model's
+// own predictions after start - 1 (the true values before start). The model must give one value per window.
+struct SeriesPredictions {
+  std::vector<double> one_step, k_step;
+};
+SeriesPredictions predict_series(Model& model, const Dataset& data, int64_t start);
+
 // The first maximum of n logits (a later equal value does not win; a NaN never does unless it comes first):
 // the rule softmax_cross_entropy's accuracy count follows on every backend, so that accuracy read from
 // predictions equals evaluate()'s.

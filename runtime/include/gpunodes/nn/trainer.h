@@ -82,6 +82,15 @@ const char* step_capture_name(StepCapture mode);  // "auto", "on", "off"
 std::optional<StepCapture> parse_step_capture(std::string_view text);
 constexpr int64_t kCaptureWarmup = 2;  // cuDNN's algorithm search, the caches and the optimizer state settle
 
+// The training loss: softmax cross-entropy for classes and language models; MSELoss, L1Loss, HuberLoss for
+// regression.
+enum class LossKind { CrossEntropy, Mse, L1, Huber };
+const char* loss_kind_name(LossKind kind);  // "cross_entropy", "mse", "l1", "huber"
+std::optional<LossKind> parse_loss_kind(std::string_view text);
+inline bool is_regression(LossKind kind) {
+  return kind != LossKind::CrossEntropy;
+}
+
 struct TrainOptions {
   int64_t epochs = 10;
   int64_t batch_size = 256;  // the whole minibatch, split across the devices
@@ -91,6 +100,11 @@ struct TrainOptions {
   // torch.nn.utils.clip_grad_norm_ over every gradient after the all-reduce, before the step: the gradients
   // are scaled by min(1, max / (total 2-norm + 1e-6)). 0: off.
   double clip_grad_norm = 0;
+  // What is minimised (PyTorch's losses, mean reduction): the softmax cross-entropy against class labels,
+  // per step and averaged when the targets are sequences (a language model's); or a regression loss of the
+  // outputs against target values (one output per target value).
+  LossKind loss = LossKind::CrossEntropy;
+  double huber_delta = 1;      // LossKind::Huber: HuberLoss(delta), above 0
   double label_smoothing = 0;  // of the training loss (CrossEntropyLoss(label_smoothing)), 0 <= e <= 1
   // The math of the linear layers' and convolutions' products (precision.h), in training and evaluation:
   // every device must allow it (check_precision), or the Trainer refuses to start.
@@ -135,7 +149,12 @@ using MetricCallback = std::function<void(const MetricSample&)>;
 struct EpochResult {
   int64_t epoch = 0;
   double train_loss = 0, train_acc = 0;
-  double test_acc = NAN;  // NaN without a test set
+  double test_acc = NAN;  // NaN without a test set, and for regression
+  // The test split's mean loss per target value; for a language model (sequence targets) also exp of it,
+  // d2l's perplexity; for regression the mean squared and absolute errors and R^2 (1 - SSE / SST, SST
+  // about the test targets' mean). NaN where they do not apply.
+  double test_loss = NAN, test_perplexity = NAN, test_mse = NAN, test_mae = NAN, test_r2 = NAN;
+  double train_mse = NAN;  // regression: the training split's mean squared error (train_acc is then NaN)
   double seconds = 0;     // training time of the epoch, evaluation excluded (the seed's timer)
   double images_per_second = 0;
   // Whether the loader keeps up: its background thread's milliseconds to prepare a batch (read, resize,
@@ -165,12 +184,26 @@ struct TrainResult {
 // quickly.
 using WarningCallback = std::function<void(const std::string&)>;
 
-// Loss and accuracy totals since the last reset.
+// Loss and accuracy totals since the last reset. A sample holds values_per_sample targets (a sequence's
+// steps; 1 otherwise), and the loss and accuracy are per target value.
 struct StepTotals {
-  double loss_sum = 0, correct = 0;
+  double loss_sum = 0;
+  double correct = 0;  // classes: correct predictions; regression: the sum of squared errors
   int64_t samples = 0;
-  double loss() const { return samples ? loss_sum / static_cast<double>(samples) : NAN; }
-  double accuracy() const { return samples ? correct / static_cast<double>(samples) : NAN; }
+  int64_t values_per_sample = 1;
+  double values() const { return static_cast<double>(samples) * static_cast<double>(values_per_sample); }
+  double loss() const { return samples ? loss_sum / values() : NAN; }
+  double accuracy() const { return samples ? correct / values() : NAN; }
+  double mse() const { return accuracy(); }  // regression: the mean of the squared errors
+};
+
+// What an evaluation measures (Trainer::evaluate_metrics); NaN where a measure does not apply.
+struct EvalMetrics {
+  int64_t samples = 0;
+  double loss = NAN;        // mean per target value
+  double accuracy = NAN;    // classes
+  double perplexity = NAN;  // sequence targets: exp(loss)
+  double mse = NAN, mae = NAN, r2 = NAN;  // regression
 };
 
 class Trainer {
@@ -233,7 +266,10 @@ class Trainer {
   // Copies replica 0's parameters and buffers to the other replicas (and from the model first, when the
   // model is not replica 0). fit() does this at its start.
   void broadcast();
-  // Accuracy on a dataset, with each batch split across the replicas (device 0's BatchNorm statistics).
+  // The loss and the measures of the task (accuracy; perplexity for sequences; MSE, MAE and R^2 for
+  // regression) on a dataset, with each batch split across the replicas (device 0's BatchNorm statistics).
+  EvalMetrics evaluate_metrics(const DatasetPtr& data);
+  // Accuracy on a dataset (evaluate_metrics().accuracy).
   double evaluate(const DatasetPtr& data);
 
   // Stops fit() at the next batch (the one in progress, or the next one to start); thread-safe.
@@ -290,6 +326,9 @@ class Trainer {
   std::vector<std::vector<OptimizerState>> optim_state_;  // [replica][parameter], made at the first step
   int64_t optimizer_steps_ = 0;
   double lr_ = 0;
+  // Targets per sample of the batches seen (a sequence's steps; 1 otherwise): what the totals divide by.
+  int64_t values_per_sample_ = 1;
+  bool carries_state_ = false;  // fit() on a sequential text: recurrent state carried across batches
   std::vector<std::vector<VarPtr>> in_flight_;  // per outstanding step: one marker per device
   // Written by every collective op, so that they run in the order they were enqueued, which is the same on
   // every rank: MPI and NCCL need every rank to call the same collectives in the same order.
@@ -302,5 +341,7 @@ class Trainer {
 
 // Accuracy of `model` on `data`, on the model's device, in Eval mode: the Evaluate node.
 double evaluate(Model& model, const DatasetPtr& data, int64_t batch_size = 256, int64_t resize = 0);
+// Trainer::evaluate_metrics for `model` on its device, with `loss` deciding the task.
+EvalMetrics evaluate_metrics(Model& model, const DatasetPtr& data, LossKind loss, int64_t batch_size = 256);
 
 }  // namespace gn::nn

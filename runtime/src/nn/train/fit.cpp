@@ -87,6 +87,7 @@ struct Trainer::Fit {
   DataLoader loader_;
   const int64_t batches_;    // per epoch
   const size_t first_span_;  // the profiler's when fit() began
+  const bool sequence_targets_;  // a target per step (a language model): perplexity is reported
   TrainResult result_;
   std::vector<MetricSample> history_;  // with checkpoints: every sample so far, saved with them
   Position from_;
@@ -120,7 +121,8 @@ Trainer::Fit::Fit(Trainer& trainer, const trainer_parts::CheckpointStore& store,
       on_warning_(on_warning),
       loader_(train, training_loader(trainer.options_, trainer.replicas_->any_cuda(), trainer.world_)),
       batches_(loader_.batches_per_epoch()),
-      first_span_(trainer.rt_.profiler().span_count()) {
+      first_span_(trainer.rt_.profiler().span_count()),
+      sequence_targets_(!is_regression(trainer.options_.loss) && train->target_numel() > 1) {
   // Ranks hear a cancel at different batches. With checkpoints they agree at each batch whether any of them
   // was asked to stop, so that all stop at the same batch and the checkpoint rank 0 saves is where every rank
   // is; between those points a rank's cancel waits (abandon_collectives).
@@ -148,6 +150,10 @@ TrainResult Trainer::Fit::run() {
 }
 
 void Trainer::Fit::start() {
+  t_.values_per_sample_ = train_->target_numel();
+  t_.carries_state_ = train_->sequential;
+  if (train_->sequential)
+    for (size_t r = 0; r < t_.replicas_->size(); ++r) (*t_.replicas_)[r].carry_state(true);
   if (t_.world_) {
     std::string mine =
         "model: " + t_.model_.signature() + "\nlocal devices: " + std::to_string(t_.replicas_->size());
@@ -188,6 +194,9 @@ EpochResult Trainer::Fit::train_epoch(int64_t epoch) {
   trainer_parts::ReplicaSet& replicas = *t_.replicas_;
   const bool resumed = epoch == from_.epoch && from_.batch > 0;
   if (!resumed) t_.reset_totals();
+  // d2l's sequential partition: each epoch's recurrent state starts from zeros and is carried on.
+  if (train_->sequential)
+    for (size_t r = 0; r < replicas.size(); ++r) replicas[r].reset_state();
   const int64_t first = resumed ? from_.batch : 0;
   loader_.start_epoch(epoch, first);
   EpochClock clock{Clock::now(), resumed ? from_.epoch_seconds : 0.0, replicas.samples()};
@@ -223,7 +232,8 @@ EpochResult Trainer::Fit::train_epoch(int64_t epoch) {
   er.seconds = clock.seconds();
   const StepTotals totals = t_.totals();
   er.train_loss = totals.loss();
-  er.train_acc = totals.accuracy();
+  // The second total is the hits for classes and the squared errors for a regression.
+  (is_regression(t_.options_.loss) ? er.train_mse : er.train_acc) = totals.accuracy();
   er.images_per_second = images_per_second();
   const int64_t prepared = loader_.batches_prepared() - prepared_before;
   if (prepared > 0)
@@ -241,18 +251,34 @@ void Trainer::Fit::finish_epoch(int64_t epoch, EpochResult& er) {
   // A cancel during the evaluation saves the epoch as trained but not evaluated: the resumed run says the
   // epoch's numbers once, after evaluating.
   const size_t history_trained = history_.size();
-  report_progress(x, er.train_loss, er.train_acc, er.images_per_second, er.seconds);
+  report_progress(x, er.train_loss, is_regression(t_.options_.loss) ? er.train_mse : er.train_acc,
+                  er.images_per_second, er.seconds);
   if (devices.size() > 1)
     for (size_t r = 0; r < devices.size(); ++r)
       emit("share/" + devices[r].str(), x, t_.replicas_->shares()[r]);
   if (test_ && test_->count > 0) {
+    EvalMetrics m;
     try {
       if (stop_agreed()) throw CancelledError();
-      er.test_acc = t_.evaluate(test_);
+      m = t_.evaluate_metrics(test_);
     } catch (const CancelledError&) {
       stop(epoch, batches_, er.seconds, history_trained);
     }
-    emit("test_acc", x, er.test_acc);
+    er.test_acc = m.accuracy;
+    er.test_loss = m.loss;
+    er.test_perplexity = m.perplexity;
+    er.test_mse = m.mse;
+    er.test_mae = m.mae;
+    er.test_r2 = m.r2;
+    emit("test_loss", x, m.loss);
+    if (is_regression(t_.options_.loss)) {
+      emit("test_mse", x, m.mse);
+      emit("test_mae", x, m.mae);
+      emit("test_r2", x, m.r2);
+    } else {
+      emit("test_acc", x, m.accuracy);
+      if (sequence_targets_) emit("test_perplexity", x, m.perplexity);
+    }
   }
   for (Device d : devices) {
     MemoryStats m = t_.rt_.memory_stats(d);
@@ -264,6 +290,8 @@ void Trainer::Fit::finish_epoch(int64_t epoch, EpochResult& er) {
 }
 
 void Trainer::Fit::finish() {
+  t_.carries_state_ = false;
+  for (size_t r = 0; r < t_.replicas_->size(); ++r) (*t_.replicas_)[r].carry_state(false);
   t_.replicas_->push_to_model();
   t_.synchronize();
   t_.release_step_state();
@@ -280,6 +308,8 @@ void Trainer::Fit::finish() {
 
 void Trainer::Fit::abandon() {
   loader_.stop();
+  t_.carries_state_ = false;
+  for (size_t r = 0; r < t_.replicas_->size(); ++r) (*t_.replicas_)[r].carry_state(false);
   t_.drain();
   history_.clear();
   if (store_.enabled() && t_.cancel_requested_ && !saved_at_cancel_ && on_warning_)
@@ -302,7 +332,13 @@ void Trainer::Fit::abandon() {
 void Trainer::Fit::report_progress(double x, double loss, double accuracy, double images_per_second,
                                    std::optional<double> epoch_seconds) {
   emit("loss", x, loss);
-  emit("train_acc", x, accuracy);
+  // What the second total means depends on the task: hits for classes, squared errors for regression.
+  if (is_regression(t_.options_.loss)) {
+    emit("train_mse", x, accuracy);
+  } else {
+    emit("train_acc", x, accuracy);
+    if (sequence_targets_) emit("perplexity", x, std::exp(loss));
+  }
   emit("images_per_second", x, images_per_second);
   if (epoch_seconds) emit("epoch_seconds", x, *epoch_seconds);
   emit("lr", x, t_.lr_);

@@ -87,10 +87,10 @@ StepTotals RankAgreement::sum(StepTotals t) const {
   return {sums[0], sums[1], static_cast<int64_t>(sums[2])};
 }
 
-double RankAgreement::sum_correct(double local) const {
-  if (world_)
-    world_->allreduce_sum(&local, 1, "summing the accuracy over the ranks", dist::World::Channel::Host,
-                          give_up_);
+std::vector<double> RankAgreement::sum_values(std::vector<double> local) const {
+  if (world_ && !local.empty())
+    world_->allreduce_sum(local.data(), local.size(), "summing the evaluation over the ranks",
+                          dist::World::Channel::Host, give_up_);
   return local;
 }
 

@@ -32,9 +32,9 @@ class RankAgreement {
   // Whether any rank was asked to stop (one 8-byte all-reduce), so that all stop at the same batch;
   // `engine_cancelled` alone interrupts the wait.
   bool agree_to_stop(bool asked, const std::function<bool()>& engine_cancelled) const;
-  // Totals and the count of correct predictions summed over the ranks.
+  // Totals summed over the ranks; and an evaluation's sums (loss, hits or errors, counts), element-wise.
   StepTotals sum(StepTotals local) const;
-  double sum_correct(double local) const;
+  std::vector<double> sum_values(std::vector<double> local) const;
 
   // Counts the gradient bytes this rank handed to the all-reduce in one step.
   void count_step(int64_t reduced_bytes) {

@@ -33,14 +33,15 @@ namespace {
 bool has_dropout(const Model& m) {
   if (m.arch() != Arch::Network) return false;
   for (const LayerSpec& l : m.options().network->layers)
-    if (l.kind == LayerKind::Dropout && l.p > 0) return true;
+    if ((l.kind == LayerKind::Dropout && l.p > 0) || (is_recurrent(l.kind) && l.dropout > 0 && l.num_layers > 1))
+      return true;
   return false;
 }
 
 }  // namespace
 
-std::string capture_obstacle(size_t devices, bool distributed, bool loss_scaling, const Model& model,
-                             const HostBatch& batch) {
+std::string capture_obstacle(size_t devices, bool distributed, bool loss_scaling, bool regression,
+                             bool carries_state, const Model& model, const HostBatch& batch) {
   if (devices > 1)
     return "a captured step runs on one device, and this run trains on " + std::to_string(devices);
   if (distributed)
@@ -48,6 +49,9 @@ std::string capture_obstacle(size_t devices, bool distributed, bool loss_scaling
   if (loss_scaling) return "loss scaling reads the gradients' norm on the host every step";
   if (has_dropout(model))
     return "dropout draws a new mask every step, and a replay would repeat the captured one";
+  if (regression) return "a replay checks class labels on the host, and a regression has target values";
+  if (carries_state)
+    return "the recurrent state is carried from batch to batch, and a replay would start from the captured one";
   if (batch.global_size != 0 && batch.global_size != batch.size)
     return "the batch is a shard of a larger one";
   return {};
@@ -93,7 +97,10 @@ bool StepCapturer::capture(const HostBatchPtr& batch, Model& model, const Tensor
   const int64_t n = batch->size;
   auto c = std::make_shared<Captured>();
   c->batch = n;
-  c->inputs = {Tensor(rt_, {n, batch->channels, batch->height, batch->width}, d), Tensor(rt_, {n}, d)};
+  Shape images = batch->sample_dims(), labels = batch->target_shape;
+  images.insert(images.begin(), n);
+  labels.insert(labels.begin(), n);
+  c->inputs = {Tensor(rt_, images, d), Tensor(rt_, labels, d)};
   copy_batch_into(batch, 0, c->inputs);
   c->scalars = scalars;
   const int64_t tracked = model.batches_tracked();
@@ -154,7 +161,8 @@ VarPtr StepCapturer::replay(const HostBatchPtr& batch, Model& model, const Optim
                             double lr, int64_t step) {
   const Captured& c = *captured_;
   // What the captured loss cannot report (a GPU graph reads nothing back): a label that is no class.
-  for (int64_t i = 0; i < batch->size; ++i) {
+  const int64_t labels = batch->size * batch->target_numel();
+  for (int64_t i = 0; i < labels; ++i) {
     const float label = batch->labels[i];
     if (!(label >= 0 && label < static_cast<float>(c.classes)) || label != std::floor(label))
       throw Error("softmax_cross_entropy: the label at row " + std::to_string(i) +

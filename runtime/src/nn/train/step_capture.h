@@ -18,9 +18,11 @@ namespace gn::nn::trainer_parts {
 
 // Why the steps of this run can never be captured, or empty when they can: more than one device, a
 // distributed run, loss scaling (it reads the gradients' norm on the host every step), dropout (a new mask
-// every step) or a batch that is a shard of a larger one.
-std::string capture_obstacle(size_t devices, bool distributed, bool loss_scaling, const Model& model,
-                             const HostBatch& batch);
+// every step; recurrent layers' dropout too), a regression loss (a replay checks class labels), recurrent
+// state carried from batch to batch (a replay would start from the captured state) or a batch that is a
+// shard of a larger one.
+std::string capture_obstacle(size_t devices, bool distributed, bool loss_scaling, bool regression,
+                             bool carries_state, const Model& model, const HostBatch& batch);
 
 class StepCapturer {
  public:

@@ -51,6 +51,7 @@ struct Issue {
 // layer summary, like torchinfo's). Plugins fill them in validateGraph.
 struct NodeFacts {
   QString badge;
+  QString detail;           // what the badge means, for the node's tooltip ("35 steps x 256 features")
   QStringList columns;      // the table's header; empty for no table
   QList<QStringList> rows;  // each as long as columns
 };
