@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/sequence_data.h"
@@ -276,7 +277,8 @@ class DatasetNode final : public GpuNode {
 
   // What a text, series or table gives, as far as the params and the file's header tell, with the file's
   // problems that need no more than its first line: missing, a directory, a target that is not a column.
-  static DataShape checkValues(NodeCheck& check, const QString& name) {
+  // Nothing when the file cannot serve: its error is this node's, and nothing downstream is checked against it.
+  static std::optional<DataShape> checkValues(NodeCheck& check, const QString& name) {
     const QJsonObject& p = check.params();
     const QString path = p["path"].toString();
     DataShape d;
@@ -285,11 +287,11 @@ class DatasetNode final : public GpuNode {
       const QFileInfo info(path);
       if (path.isEmpty() || !info.exists()) {
         check.error("params.path", QString("%1: the file '%2' does not exist").arg(name, path));
-        return d;
+        return std::nullopt;
       }
       if (info.isDir()) {
         check.error("params.path", QString("%1: '%2' is a directory, not a file").arg(name, path));
-        return d;
+        return std::nullopt;
       }
     }
     if (name == "text") {
@@ -299,24 +301,25 @@ class DatasetNode final : public GpuNode {
       d.sample = {p["tau"].toInteger()};
       d.regression = true;
       d.classes = 1;
-    } else {
-      checkTableHeader(check, path, d);
+    } else if (!checkTableHeader(check, path, d)) {
+      return std::nullopt;
     }
     return d;
   }
 
-  // The table's header row: the target and features must be columns. The task is known only from the rows.
-  static void checkTableHeader(NodeCheck& check, const QString& path, DataShape& d) {
+  // The table's header row: the target and features must be columns (false, with the error, when they are
+  // not). The task is known only from the rows.
+  static bool checkTableHeader(NodeCheck& check, const QString& path, DataShape& d) {
     const QJsonObject& p = check.params();
     const QString target = p["target"].toString().trimmed();
     if (target.isEmpty()) {
       check.error("params.target", "table: name the column to predict");
-      return;
+      return false;
     }
     QFile f(path);
     if (!f.open(QIODevice::ReadOnly)) {
       check.error("params.path", QString("table: cannot read '%1': %2").arg(path, f.errorString()));
-      return;
+      return false;
     }
     // A header longer than this is no header a person wrote; the loader reports what is wrong with it.
     const QByteArray line = f.readLine(1 << 20);
@@ -329,20 +332,21 @@ class DatasetNode final : public GpuNode {
     if (!columns.contains(target)) {
       check.error("params.target", QString("table: '%1' is not a column of %2; its columns are %3")
                                        .arg(target, path, columns.join(", ")));
-      return;
+      return false;
     }
     QStringList features = listParam(p["features"].toString());
     for (const QString& f : features)
       if (!columns.contains(f)) {
         check.error("params.features",
                     QString("table: '%1' is not a column of %2; its columns are %3").arg(f, path, columns.join(", ")));
-        return;
+        return false;
       }
     const qsizetype count = features.isEmpty() ? columns.size() - 1 : features.size();
     d.sample = {static_cast<int64_t>(count)};
     const QString task = p["task"].toString();
     if (task == "regression") d.regression = true, d.classes = 1;
     d.targetsKnown = task != "auto";  // auto: the rows say which task it is, at the run
+    return true;
   }
 
   // A text, series or table, with what the report says about it.

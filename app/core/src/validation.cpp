@@ -140,10 +140,12 @@ QString checkParam(const ParamSpec& spec, const QJsonValue& value) {
         const double d = dv.toDouble();
         if (!dv.isDouble() || !std::isfinite(d) || d != std::floor(d))
           return QStringLiteral("dimension %1: expected an integer, got %2").arg(i).arg(shown(dv));
-        if (d < 0) return QStringLiteral("dimension %1: %2 is negative").arg(i).arg(num(d));
+        // A spec whose minimum is below 0 allows it (Reshape's -1, a dimension left for the others to set).
+        const bool allowed = spec.min && d >= *spec.min;
+        if (d < 0 && !allowed) return QStringLiteral("dimension %1: %2 is negative").arg(i).arg(num(d));
         const QString range = checkRange(spec, d);
         if (!range.isEmpty()) return QStringLiteral("dimension %1: %2").arg(i).arg(range);
-        elements *= d;
+        elements *= std::fabs(d);
       }
       if (elements >= 9223372036854775808.0)
         return QStringLiteral("%1 dimensions multiply to more than 2^63 elements").arg(dims.size());

@@ -303,6 +303,98 @@ layers_variant("layers-cycle.json", "two layers that read each other", "cycle",
 layers_variant("layers-tensor-into-layer.json", "a Tensor wired into a layer's input", "type",
                lambda g: (add_node(g, "t", "Tensor", {"shape": [2, 2]}), rewire(g, "flat.in", "t.out")))
 
+# --- sequences: recurrent layers, token ids, reshapes, and the datasets and losses they train with
+SEQ = {
+    "format": "gpunodes-graph", "version": 1, "name": "hostile sequences", "description": "a valid GRU language model",
+    "settings": {"schedule": "parallel", "cpu_devices": 1},
+    "nodes": [
+        {"id": "x", "type": "Input", "position": [0, 0], "params": {"shape": [35]}},
+        {"id": "emb", "type": "Embedding", "position": [200, 0], "params": {"num_embeddings": 28, "embedding_dim": 16}},
+        {"id": "gru", "type": "GRU", "position": [400, 0], "params": {"hidden_size": 32}},
+        {"id": "fc", "type": "Linear", "position": [600, 0], "params": {"out_features": 28}},
+        {"id": "net", "type": "Network", "position": [800, 0], "params": {}},
+    ],
+    "connections": [
+        {"from": "x.out", "to": "emb.in"},
+        {"from": "emb.out", "to": "gru.in"},
+        {"from": "gru.out", "to": "fc.in"},
+        {"from": "fc.out", "to": "net.out"},
+    ],
+}
+
+
+def seq_variant(name, attack, expect, mutate, lines=1):
+    g = copy.deepcopy(SEQ)
+    mutate(g)
+    emit(name, attack, expect, g, lines)
+
+
+def seq_node(g, id):
+    return next(n for n in g["nodes"] if n["id"] == id)
+
+
+def with_training(g, data_params, train_params=None):
+    g["nodes"] += [
+        {"id": "data", "type": "Dataset", "position": [0, 300], "params": data_params},
+        {"id": "cpu", "type": "Device", "position": [600, 300], "params": {"kind": "cpu"}},
+        {"id": "train", "type": "Train", "position": [1000, 0], "params": dict({"epochs": 1}, **(train_params or {}))},
+    ]
+    g["connections"] += [{"from": "net.model", "to": "train.model"}, {"from": "data.data", "to": "train.data"},
+                         {"from": "cpu.device", "to": "train.devices"}]
+
+
+TEXT = "/usr/share/common-licenses/GPL-3"
+seq_variant("seq-gru-on-token-ids.json", "a GRU fed token ids [T] without an Embedding", "Embedding",
+            lambda g: (rewire(g, "gru.in", "x.out"), g["nodes"].remove(seq_node(g, "emb")),
+                       g["connections"].remove({"from": "x.out", "to": "emb.in"})))
+seq_variant("seq-lstm-on-image.json", "an LSTM fed a [1, 28, 28] image", "Reshape",
+            lambda g: (seq_node(g, "x")["params"].update(shape=[1, 28, 28]), seq_node(g, "gru").update(type="LSTM"),
+                       rewire(g, "gru.in", "x.out"), g["nodes"].remove(seq_node(g, "emb")),
+                       g["connections"].remove({"from": "x.out", "to": "emb.in"})))
+seq_variant("seq-reshape-mismatch.json", "a Reshape to [27, 28] of 784 values", "784",
+            lambda g: (seq_node(g, "x")["params"].update(shape=[1, 28, 28]),
+                       seq_node(g, "emb").update(type="Reshape", params={"shape": [27, 28]})))
+seq_variant("seq-reshape-two-free.json", "a Reshape with two -1", "-1",
+            lambda g: (seq_node(g, "x")["params"].update(shape=[1, 28, 28]),
+                       seq_node(g, "emb").update(type="Reshape", params={"shape": [-1, -1]})))
+seq_variant("seq-transpose-axis.json", "a Transpose of an axis the sequence does not have", "dim1",
+            lambda g: (add_node(g, "t", "Transpose", {"dim0": 0, "dim1": 3}), rewire(g, "gru.in", "t.out"),
+                       g["connections"].append({"from": "emb.out", "to": "t.in"})))
+seq_variant("seq-laststep-flat.json", "a LastStep after a LastStep", "[T, F]",
+            lambda g: (add_node(g, "l1", "LastStep"), add_node(g, "l2", "LastStep"),
+                       g["connections"].extend([{"from": "gru.out", "to": "l1.in"}, {"from": "l1.out", "to": "l2.in"}]),
+                       rewire(g, "fc.in", "l2.out")))
+seq_variant("seq-rnn-nonlinearity.json", "an RNN whose nonlinearity is not tanh or relu", "nonlinearity",
+            lambda g: seq_node(g, "gru").update(type="RNN", params={"hidden_size": 8, "nonlinearity": "sine"}))
+seq_variant("seq-gru-dropout-one.json", "a GRU dropout of 1", "dropout",
+            lambda g: seq_node(g, "gru")["params"].update(dropout=1.0))
+seq_variant("seq-embedding-zero-vocab.json", "an Embedding of 0 tokens", "num_embeddings",
+            lambda g: seq_node(g, "emb")["params"].update(num_embeddings=0))
+seq_variant("seq-text-missing-file.json", "a text dataset whose file does not exist", "does not exist",
+            lambda g: with_training(g, {"name": "text", "path": "/nonexistent/corpus.txt", "num_steps": 35}))
+seq_variant("seq-text-directory.json", "a text dataset whose path is a directory", "directory",
+            lambda g: with_training(g, {"name": "text", "path": "/usr/share", "num_steps": 35}))
+seq_variant("seq-text-wrong-steps.json", "a language model of 35 steps on windows of 20 tokens", "[35]",
+            lambda g: with_training(g, {"name": "text", "path": TEXT, "num_steps": 20}))
+seq_variant("seq-text-regression-loss.json", "a text's next tokens trained with the mse loss", "cross_entropy",
+            lambda g: with_training(g, {"name": "text", "path": TEXT, "num_steps": 35}, {"loss": "mse"}))
+seq_variant("seq-text-unknown-loss.json", "a loss that is no loss", "loss",
+            lambda g: with_training(g, {"name": "text", "path": TEXT, "num_steps": 35}, {"loss": "hinge"}))
+seq_variant("seq-series-classifier.json", "a series (regression) trained with cross-entropy", "mse",
+            lambda g: (seq_node(g, "x")["params"].update(shape=[4]), seq_node(g, "emb").update(type="Linear",
+                       params={"out_features": 1}), g["nodes"].remove(seq_node(g, "gru")), g["nodes"].remove(seq_node(g, "fc")),
+                       g["connections"].__init__([{"from": "x.out", "to": "emb.in"}, {"from": "emb.out", "to": "net.out"}]),
+                       with_training(g, {"name": "series", "path": "", "tau": 4})))
+seq_variant("seq-series-two-outputs.json", "a regression network that predicts 2 values per sample", "1 value",
+            lambda g: (seq_node(g, "x")["params"].update(shape=[4]), seq_node(g, "emb").update(type="Linear",
+                       params={"out_features": 2}), g["nodes"].remove(seq_node(g, "gru")), g["nodes"].remove(seq_node(g, "fc")),
+                       g["connections"].__init__([{"from": "x.out", "to": "emb.in"}, {"from": "emb.out", "to": "net.out"}]),
+                       with_training(g, {"name": "series", "path": "", "tau": 4}, {"loss": "mse"})))
+seq_variant("seq-generate-no-text.json", "a Generate fed a Fashion-MNIST dataset", "text",
+            lambda g: (g["nodes"].extend([{"id": "imgs", "type": "Dataset", "position": [0, 500], "params": {"name": "synthetic"}},
+                                          {"id": "gen", "type": "Generate", "position": [1000, 300], "params": {}}]),
+                       g["connections"].extend([{"from": "net.model", "to": "gen.model"}, {"from": "imgs.data", "to": "gen.data"}])))
+
 # --- subgraphs (format version 2): nesting, no inputs, cycles through one, a block that contains itself,
 # nesting bombs, ports that name what is not there; each names the inner node by its path
 def sub_node(id, nodes, connections, inputs=(), outputs=(), block=None, x=220):
