@@ -5,6 +5,7 @@
 #include <QJsonArray>
 #include <QPainter>
 #include <QPainterPath>
+#include <QTextLayout>
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -33,12 +34,6 @@ QString shapeText(const QJsonArray& shape) {
   return dims.isEmpty() ? QString("scalar") : dims.join(QChar(0x00D7));
 }
 
-QFont previewFont() {
-  QFont f = QApplication::font();
-  f.setPointSizeF(7.5);
-  return f;
-}
-
 // Diverging blue-black-orange around zero when the values have both signs, so the sign reads at a glance;
 // otherwise a dark-to-bright ramp from the smallest to the largest.
 QColor heatColor(double v, double lo, double hi) {
@@ -59,7 +54,59 @@ QColor heatColor(double v, double lo, double hi) {
   return t < 0.5 ? mix(dark, mid, t * 2) : mix(mid, bright, t * 2 - 1);
 }
 
+// A fraction or a coefficient (an accuracy, an R²) with two decimals; "–" when it is not a number.
+QString twoDecimals(double v) {
+  return std::isfinite(v) ? QString::number(v, 'f', 2) : QString("–");
+}
+
+// A line of a wrapped text: where it starts in the text, and what is drawn.
+struct WrappedLine {
+  int start = 0;
+  QString text;
+};
+
+QList<WrappedLine> wrapText(const QString& text, qreal width, int maxLines) {
+  QList<WrappedLine> lines;
+  if (width <= 0 || text.isEmpty() || maxLines <= 0) return lines;
+  const QFont font = NodePreview::font();
+  // One character for one: a position in the laid-out text is the same position in `text`.
+  QString laid = text;
+  laid.replace('\n', QChar::LineSeparator).replace('\t', ' ');
+  QTextLayout layout(laid, font);
+  QTextOption option;
+  option.setWrapMode(QTextOption::WrapAtWordBoundaryOrAnywhere);
+  layout.setTextOption(option);
+  layout.beginLayout();
+  for (QTextLine line = layout.createLine(); line.isValid(); line = layout.createLine()) {
+    line.setLineWidth(width);
+    QString shown = laid.mid(line.textStart(), line.textLength());
+    while (!shown.isEmpty() && (shown.back().isSpace() || shown.back() == QChar::LineSeparator))
+      shown.chop(1);
+    lines << WrappedLine{line.textStart(), shown};
+  }
+  layout.endLayout();
+  if (lines.size() <= maxLines) return lines;
+  // The last line shown holds the start of all that is left, elided; line breaks in it read as spaces.
+  WrappedLine& last = lines[maxLines - 1];
+  const QString rest = laid.mid(last.start).replace(QChar::LineSeparator, ' ');
+  last.text = QFontMetricsF(font).elidedText(rest, Qt::ElideRight, width);
+  lines.resize(maxLines);
+  return lines;
+}
+
 }  // namespace
+
+QFont NodePreview::font() {
+  QFont f = QApplication::font();
+  f.setPointSizeF(7.5);
+  return f;
+}
+
+QStringList NodePreview::textLines(qreal width) const {
+  QStringList out;
+  for (const WrappedLine& line : wrapText(text, width, kTextLines)) out << line.text;
+  return out;
+}
 
 NodePreview NodePreview::fromReport(const QString& nodeId, const QJsonObject& entry,
                                     const QJsonObject& metrics) {
@@ -86,6 +133,31 @@ NodePreview NodePreview::fromReport(const QString& nodeId, const QJsonObject& en
     const QJsonArray values = t.value("values").toArray();
     for (qsizetype i = 0; i < values.size() && i < kShownValues; ++i) p.values << number(values[i]);
     p.caption = shapeText(t.value("shape").toArray()) + " " + t.value("device").toString() + more;
+    return p;
+  }
+  if (entry.value("generated_text").isString()) {
+    p.kind = Kind::Text;
+    p.text = entry.value("generated_text").toString();
+    p.text.replace("\r\n", "\n");
+    const QString prefix = entry.value("prefix").toString();
+    p.prefixLength = p.text.startsWith(prefix) ? int(prefix.size()) : 0;
+    const qint64 tokens = qint64(entry.value("tokens").toDouble(-1));
+    p.caption = tokens < 0 ? QString("generated text")
+                           : QString("%1 token%2 generated").arg(tokens).arg(tokens == 1 ? "" : "s");
+    return p;
+  }
+  const QString task = entry.value("task").toString();
+  if ((task == "regression" || task == "language_model") && entry.contains("samples")) {
+    p.kind = Kind::Scores;
+    p.scores = task == "regression" ? QString("R² %1 · MSE %2")
+                                          .arg(twoDecimals(number(entry.value("r2"))),
+                                               style::formatScore(number(entry.value("mse"))))
+                                    : QString("perplexity %1 · accuracy %2")
+                                          .arg(style::formatScore(number(entry.value("perplexity"))),
+                                               twoDecimals(number(entry.value("accuracy"))));
+    p.caption = QString("%1 %2 samples")
+                    .arg(qint64(entry.value("samples").toDouble()))
+                    .arg(entry.value("split").toString());
     return p;
   }
   if (entry.contains("accuracy") && entry.contains("samples")) {
@@ -131,6 +203,10 @@ qreal NodePreview::height() const {
       return kHeatmapSide + kLine;
     case Kind::Accuracy:
       return 2 * kLine + kBar + 2;
+    case Kind::Scores:
+      return 2 * kLine;
+    case Kind::Text:
+      return (1 + kTextLines) * kLine;
     case Kind::Sparkline:
       return kLine + kSparkline;
   }
@@ -138,9 +214,9 @@ qreal NodePreview::height() const {
 }
 
 void NodePreview::paint(QPainter* p, const QRectF& r) const {
-  const QFont font = previewFont();
+  const QFont font = NodePreview::font();
   const QFontMetricsF fm(font);
-  const QColor text(0xe8, 0xea, 0xee), dim(0x9a, 0xa3, 0xad), accent(0x7f, 0xd1, 0x8b);
+  const QColor ink(0xe8, 0xea, 0xee), dim(0x9a, 0xa3, 0xad), accent(0x7f, 0xd1, 0x8b);
   p->setFont(font);
   p->setPen(dim);
   p->drawText(QRectF(r.left(), r.top(), r.width(), kLine), Qt::AlignLeft | Qt::AlignVCenter,
@@ -154,7 +230,7 @@ void NodePreview::paint(QPainter* p, const QRectF& r) const {
       QStringList shown;
       for (double v : values) shown << formatNumber(v);
       if (shown.isEmpty()) shown << "(no values read)";
-      p->setPen(text);
+      p->setPen(ink);
       QString line;
       qreal y = body.top();
       for (const QString& s : shown) {
@@ -186,7 +262,7 @@ void NodePreview::paint(QPainter* p, const QRectF& r) const {
       p->drawRect(grid);
       // The scale beside it: what the brightest and darkest cells mean.
       const qreal x = grid.right() + 8, w = body.right() - x;
-      p->setPen(text);
+      p->setPen(ink);
       p->drawText(QRectF(x, body.top(), w, kLine), Qt::AlignLeft | Qt::AlignVCenter,
                   fm.elidedText("max " + formatNumber(hi), Qt::ElideRight, w));
       p->drawText(QRectF(x, body.top() + kLine, w, kLine), Qt::AlignLeft | Qt::AlignVCenter,
@@ -195,6 +271,32 @@ void NodePreview::paint(QPainter* p, const QRectF& r) const {
       for (int i = 0; i < int(ramp.width()); ++i)
         p->fillRect(QRectF(ramp.left() + i, ramp.top(), 1, ramp.height()),
                     heatColor(lo + (hi - lo) * i / std::max(1.0, ramp.width() - 1), lo, hi));
+      return;
+    }
+    case Kind::Scores: {
+      QFont big = font;
+      big.setPointSizeF(9);
+      big.setBold(true);
+      p->setFont(big);
+      p->setPen(accent);
+      p->drawText(QRectF(body.left(), body.top(), body.width(), kLine), Qt::AlignLeft | Qt::AlignVCenter,
+                  QFontMetricsF(big).elidedText(scores, Qt::ElideRight, body.width()));
+      return;
+    }
+    case Kind::Text: {
+      // The prefix in the caption's grey, what the model wrote after it in the text's colour.
+      qreal y = body.top();
+      for (const WrappedLine& line : wrapText(text, body.width(), kTextLines)) {
+        const int dimmed = int(std::clamp<qsizetype>(prefixLength - line.start, 0, line.text.size()));
+        const QString given = line.text.left(dimmed), written = line.text.mid(dimmed);
+        const QRectF row(body.left(), y, body.width(), kLine);
+        p->setPen(dim);
+        p->drawText(row, Qt::AlignLeft | Qt::AlignVCenter, given);
+        p->setPen(ink);
+        p->drawText(row.adjusted(fm.horizontalAdvance(given), 0, 0, 0), Qt::AlignLeft | Qt::AlignVCenter,
+                    written);
+        y += kLine;
+      }
       return;
     }
     case Kind::Accuracy: {

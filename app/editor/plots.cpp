@@ -13,6 +13,7 @@
 
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/report_format.h"
+#include "predictions_view.h"
 #include "recent.h"
 #include "results_views.h"
 #include "style.h"
@@ -28,8 +29,9 @@ constexpr int kDifferencesShown = 3;  // settings named in an overlay's descript
 const QColor kForeground(0xc8, 0xcc, 0xd2);
 const QColor kGrid(0x3a, 0x3f, 0x46);
 
-const QList<MetricPane> kAllPanes{MetricPane::Loss,         MetricPane::Accuracy, MetricPane::Throughput,
-                                  MetricPane::LearningRate, MetricPane::Devices,  MetricPane::Other};
+const QList<MetricPane> kAllPanes{MetricPane::Loss,       MetricPane::Perplexity, MetricPane::Accuracy,
+                                  MetricPane::Regression, MetricPane::Throughput, MetricPane::LearningRate,
+                                  MetricPane::Devices,    MetricPane::Other};
 
 void styleAxis(QCPAxis* a) {
   a->setBasePen(QPen(kForeground));
@@ -59,10 +61,24 @@ QString seriesKind(const QString& series) {
   return (dot < 0 ? series : series.mid(dot + 1)).section('/', 0, 0);
 }
 
+// Whether a series' kind is `measure` on some split: "test_mse" and "mse" are MSEs, "layer2" is no R².
+bool measures(const QString& kind, const QString& measure) {
+  return kind == measure || kind.endsWith("_" + measure);
+}
+
 // Within a pane, the series in another unit than the pane's own, on the pane's right axis.
 bool onRightAxis(const QString& series) {
   const QString kind = seriesKind(series);
-  return kind == "epoch_seconds" || kind == "share";
+  return kind == "epoch_seconds" || kind == "share" || measures(kind, "r2");
+}
+
+// Room at the top of an axis for the epoch labels: a share of the range as it is drawn, on a log axis too.
+void addHeadroom(QCPAxis* y, double share) {
+  const QCPRange r = y->range();
+  if (y->scaleType() == QCPAxis::stLogarithmic && r.lower > 0)
+    y->setRangeUpper(r.upper * std::pow(r.upper / r.lower, share));
+  else
+    y->setRangeUpper(r.upper + share * r.size());
 }
 
 // A param's value in a legend or a menu: a network's layers or a long path would crowd out the rest.
@@ -165,7 +181,9 @@ QMap<QString, QString> runSettings(const core::GraphDocument& doc) {
 
 MetricPane paneOf(const QString& series) {
   const QString kind = seriesKind(series);
-  if (kind == "loss" || kind.endsWith("_loss")) return MetricPane::Loss;
+  if (measures(kind, "loss")) return MetricPane::Loss;
+  if (kind.contains("perplexity")) return MetricPane::Perplexity;
+  if (measures(kind, "mse") || measures(kind, "mae") || measures(kind, "r2")) return MetricPane::Regression;
   if (kind == "lr") return MetricPane::LearningRate;
   if (kind == "images_per_second" || kind == "epoch_seconds") return MetricPane::Throughput;
   if (kind == "memory_mb" || kind == "peak_memory_mb" || kind == "share") return MetricPane::Devices;
@@ -177,8 +195,12 @@ QString paneName(MetricPane pane) {
   switch (pane) {
     case MetricPane::Loss:
       return "loss";
+    case MetricPane::Perplexity:
+      return "perplexity";
     case MetricPane::Accuracy:
       return "accuracy";
+    case MetricPane::Regression:
+      return "regression";
     case MetricPane::Throughput:
       return "images/s";
     case MetricPane::LearningRate:
@@ -201,9 +223,12 @@ PlotsPanel::PlotsPanel(QWidget* parent) : QTabWidget(parent) {
   addTab(metrics_, "Training");
   confusion_ = new ConfusionView(this);
   mistakes_ = new MistakesView(this);
+  predictions_ = new PredictionsView(this);
   addTab(confusion_, "Confusion");
   addTab(mistakes_, "Mistakes");
-  for (QWidget* page : {static_cast<QWidget*>(confusion_), static_cast<QWidget*>(mistakes_)}) {
+  addTab(predictions_, "Predictions");
+  for (QWidget* page : {static_cast<QWidget*>(confusion_), static_cast<QWidget*>(mistakes_),
+                        static_cast<QWidget*>(predictions_)}) {
     page->setContextMenuPolicy(Qt::CustomContextMenu);
     connect(page, &QWidget::customContextMenuRequested, this, [this, page](const QPoint& pos) {
       std::unique_ptr<QMenu> menu(contextMenuFor(page));
@@ -287,7 +312,8 @@ QMenu* PlotsPanel::contextMenuFor(QWidget* page) {
     if (!used.contains(pane)) continue;
     QAction* a = panes->addAction(pane == MetricPane::LearningRate ? "learning rate (while it varies)"
                                   : pane == MetricPane::Devices ? "devices (memory and batch share per epoch)"
-                                                                : paneName(pane));
+                                  : pane == MetricPane::Regression ? "regression (MSE, MAE and R²)"
+                                                                   : paneName(pane));
     a->setCheckable(true);
     a->setChecked(!paneHidden(pane));
     connect(a, &QAction::toggled, this, [this, pane](bool on) { setPaneHidden(pane, !on); });
@@ -333,6 +359,7 @@ void PlotsPanel::beginRun(const QString& label, const QStringList& nodeOrder,
   shownEvaluation_.clear();
   confusion_->clear("Running: the confusion matrix shows when an Evaluate node has finished.");
   mistakes_->clear("Running: the mistakes show when an Evaluate node has finished.");
+  predictions_->clear("Running: a regression's predictions show when an Evaluate node has finished.");
   timingDirty_ = memoryDirty_ = metricsDirty_ = trainingLayoutDirty_ = true;
   refreshCompareButton();
 }
@@ -721,12 +748,23 @@ void PlotsPanel::rebuildTraining() {
       metrics_->replot(QCustomPlot::rpQueuedReplot);
     });
     QCPAxis* y = pane.rect->axis(QCPAxis::atLeft);
-    y->setLabel(kind == MetricPane::Devices ? "MiB" : kind == MetricPane::Other ? "value" : paneName(kind));
+    y->setLabel(kind == MetricPane::Devices      ? "MiB"
+                : kind == MetricPane::Other      ? "value"
+                : kind == MetricPane::Regression ? "MSE, MAE"
+                                                 : paneName(kind));
+    if (kind == MetricPane::Perplexity) {
+      // Perplexity is exp(loss): on a log axis it falls as the loss does, and the first epochs' values near
+      // the vocabulary's size do not flatten the later ones.
+      y->setScaleType(QCPAxis::stLogarithmic);
+      y->setTicker(QSharedPointer<QCPAxisTickerLog>(new QCPAxisTickerLog));
+    }
     QCPAxis* right = pane.rect->axis(QCPAxis::atRight);
     right->setVisible(false);
-    if (kind == MetricPane::Throughput || kind == MetricPane::Devices) {
+    if (kind == MetricPane::Throughput || kind == MetricPane::Devices || kind == MetricPane::Regression) {
       pane.right = right;
-      right->setLabel(kind == MetricPane::Throughput ? "s / epoch" : "batch share");
+      right->setLabel(kind == MetricPane::Throughput   ? "s / epoch"
+                      : kind == MetricPane::Regression ? "R²"
+                                                       : "batch share");
     }
     pane.legend = new QCPLegend;
     putLegendBeside(metrics_, pane.legend, row);
@@ -790,9 +828,12 @@ void PlotsPanel::rebuildTraining() {
       line->setLayer("grid");  // behind the curves
       line->setClipAxisRect(p.rect);
       line->setPen(QPen(QColor(0xc8, 0xcc, 0xd2, 60), 1, Qt::DashLine));
+      // Top to bottom of the pane whatever its value axis (a log axis has no 0).
       for (QCPItemPosition* pos : {line->point1, line->point2}) {
         pos->setAxes(p.rect->axis(QCPAxis::atBottom), p.rect->axis(QCPAxis::atLeft));
         pos->setAxisRect(p.rect);
+        pos->setTypeX(QCPItemPosition::ptPlotCoords);
+        pos->setTypeY(QCPItemPosition::ptAxisRectRatio);
       }
       line->point1->setCoords(t, 0);
       line->point2->setCoords(t, 1);
@@ -843,6 +884,7 @@ void PlotsPanel::rescaleTraining() {
         y->setRange(0, 1);  // one fixed scale: train and test read against each other and across runs
         break;
       case MetricPane::Loss:
+      case MetricPane::Perplexity:  // on its log axis the margins are shares of the decades shown
       case MetricPane::Other:
         y->rescale();
         y->scaleRange(1.1);
@@ -855,6 +897,11 @@ void PlotsPanel::rescaleTraining() {
     if (QCPAxis* right = it.value().right; right && right->visible()) {
       if (it.key() == MetricPane::Devices) {
         right->setRange(0, 1);
+      } else if (it.key() == MetricPane::Regression) {
+        // R² up to its best, 1, and down to 0 or below where a model does worse than the mean.
+        right->rescale();
+        const double lowest = qMin(0.0, right->range().lower);
+        right->setRange(lowest < 0 ? lowest - 0.05 * (1 - lowest) : 0.0, 1.05);
       } else {
         right->rescale();
         right->setRange(0, right->range().upper > 0 ? right->range().upper * 1.1 : 1);
@@ -864,22 +911,29 @@ void PlotsPanel::rescaleTraining() {
   // The epoch labels sit at the top of the top pane: room above its curves (a loss starts at its highest),
   // except on the fixed 0-1 accuracy axis.
   const MetricPane top = panes_.firstKey();
-  if (top != MetricPane::Accuracy && !epochMarks().isEmpty()) {
-    QCPAxis* y = panes_.first().rect->axis(QCPAxis::atLeft);
-    y->setRangeUpper(y->range().upper + 0.12 * y->range().size());
-  }
+  if (top != MetricPane::Accuracy && !epochMarks().isEmpty())
+    addHeadroom(panes_.first().rect->axis(QCPAxis::atLeft), 0.12);
 }
 
 void PlotsPanel::setEvaluations(const QJsonObject& nodes, const QStringList& finishedOrder) {
   evaluationNodes_ = nodes;
   evaluationOrder_.clear();
+  // An entry whose fields do not hold together (a confusion matrix that is not square) is no evaluation.
+  const auto readable = [&nodes](const QString& n) {
+    const QJsonObject entry = nodes.value(n).toObject();
+    return evaluationTask(entry) == EvaluationTask::Regression
+               ? RegressionResults::fromReport(n, entry).has_value()
+               : EvaluationResults::fromReport(n, entry).has_value();
+  };
   for (const QString& n : finishedOrder)
-    if (!evaluationOrder_.contains(n) && EvaluationResults::fromReport(n, nodes.value(n).toObject()))
-      evaluationOrder_ << n;
+    if (!evaluationOrder_.contains(n) && readable(n)) evaluationOrder_ << n;
   shownEvaluation_.clear();
   if (evaluationOrder_.isEmpty()) {
     confusion_->clear("No Evaluate node finished in the last run: its confusion matrix would show here.");
     mistakes_->clear("No Evaluate node finished in the last run: the images it got wrong would show here.");
+    predictions_->clear(
+        "No Evaluate node finished in the last run: a regression's predictions against the truth would show "
+        "here.");
     return;
   }
   showEvaluation(evaluationOrder_.last());
@@ -888,15 +942,31 @@ void PlotsPanel::setEvaluations(const QJsonObject& nodes, const QStringList& fin
 bool PlotsPanel::showEvaluation(const QString& node) {
   if (!evaluationOrder_.contains(node)) return false;
   if (node == shownEvaluation_) return true;
-  const std::optional<EvaluationResults> r =
-      EvaluationResults::fromReport(node, evaluationNodes_.value(node).toObject());
-  if (!r) return false;
-  EvaluationResults shown = *r;
-  if (evaluationOrder_.size() > 1)
-    shown.note = QString("one of %1 evaluations: select another Evaluate node to see its results")
-                     .arg(evaluationOrder_.size());
-  confusion_->setResults(shown);
-  mistakes_->setResults(shown);
+  const QJsonObject entry = evaluationNodes_.value(node).toObject();
+  const QString note = evaluationOrder_.size() > 1
+                           ? QString("one of %1 evaluations: select another Evaluate node to see its results")
+                                 .arg(evaluationOrder_.size())
+                           : QString();
+  if (evaluationTask(entry) == EvaluationTask::Regression) {
+    std::optional<RegressionResults> r = RegressionResults::fromReport(node, entry);
+    if (!r) return false;
+    r->note = note;
+    predictions_->setResults(*r);
+    const QString elsewhere = "Evaluate node " + node +
+                              " evaluated a regression: its predictions against the truth are on the "
+                              "Predictions tab.";
+    confusion_->clear(elsewhere);
+    mistakes_->clear(elsewhere);
+  } else {
+    std::optional<EvaluationResults> r = EvaluationResults::fromReport(node, entry);
+    if (!r) return false;
+    r->note = note;
+    confusion_->setResults(*r);
+    mistakes_->setResults(*r);
+    predictions_->clear(QString("Evaluate node %1 evaluated %2: predictions against the truth show for a "
+                                "regression.")
+                            .arg(node, r->languageModel() ? "a language model" : "a classifier"));
+  }
   shownEvaluation_ = node;
   return true;
 }

@@ -1,10 +1,11 @@
 // Live plots (QCustomPlot): time per node as bars with a history of runs side by side (parallel vs
 // sequential, blocking vs non-blocking), memory per device over time (allocated, reserved, peak; a min/max
 // band per pixel column when the samples are denser than the pixels), and the metric series the nodes emit
-// in stacked panes that share the epoch axis (loss; train and test accuracy on 0-1; images/s; the learning
-// rate where it varies), each epoch marked, with the same series of earlier runs overlaid on request; and
-// after a run, an evaluation's confusion matrix and mistakes (results_views.h). Every plot exports as PNG
-// and SVG.
+// in stacked panes that share the epoch axis (loss; a language model's perplexity on a log axis; train and
+// test accuracy on 0-1; a regression's errors with R² on a second axis; images/s; the learning rate where it
+// varies), each epoch marked, with the same series of earlier runs overlaid on request; and after a run, an
+// evaluation's confusion matrix and mistakes (results_views.h), or a regression's predictions against the
+// truth (predictions_view.h). Every plot exports as PNG and SVG.
 #pragma once
 #include <QHash>
 #include <QJsonObject>
@@ -37,6 +38,7 @@ namespace gn::editor {
 
 class ConfusionView;
 class MistakesView;
+class PredictionsView;
 
 // The editor's dark plot style.
 void applyPlotTheme(QCustomPlot* p);
@@ -58,10 +60,12 @@ ColumnEnvelope stepEnvelope(const QCPGraphDataContainer& samples, double from, d
 QMap<QString, QString> runSettings(const core::GraphDocument& doc);
 
 // The panes of the Training tab, top to bottom. A series goes to a pane by its name after the node id
-// ("train.loss" is a loss): see paneOf().
-enum class MetricPane { Loss, Accuracy, Throughput, LearningRate, Devices, Other };
+// ("train.loss" is a loss, "train.test_perplexity" a perplexity, "train.test_r2" a regression's): see
+// paneOf().
+enum class MetricPane { Loss, Perplexity, Accuracy, Regression, Throughput, LearningRate, Devices, Other };
 MetricPane paneOf(const QString& series);
-QString paneName(MetricPane pane);  // "loss", "accuracy", "images/s", "learning rate", "devices", "other"
+// "loss", "perplexity", "accuracy", "regression", "images/s", "learning rate", "devices", "other"
+QString paneName(MetricPane pane);
 
 class PlotsPanel : public QTabWidget {
   Q_OBJECT
@@ -113,9 +117,12 @@ class PlotsPanel : public QTabWidget {
 
   ConfusionView* confusionView() const { return confusion_; }
   MistakesView* mistakesView() const { return mistakes_; }
+  PredictionsView* predictionsView() const { return predictions_; }
 
-  // After a run: the node entries of its report and the order its nodes finished in. The Confusion and
-  // Mistakes tabs show the evaluation of the last node to finish that has one (an entry with `confusion`).
+  // After a run: the node entries of its report and the order its nodes finished in. The Confusion,
+  // Mistakes and Predictions tabs show the evaluation of the last node to finish that has one: a classifier's
+  // (an entry with `confusion`) or a language model's in the first two, a regression's in the third (see
+  // evaluationTask()).
   void setEvaluations(const QJsonObject& nodes, const QStringList& finishedOrder);
   // Shows `node`'s evaluation instead; false (nothing changes) when it has none in the last run.
   bool showEvaluation(const QString& node);
@@ -154,7 +161,7 @@ class PlotsPanel : public QTabWidget {
   };
   struct Pane {
     QCPAxisRect* rect = nullptr;
-    QCPAxis* right = nullptr;  // the second value axis (s/epoch, batch share), when the pane has one
+    QCPAxis* right = nullptr;  // the second value axis (s/epoch, R², batch share), when the pane has one
     QCPLegend* legend = nullptr;
   };
   void rebuildTiming();
@@ -186,6 +193,7 @@ class PlotsPanel : public QTabWidget {
   QCPMarginGroup* paneMargins_ = nullptr;
   ConfusionView* confusion_;
   MistakesView* mistakes_;
+  PredictionsView* predictions_;
   QJsonObject evaluationNodes_;
   QStringList evaluationOrder_;  // nodes with an evaluation, in the order they finished
   QString shownEvaluation_;

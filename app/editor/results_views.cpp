@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "plots.h"
+#include "style.h"
 
 namespace gn::editor {
 
@@ -107,15 +108,30 @@ class MistakeDelegate : public QStyledItemDelegate {
 
 // -------------------------------------------------------------------------------------------------- results
 
+std::optional<EvaluationTask> evaluationTask(const QJsonObject& entry) {
+  const QString task = entry.value("task").toString();
+  if (task == "regression" && entry.contains("mse")) return EvaluationTask::Regression;
+  if (task == "language_model" && entry.contains("perplexity")) return EvaluationTask::LanguageModel;
+  if (!entry.value("confusion").toArray().isEmpty()) return EvaluationTask::Classification;
+  return std::nullopt;
+}
+
 std::optional<EvaluationResults> EvaluationResults::fromReport(const QString& node,
                                                                const QJsonObject& entry) {
-  const QJsonArray confusion = entry.value("confusion").toArray();
-  if (confusion.isEmpty()) return std::nullopt;
+  const std::optional<EvaluationTask> task = evaluationTask(entry);
+  if (!task || task == EvaluationTask::Regression) return std::nullopt;
   EvaluationResults r;
   r.node = node;
+  r.task = *task;
   r.split = entry.value("split").toString();
   r.accuracy = entry.value("accuracy").toDouble(NAN);
   r.samples = entry.value("samples").toInteger();
+  if (r.languageModel()) {
+    r.loss = entry.value("loss").toDouble(NAN);
+    r.perplexity = entry.value("perplexity").toDouble(NAN);
+    return r;
+  }
+  const QJsonArray confusion = entry.value("confusion").toArray();
   r.mistakesTotal = entry.value("mistakes_total").toInteger();
   const int n = int(confusion.size());
   for (const QJsonValue& row : confusion) {
@@ -148,8 +164,10 @@ QString EvaluationResults::className(int cls) const {
 }
 
 QString EvaluationResults::title() const {
-  return QString("Evaluate node %1%2: accuracy %3 on %L4 samples%5")
-      .arg(node, split.isEmpty() ? QString() : " (" + split + " split)", percent(accuracy))
+  const QString perplexityText =
+      languageModel() ? " · perplexity " + style::formatScore(perplexity) : QString();
+  return QString("Evaluate node %1%2: accuracy %3%4 on %L5 samples%6")
+      .arg(node, split.isEmpty() ? QString() : " (" + split + " split)", percent(accuracy), perplexityText)
       .arg(samples)
       .arg(note.isEmpty() ? QString() : " (" + note + ")");
 }
@@ -232,6 +250,15 @@ void ConfusionView::clear(const QString& message) {
 }
 
 void ConfusionView::setResults(const EvaluationResults& r) {
+  if (r.languageModel()) {
+    // Its classes are the vocabulary's tokens: a matrix of them would be as large as it is unreadable.
+    clear(r.title() +
+          QString(". A language model predicts the next token: its accuracy is the share of tokens predicted "
+                  "right, its perplexity the exponential of the mean cross-entropy (%1); it has no confusion "
+                  "matrix.")
+              .arg(std::isfinite(r.loss) ? QString::number(r.loss, 'f', 3) : QString("–")));
+    return;
+  }
   clear(r.title() +
         ". Rows are the true class, columns the prediction; a cell's colour is its share of the row, so the "
         "diagonal reads as each class's accuracy (also on the right).");
@@ -396,7 +423,9 @@ void MistakesView::setResults(const EvaluationResults& r) {
   clear({});
   results_ = r;
   QString head = r.title() + ". ";
-  if (r.mistakesTotal == 0)
+  if (r.languageModel())
+    head += "The evaluation of a language model lists no mistakes.";
+  else if (r.mistakesTotal == 0)
     head += "No mistakes: every sample was classified correctly.";
   else if (r.mistakes.isEmpty())
     head += QString("%L1 mistakes; the report carries none of them (the node's mistakes_shown is 0).")

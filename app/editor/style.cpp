@@ -98,4 +98,9 @@ QString formatValue(const QJsonValue& v) {
   }
 }
 
+QString formatScore(double v) {
+  if (!std::isfinite(v)) return QString("–");
+  return std::abs(v) >= 100 ? QString::number(v, 'f', 0) : QString::number(v, 'g', 3);
+}
+
 }  // namespace gn::editor::style

@@ -38,5 +38,8 @@ using core::formatBytes;
 using core::formatMs;
 // A param value as the node summary shows it: shapes as 4000×4000, bools as on/off.
 QString formatValue(const QJsonValue& v);
+// A score as a title or a preview shows it (an MSE, a perplexity): three significant digits (0.0412, 3.21,
+// 12.3), whole numbers from 100 on (1235, not 1.23e+03), "–" for a value that is not finite.
+QString formatScore(double v);
 
 }  // namespace gn::editor::style

@@ -1,5 +1,6 @@
 // The Plots dock fed with run events directly, offscreen: the Training tab's stacked panes (which series go
-// where, their axis ranges, the shared epoch axis and its marks, several Train nodes apart), the overlay of
+// where, their axis ranges, the shared epoch axis and its marks, several Train nodes apart; a language
+// model's perplexity pane and a regression's pane only with their series), the overlay of
 // an earlier run's series and what it is called, PNG and SVG exports that parse, and the memory plot's
 // min/max band per pixel column against a brute-force computation over the samples; and the metrics CSV
 // that File ▸ Export writes, byte for byte the one `gpunodes run --metrics` writes.
@@ -225,6 +226,125 @@ class TestPlots : public QObject {
     QVERIFY(!p_->metricGraph("train.loss"));
     p_->setPaneHidden(MetricPane::Loss, false);
     p_->setPaneHidden(MetricPane::Devices, true);
+  }
+
+  void aLanguageModelsPerplexityHasAPaneOfItsOwn() {
+    // A classifier's run has neither a perplexity nor a regression pane.
+    p_->beginRun("#1", {});
+    feedTraining(*p_, "train", 2, 1.0, false);
+    p_->refresh();
+    QVERIFY(!p_->paneRect(MetricPane::Perplexity));
+    QVERIFY(!p_->paneRect(MetricPane::Regression));
+
+    // A language model's: its train and test perplexity under the loss, on a log axis; the test loss with
+    // the loss.
+    p_->beginRun("#2", {});
+    FedSeries fed;
+    for (int q = 1; q <= 8; ++q) {
+      const double t = q / 4.0, loss = 0.5 + 3.0 / (1 + t);
+      fed.add(*p_, "lm.loss", t, loss);
+      fed.add(*p_, "lm.perplexity", t, std::exp(loss));
+      fed.add(*p_, "lm.train_acc", t, 0.6 - 0.3 / (1 + t));
+      fed.add(*p_, "lm.images_per_second", t, 9000);
+      if (q % 4 == 0) {
+        fed.add(*p_, "lm.test_loss", t, loss + 0.2);
+        fed.add(*p_, "lm.test_perplexity", t, std::exp(loss + 0.2));
+        fed.add(*p_, "lm.epoch_seconds", t, 1.5);
+      }
+    }
+    p_->refresh();
+    QCOMPARE(p_->trainingPanes(), (QStringList{"loss", "perplexity", "accuracy", "images/s"}));
+    QCPAxisRect* pane = p_->paneRect(MetricPane::Perplexity);
+    QVERIFY(pane);
+    QCOMPARE(pane->graphs().size(), 2);
+    double lowest = 1e9, highest = 0;
+    for (const QString& s : {QString("lm.perplexity"), QString("lm.test_perplexity")}) {
+      QCPGraph* g = p_->metricGraph(s);
+      QVERIFY2(g, qPrintable("no curve for " + s));
+      QCOMPARE(g->keyAxis()->axisRect(), pane);
+      QCOMPARE(pointsOf(g), fed.points[s]);
+      for (const QPointF& pt : fed.points[s]) {
+        lowest = std::min(lowest, pt.y());
+        highest = std::max(highest, pt.y());
+      }
+    }
+    QCOMPARE(p_->metricGraph("lm.test_loss")->keyAxis()->axisRect(), p_->paneRect(MetricPane::Loss));
+    QCPAxis* y = pane->axis(QCPAxis::atLeft);
+    QCOMPARE(y->scaleType(), QCPAxis::stLogarithmic);
+    QVERIFY2(y->range().lower > 0 && y->range().lower <= lowest && y->range().upper >= highest,
+             qPrintable(QString("%1..%2 for %3..%4")
+                            .arg(y->range().lower)
+                            .arg(y->range().upper)
+                            .arg(lowest)
+                            .arg(highest)));
+
+    // The epoch marks run through it from top to bottom as through the other panes (a log axis has no 0).
+    QCOMPARE(p_->metricsPlot()->itemCount(), 2 * 4 + 2);
+    p_->metricsPlot()->replot();
+    int linesInPane = 0;
+    for (int i = 0; i < p_->metricsPlot()->itemCount(); ++i) {
+      auto* line = qobject_cast<QCPItemStraightLine*>(p_->metricsPlot()->item(i));
+      if (!line || line->clipAxisRect() != pane) continue;
+      ++linesInPane;
+      const QPointF top = line->point1->pixelPosition(), bottom = line->point2->pixelPosition();
+      QCOMPARE(top.x(), bottom.x());
+      QCOMPARE(top.y(), double(pane->top()));
+      QCOMPARE(bottom.y(), double(pane->top() + pane->height()));
+    }
+    QCOMPARE(linesInPane, 2);
+
+    // Hidden like any pane.
+    p_->setPaneHidden(MetricPane::Perplexity, true);
+    QVERIFY(!p_->trainingPanes().contains("perplexity"));
+    QVERIFY(!p_->metricGraph("lm.perplexity"));
+    p_->setPaneHidden(MetricPane::Perplexity, false);
+  }
+
+  void aRegressionsErrorsAndR2ShareAPane() {
+    p_->beginRun("#1", {});
+    FedSeries fed;
+    const QList<double> r2{-0.4, 0.55, 0.9};
+    for (int q = 1; q <= 12; ++q) {
+      const double t = q / 4.0;
+      fed.add(*p_, "reg.loss", t, 0.05 + 1.0 / (1 + t));
+      fed.add(*p_, "reg.train_mse", t, 0.05 + 1.0 / (1 + t));
+      fed.add(*p_, "reg.images_per_second", t, 50000);
+      if (q % 4 == 0) {
+        fed.add(*p_, "reg.test_mse", t, 0.08 + 1.0 / (1 + t));
+        fed.add(*p_, "reg.test_mae", t, 0.2 + 0.5 / (1 + t));
+        fed.add(*p_, "reg.test_r2", t, r2[q / 4 - 1]);
+        fed.add(*p_, "reg.epoch_seconds", t, 0.5);
+      }
+    }
+    p_->refresh();
+    // No accuracy without train_acc and test_acc; no perplexity.
+    QCOMPARE(p_->trainingPanes(), (QStringList{"loss", "regression", "images/s"}));
+    QCPAxisRect* pane = p_->paneRect(MetricPane::Regression);
+    QCOMPARE(pane->graphs().size(), 4);
+    QCPAxis *left = pane->axis(QCPAxis::atLeft), *right = pane->axis(QCPAxis::atRight);
+    for (const QString& s : {QString("reg.train_mse"), QString("reg.test_mse"), QString("reg.test_mae")}) {
+      QCPGraph* g = p_->metricGraph(s);
+      QVERIFY2(g, qPrintable("no curve for " + s));
+      QCOMPARE(g->valueAxis(), left);
+      QCOMPARE(pointsOf(g), fed.points[s]);
+    }
+    // R² on the right, from below its worst (here below zero) to its best, 1.
+    QCPGraph* r2Curve = p_->metricGraph("reg.test_r2");
+    QVERIFY(r2Curve);
+    QCOMPARE(r2Curve->valueAxis(), right);
+    QCOMPARE(pointsOf(r2Curve), fed.points["reg.test_r2"]);
+    QVERIFY(right->visible());
+    QCOMPARE(right->label(), QString("R²"));
+    QVERIFY(right->range().lower <= -0.4 && right->range().upper >= 1.0 && right->range().upper < 1.1);
+    // The errors from zero, their best.
+    QCOMPARE(left->range().lower, 0.0);
+    QVERIFY(left->range().upper >= 0.08 + 1.0 / 1.25);
+
+    QCOMPARE(editor::paneOf("reg.test_r2"), MetricPane::Regression);
+    QCOMPARE(editor::paneOf("reg.mse"), MetricPane::Regression);
+    QCOMPARE(editor::paneOf("lm.test_perplexity"), MetricPane::Perplexity);
+    QCOMPARE(editor::paneOf("lm.test_loss"), MetricPane::Loss);
+    QCOMPARE(editor::paneOf("net.layer2"), MetricPane::Other);  // no R² for ending in "r2"
   }
 
   void earlierRunsOverlayTheirSeries() {

@@ -1,10 +1,16 @@
-// Previews on nodes after a run, with the real GPU node set on the CPU: an Inspect of a 2-d tensor shows a
-// heatmap of its sampled grid, an Inspect of a 1-d tensor its first values, Evaluate its accuracy and Train a
-// sparkline of its loss. Values are checked against what the tensors hold (arange, so known in closed form)
-// and against the run's own events.
+// Previews on nodes. First from fabricated report entries, without the node set: a generated text wrapped
+// over a few lines (each within the width, broken at its line breaks, the last elided), a regression's
+// evaluation as "R² · MSE" and a language model's as "perplexity · accuracy", a classifier's still as an
+// accuracy, and an entry that only names a task none. Then after a run, with the real GPU node set on the
+// CPU: an Inspect of a 2-d tensor shows a heatmap of its sampled grid, an Inspect of a 1-d tensor its first
+// values, Evaluate its accuracy and Train a sparkline of its loss. Values are checked against what the
+// tensors hold (arange, so known in closed form) and against the run's own events.
 #include <QFileInfo>
+#include <QFontMetricsF>
+#include <QImage>
 #include <QJsonArray>
 #include <QJsonObject>
+#include <QPainter>
 #include <cmath>
 
 #include "editor_test_util.h"
@@ -17,6 +23,95 @@ using namespace gn;
 using editor::MainWindow;
 using editor::NodePreview;
 
+class TestPreviewFields : public QObject {
+  Q_OBJECT
+
+ private slots:
+  void aGeneratedTextWrapsOverAFewLines() {
+    const QString prefix = "the time traveller";
+    QString generated = prefix;
+    for (int i = 0; i < 30; ++i) generated += " for so it will be convenient to speak of him";
+    const NodePreview p = NodePreview::fromReport(
+        "gen", QJsonObject{{"prefix", prefix}, {"generated_text", generated}, {"tokens", 1350}}, {});
+    QCOMPARE(p.kind, NodePreview::Kind::Text);
+    QCOMPARE(p.caption, QString("1350 tokens generated"));
+    QCOMPARE(p.prefixLength, int(prefix.size()));
+    const qreal width = 160;
+    const QStringList lines = p.textLines(width);
+    QCOMPARE(lines.size(), NodePreview::kTextLines);
+    const QFontMetricsF fm(NodePreview::font());
+    for (const QString& line : lines) {
+      QVERIFY(!line.isEmpty());
+      QVERIFY2(fm.horizontalAdvance(line) <= width, qPrintable(line));
+    }
+    // The text read in order, broken at word boundaries; the last line says there is more.
+    QVERIFY(lines.first().startsWith(prefix));
+    QVERIFY(generated.startsWith(QStringList(lines.mid(0, lines.size() - 1)).join(' ')));
+    QVERIFY2(lines.last().endsWith(QChar(0x2026)), qPrintable(lines.last()));
+    QVERIFY(p.height() >= (1 + NodePreview::kTextLines) * fm.height());
+    // Wider: fewer characters cut off, as many lines.
+    QVERIFY(p.textLines(400).join("").size() > lines.join("").size());
+
+    // A short text is one line, whole; line breaks in the text break lines.
+    const NodePreview shortText = NodePreview::fromReport(
+        "gen", QJsonObject{{"prefix", "ab"}, {"generated_text", "abc d"}, {"tokens", 3}}, {});
+    QCOMPARE(shortText.textLines(width), QStringList{"abc d"});
+    QCOMPARE(shortText.caption, QString("3 tokens generated"));
+    const NodePreview broken = NodePreview::fromReport(
+        "gen", QJsonObject{{"generated_text", "one\ntwo\r\nthree"}, {"tokens", 1}}, {});
+    QCOMPARE(broken.textLines(width), (QStringList{"one", "two", "three"}));
+    QCOMPARE(broken.caption, QString("1 token generated"));
+
+    // Painted: the prefix dimmer than the continuation, both on the picture.
+    QImage image(200, int(p.height()), QImage::Format_ARGB32);
+    image.fill(Qt::black);
+    QPainter painter(&image);
+    p.paint(&painter, QRectF(0, 0, 200, p.height()));
+    painter.end();
+    int lit = 0;
+    for (int y = int(fm.height()) + 2; y < image.height(); ++y)
+      for (int x = 0; x < image.width(); ++x) lit += qGray(image.pixel(x, y)) > 60;
+    QVERIFY2(lit > 200, qPrintable(QString("%1 lit pixels under the caption").arg(lit)));
+  }
+
+  void evaluationsOfARegressionAndALanguageModel() {
+    const NodePreview regression = NodePreview::fromReport("eval",
+                                                           QJsonObject{{"task", "regression"},
+                                                                       {"split", "test"},
+                                                                       {"samples", 1000},
+                                                                       {"mse", 0.041},
+                                                                       {"mae", 0.15},
+                                                                       {"r2", 0.9312},
+                                                                       {"loss", 0.041}},
+                                                           {});
+    QCOMPARE(regression.kind, NodePreview::Kind::Scores);
+    QCOMPARE(regression.scores, QString("R² 0.93 · MSE 0.041"));
+    QCOMPARE(regression.caption, QString("1000 test samples"));
+    const NodePreview lm = NodePreview::fromReport("eval",
+                                                   QJsonObject{{"task", "language_model"},
+                                                               {"split", "test"},
+                                                               {"samples", 5000},
+                                                               {"accuracy", 0.4812},
+                                                               {"loss", 1.166},
+                                                               {"perplexity", 3.2088}},
+                                                   {});
+    QCOMPARE(lm.kind, NodePreview::Kind::Scores);
+    QCOMPARE(lm.scores, QString("perplexity 3.21 · accuracy 0.48"));
+    // A score that is not a number (null in the report) reads as a dash.
+    const NodePreview diverged = NodePreview::fromReport(
+        "eval",
+        QJsonObject{{"task", "regression"}, {"samples", 10}, {"mse", QJsonValue()}, {"r2", QJsonValue()}},
+        {});
+    QCOMPARE(diverged.scores, QString("R² – · MSE –"));
+    // A classifier's is its accuracy still; an entry that names a task without samples (a dataset's) none.
+    const NodePreview classifier =
+        NodePreview::fromReport("eval", QJsonObject{{"accuracy", 0.84}, {"samples", 100}}, {});
+    QCOMPARE(classifier.kind, NodePreview::Kind::Accuracy);
+    QVERIFY(NodePreview::fromReport("data", QJsonObject{{"task", "regression"}, {"train_samples", 600}}, {})
+                .empty());
+  }
+};
+
 class TestPreviews : public QObject {
   Q_OBJECT
   testing::IsolatedEnv env_;
@@ -26,16 +121,10 @@ class TestPreviews : public QObject {
   const NodePreview& preview(const QString& id) { return w_->scene()->nodeItem(id)->preview(); }
 
  private slots:
-  void initTestCase() {
-    GN_REQUIRE_NODES_PLUGIN(registry_);
-  }
+  void initTestCase() { GN_REQUIRE_NODES_PLUGIN(registry_); }
 
-  void init() {
-    w_ = testing::discardingWindow(&registry_);
-  }
-  void cleanup() {
-    w_.reset();
-  }
+  void init() { w_ = testing::discardingWindow(&registry_); }
+  void cleanup() { w_.reset(); }
 
   void previewsAfterARun() {
     QVERIFY(w_->loadFile(QString(GN_EXAMPLES_DIR) + "/mlp-fashion-mnist.json"));
@@ -131,5 +220,14 @@ class TestPreviews : public QObject {
   }
 };
 
-QTEST_MAIN(TestPreviews)
+// Two suites in one binary: the fabricated entries need no node set, so they run where the run cannot.
+int main(int argc, char** argv) {
+  QApplication app(argc, argv);
+  app.setAttribute(Qt::AA_Use96Dpi, true);
+  QTEST_SET_MAIN_SOURCE_PATH
+  TestPreviewFields fabricated;
+  const int fabricatedFailures = QTest::qExec(&fabricated, argc, argv);
+  TestPreviews run;
+  return fabricatedFailures + QTest::qExec(&run, argc, argv);
+}
 #include "test_previews.moc"

@@ -1,22 +1,30 @@
-// The Confusion and Mistakes tabs after a run of a shrunk mlp-fashion-mnist (two Evaluate nodes: the trained
-// model and the untrained one), offscreen, with the real GPU node set on the CPU: the heatmap's cells, counts
-// and axis names against the report, which evaluation shows (the last to finish, or the selected one), the
-// grid of mistakes in the report's order, a click that shows the top 5; and the Training panes' epoch marks
-// and learning-rate pane (a cosine schedule).
+// The results tabs, offscreen. First from fabricated report entries, without the node set: a regression's
+// Predictions (the scatter's points, the line y = x, the scores in its title; a time series' picture with its
+// three curves, their points and the marker at the test split's start), a language model's accuracy and
+// perplexity without a confusion matrix, which tab holds which evaluation, and the Predictions tab's PNG and
+// SVG exports. Then after a run of a shrunk mlp-fashion-mnist (two Evaluate nodes: the trained model and the
+// untrained one), with the real GPU node set on the CPU: the heatmap's cells, counts and axis names against
+// the report, which evaluation shows (the last to finish, or the selected one), the grid of mistakes in the
+// report's order, a click that shows the top 5; and the Training panes' epoch marks and learning-rate pane (a
+// cosine schedule).
 #include <qcustomplot.h>
 
 #include <QDockWidget>
+#include <QFile>
 #include <QFileInfo>
 #include <QJsonArray>
 #include <QJsonObject>
 #include <QListWidget>
 #include <QTableWidget>
+#include <QXmlStreamReader>
+#include <algorithm>
 #include <cmath>
 
 #include "editor_test_util.h"
 #include "gpunodes/core/registry.h"
 #include "main_window.h"
 #include "plots.h"
+#include "predictions_view.h"
 #include "results_views.h"
 #include "run_controller.h"
 
@@ -43,7 +51,244 @@ int tabOf(QTabWidget* tabs, const QString& name) {
   return -1;
 }
 
+QList<QPointF> pointsOf(const QCPGraph* g) {
+  QList<QPointF> out;
+  for (auto it = g->data()->constBegin(); it != g->data()->constEnd(); ++it)
+    out << QPointF(it->key, it->value);
+  return out;
+}
+
+// What an Evaluate node of a regression reports: `n` (true, predicted) pairs, and with `seriesLength` a time
+// series of that length with its one-step predictions from index `tau` on and its multistep predictions from
+// `trainEnd` on (null before).
+QJsonObject regressionEntry(int n, int seriesLength = 0, int tau = 4, int trainEnd = 600) {
+  QJsonArray truth, predicted;
+  for (int i = 0; i < n; ++i) {
+    const double t = 2 * std::sin(0.1 * i);
+    truth.append(t);
+    predicted.append(t + 0.2 * std::cos(0.7 * i));
+  }
+  QJsonObject entry{
+      {"task", "regression"}, {"split", "test"},
+      {"samples", 4 * n},     {"loss", 0.041},
+      {"mse", 0.041},         {"mae", 0.153},
+      {"r2", 0.93},           {"predictions", QJsonObject{{"true", truth}, {"predicted", predicted}}}};
+  if (seriesLength > 0) {
+    QJsonArray values, oneStep, multistep;
+    for (int i = 0; i < seriesLength; ++i) {
+      const double x = std::sin(0.01 * i);
+      values.append(x);
+      oneStep.append(i < tau ? QJsonValue() : QJsonValue(x + 0.05));
+      multistep.append(i < trainEnd ? QJsonValue() : QJsonValue(x * std::exp(-0.01 * (i - trainEnd))));
+    }
+    entry.insert("series", QJsonObject{{"values", values},
+                                       {"tau", tau},
+                                       {"train_end", trainEnd},
+                                       {"one_step", oneStep},
+                                       {"k_step", multistep}});
+  }
+  return entry;
+}
+
+QJsonObject languageModelEntry() {
+  return QJsonObject{{"task", "language_model"}, {"split", "test"},        {"samples", 20000},
+                     {"accuracy", 0.48},         {"loss", std::log(3.21)}, {"perplexity", 3.21}};
+}
+
+// A classifier's entry with a 2-class confusion matrix.
+QJsonObject classifierEntry() {
+  return QJsonObject{{"split", "test"},
+                     {"accuracy", 0.75},
+                     {"samples", 8},
+                     {"confusion", QJsonArray{QJsonArray{3, 1}, QJsonArray{1, 3}}},
+                     {"per_class", QJsonArray{0.75, 0.75}},
+                     {"class_names", QJsonArray{"cat", "dog"}},
+                     {"mistakes_total", 2}};
+}
+
 }  // namespace
+
+class TestEvaluationKinds : public QObject {
+  Q_OBJECT
+  testing::IsolatedEnv env_;
+  std::unique_ptr<editor::PlotsPanel> p_;
+
+ private slots:
+  void init() {
+    p_ = std::make_unique<editor::PlotsPanel>();
+    p_->resize(1200, 600);
+    p_->show();
+    QVERIFY(QTest::qWaitForWindowExposed(p_.get()));
+  }
+  void cleanup() { p_.reset(); }
+
+  void aRegressionShowsItsPredictionsAgainstTheTruth() {
+    const QJsonObject entry = regressionEntry(300);
+    p_->setEvaluations({{"reg", entry}}, {"reg"});
+    QCOMPARE(p_->evaluations(), QStringList{"reg"});
+    QCOMPARE(p_->shownEvaluation(), QString("reg"));
+    QVERIFY(tabOf(p_.get(), "Predictions") >= 0);
+    editor::PredictionsView* view = p_->predictionsView();
+    QCOMPARE(p_->widget(tabOf(p_.get(), "Predictions")), static_cast<QWidget*>(view));
+    p_->setCurrentWidget(view);
+
+    // One point per sample, predicted against true.
+    QCPGraph* points = view->scatterGraph();
+    QCOMPARE(points->dataCount(), 300);
+    QList<QPointF> want;
+    const QJsonArray truth = entry["predictions"]["true"].toArray(),
+                     predicted = entry["predictions"]["predicted"].toArray();
+    for (int i = 0; i < 300; ++i) want << QPointF(truth[i].toDouble(), predicted[i].toDouble());
+    QList<QPointF> got = pointsOf(points);
+    const auto byKeyThenValue = [](const QPointF& a, const QPointF& b) {
+      return a.x() < b.x() || (a.x() == b.x() && a.y() < b.y());
+    };
+    std::sort(want.begin(), want.end(), byKeyThenValue);
+    std::sort(got.begin(), got.end(), byKeyThenValue);
+    QCOMPARE(got, want);
+    QCOMPARE(points->lineStyle(), QCPGraph::lsNone);
+    // The line y = x, on one scale for both axes that holds every point.
+    QCPItemStraightLine* identity = view->identityLine();
+    QVERIFY(identity->visible());
+    const QPointF a = identity->point1->coords(), b = identity->point2->coords();
+    QCOMPARE(a.x(), a.y());
+    QCOMPARE(b.x(), b.y());
+    QVERIFY(a != b);
+    QCustomPlot* scatter = view->scatterPlot();
+    QCOMPARE(scatter->xAxis->range(), scatter->yAxis->range());
+    for (const QPointF& pt : want)
+      QVERIFY(scatter->xAxis->range().contains(pt.x()) && scatter->yAxis->range().contains(pt.y()));
+    // The scores in the scatter's title and in the header.
+    QCOMPARE(view->scatterTitle(), QString("predicted against true · MSE 0.041 · MAE 0.153 · R² 0.93"));
+    QVERIFY2(view->headerText().startsWith(
+                 QString("Evaluate node reg (test split): MSE 0.041 · MAE 0.153 · R² 0.93 on %L1 samples")
+                     .arg(1200)),
+             qPrintable(view->headerText()));
+    // The report holds fewer pairs than were evaluated: the header says how many the scatter shows.
+    QVERIFY(view->headerText().contains(QString("(%L1 of the %L2 samples shown)").arg(300).arg(1200)));
+    // No series, no series picture; the classifier's tabs point to this one.
+    QVERIFY(view->seriesPlot()->isHidden());
+    QVERIFY(!view->trainEndMarker()->visible());
+    QVERIFY(p_->confusionView()->headerText().contains("Predictions tab"));
+    QVERIFY(p_->mistakesView()->headerText().contains("Predictions tab"));
+    QVERIFY(!p_->confusionView()->colorMap()->visible());
+  }
+
+  void aTimeSeriesIsDrawnWithItsOneStepAndMultistepPredictions() {
+    p_->setEvaluations({{"reg", regressionEntry(50, 1000, 4, 600)}}, {"reg"});
+    editor::PredictionsView* view = p_->predictionsView();
+    p_->setCurrentWidget(view);
+    QCustomPlot* plot = view->seriesPlot();
+    QVERIFY(!plot->isHidden());
+    QTRY_VERIFY(plot->isVisible());
+    // Three curves: the data, the one-step predictions from tau on, the multistep ones from train_end on.
+    QCOMPARE(plot->graphCount(), 3);
+    QCOMPARE(view->valuesGraph()->dataCount(), 1000);
+    QCOMPARE(view->oneStepGraph()->dataCount(), 1000 - 4);
+    QCOMPARE(view->multistepGraph()->dataCount(), 1000 - 600);
+    QCOMPARE(view->oneStepGraph()->data()->constBegin()->key, 4.0);
+    QCOMPARE(view->multistepGraph()->data()->constBegin()->key, 600.0);
+    QCOMPARE(view->valuesGraph()->data()->at(250)->value, std::sin(0.01 * 250));
+    QCOMPARE(view->oneStepGraph()->data()->at(0)->value, std::sin(0.01 * 4) + 0.05);
+    QCOMPARE(view->multistepGraph()->data()->at(0)->value, std::sin(0.01 * 600));
+    QSet<QRgb> colours;
+    for (int i = 0; i < 3; ++i) colours.insert(plot->graph(i)->pen().color().rgb());
+    QCOMPARE(colours.size(), 3);
+    // A legend names them.
+    QCOMPARE(plot->legend->itemCount(), 3);
+    QVERIFY(plot->legend->visible());
+    QCOMPARE(view->valuesGraph()->name(), QString("data"));
+    QVERIFY(view->oneStepGraph()->name().startsWith("one-step predictions"));
+    QVERIFY(view->multistepGraph()->name().contains("600"));
+    // The marker: a vertical line at step 600, over the whole plot's height.
+    QCPItemStraightLine* marker = view->trainEndMarker();
+    QVERIFY(marker->visible());
+    QCOMPARE(marker->point1->coords().x(), 600.0);
+    QCOMPARE(marker->point2->coords().x(), 600.0);
+    plot->replot();
+    QCOMPARE(marker->point1->pixelPosition().x(), plot->xAxis->coordToPixel(600));
+    QCOMPARE(marker->point2->pixelPosition().x(), plot->xAxis->coordToPixel(600));
+    QVERIFY(marker->point1->pixelPosition().y() != marker->point2->pixelPosition().y());
+    QVERIFY(plot->xAxis->range().contains(0) && plot->xAxis->range().contains(999));
+    // The scatter beside it still has its samples.
+    QCOMPARE(view->scatterGraph()->dataCount(), 50);
+
+    // A regression without a series after it hides the picture again.
+    p_->setEvaluations({{"reg2", regressionEntry(10)}}, {"reg2"});
+    QVERIFY(plot->isHidden());
+    QCOMPARE(view->valuesGraph()->dataCount(), 0);
+  }
+
+  void aLanguageModelShowsAccuracyAndPerplexityWithoutAMatrix() {
+    p_->setEvaluations({{"lm", languageModelEntry()}}, {"lm"});
+    QCOMPARE(p_->shownEvaluation(), QString("lm"));
+    editor::ConfusionView* confusion = p_->confusionView();
+    QVERIFY2(confusion->headerText().startsWith(
+                 QString("Evaluate node lm (test split): accuracy 48.0% · perplexity 3.21 on %L1 samples")
+                     .arg(20000)),
+             qPrintable(confusion->headerText()));
+    QVERIFY(confusion->headerText().contains("no confusion matrix"));
+    QVERIFY(!confusion->colorMap()->visible());
+    QCOMPARE(confusion->cellText(0, 0), QString());
+    editor::MistakesView* mistakes = p_->mistakesView();
+    QVERIFY(mistakes->headerText().contains("perplexity 3.21"));
+    QVERIFY(mistakes->headerText().contains("lists no mistakes"));
+    QCOMPARE(mistakes->grid()->count(), 0);
+    QVERIFY(p_->predictionsView()->headerText().contains("a language model"));
+    QCOMPARE(p_->predictionsView()->scatterGraph()->dataCount(), 0);
+  }
+
+  void eachEvaluationGoesToItsTab() {
+    // A dataset's entry names a task too, without an evaluation's fields: no evaluation.
+    const QJsonObject nodes{{"data", QJsonObject{{"task", "regression"}, {"train_samples", 600}}},
+                            {"cls", classifierEntry()},
+                            {"reg", regressionEntry(20)},
+                            {"lm", languageModelEntry()}};
+    p_->setEvaluations(nodes, {"data", "cls", "reg", "lm"});
+    QCOMPARE(p_->evaluations(), (QStringList{"cls", "reg", "lm"}));
+    QCOMPARE(p_->shownEvaluation(), QString("lm"));
+    QVERIFY(!p_->showEvaluation("data"));
+    QCOMPARE(p_->shownEvaluation(), QString("lm"));
+
+    QVERIFY(p_->showEvaluation("reg"));
+    QCOMPARE(p_->predictionsView()->scatterGraph()->dataCount(), 20);
+    QVERIFY(p_->predictionsView()->headerText().contains("one of 3 evaluations"));
+    QVERIFY(!p_->confusionView()->colorMap()->visible());
+
+    QVERIFY(p_->showEvaluation("cls"));
+    QVERIFY(p_->confusionView()->colorMap()->visible());
+    QCOMPARE(p_->confusionView()->cellText(0, 1), QString("1"));
+    QCOMPARE(p_->confusionView()->cellText(1, 1), QString("3"));
+    QVERIFY(p_->predictionsView()->headerText().contains("a classifier"));
+    QCOMPARE(p_->predictionsView()->scatterGraph()->dataCount(), 0);
+    QVERIFY(p_->predictionsView()->seriesPlot()->isHidden());
+  }
+
+  void thePredictionsTabExportsAsPngAndSvg() {
+    p_->setEvaluations({{"reg", regressionEntry(200, 400, 4, 300)}}, {"reg"});
+    editor::PredictionsView* view = p_->predictionsView();
+    p_->setCurrentWidget(view);
+    QTRY_VERIFY(view->seriesPlot()->isVisible());
+    QTemporaryDir dir;
+    QString error;
+    const QString png = dir.filePath("predictions.png");
+    QVERIFY2(p_->exportVisible(png, &error), qPrintable(error));
+    QCOMPARE(QImage(png).size(), view->size());
+    const QString svg = dir.filePath("predictions.svg");
+    QVERIFY2(p_->exportVisible(svg, &error), qPrintable(error));
+    QFile f(svg);
+    QVERIFY(f.open(QIODevice::ReadOnly));
+    QXmlStreamReader xml(&f);
+    QString text;
+    while (!xml.atEnd()) {
+      xml.readNext();
+      if (xml.isCharacters()) text += xml.text();
+    }
+    QVERIFY2(!xml.hasError(), qPrintable(xml.errorString()));
+    // The header is text in the picture.
+    QVERIFY2(text.contains("Evaluate node reg"), qPrintable(text.left(300)));
+  }
+};
 
 class TestResultsViews : public QObject {
   Q_OBJECT
@@ -85,9 +330,7 @@ class TestResultsViews : public QObject {
     report_ = w_->runner()->report();
   }
 
-  void cleanupTestCase() {
-    w_.reset();
-  }
+  void cleanupTestCase() { w_.reset(); }
 
   void the_last_evaluation_to_finish_shows() {
     editor::PlotsPanel* plots = w_->plots();
@@ -228,5 +471,14 @@ class TestResultsViews : public QObject {
   }
 };
 
-QTEST_MAIN(TestResultsViews)
+// Two suites in one binary: the fabricated entries need no node set, so they run where the run cannot.
+int main(int argc, char** argv) {
+  QApplication app(argc, argv);
+  app.setAttribute(Qt::AA_Use96Dpi, true);
+  QTEST_SET_MAIN_SOURCE_PATH
+  TestEvaluationKinds fabricated;
+  const int fabricatedFailures = QTest::qExec(&fabricated, argc, argv);
+  TestResultsViews run;
+  return fabricatedFailures + QTest::qExec(&run, argc, argv);
+}
 #include "test_results_views.moc"
