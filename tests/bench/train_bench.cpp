@@ -2,9 +2,11 @@
 // tables.
 //   1. images/second training MLP and LeNet (batch 256), and ResNet-18 step time, vs PyTorch (Debian's
 //      python3-torch for /usr/bin/python3) with the same model, batch and thread count.
-//   2. The convolution choice: oneDNN (what the CPU kernels use) vs im2col + OpenBLAS sgemm, forward plus
+//   2. Recurrent training (sequence_bench.h): a GRU language model's tokens/s and an LSTM on Fashion-MNIST rows,
+//      vs torch's nn.GRU / nn.LSTM, and their steps' peak memory against the live set.
+//   3. The convolution choice: oneDNN (what the CPU kernels use) vs im2col + OpenBLAS sgemm, forward plus
 //      backward, for the LeNet and ResNet-18 shapes.
-//   3. With --gpu, where CUDA devices exist: one ResNet-18 epoch on Fashion-MNIST resized to 96 (the seed's
+//   4. With --gpu, where CUDA devices exist: one ResNet-18 epoch on Fashion-MNIST resized to 96 (the seed's
 //      setting: batch 256, lr 0.1; and batch 512, lr 0.2 on two GPUs), seconds and test accuracy, next to
 //      PyTorch on the same GPU when a CUDA build of torch is installed. The 1-GPU epoch runs once per
 //      --precision, PyTorch with the matching setting (fp32: no TF32 anywhere; tf32: allow_tf32 for matmuls
@@ -34,6 +36,7 @@
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/trainer.h"
 #include "gpunodes/precision.h"
+#include "sequence_bench.h"
 
 using namespace gn;
 using namespace gn::nn;
@@ -559,6 +562,11 @@ int main(int argc, char** argv) {
   const StepMemory mem = resnet_step_memory(threads, 3);
   row("allocated bytes, peak over 3 steps", fmt("%.1f", mem.peak_mib), fmt("%.1f", mem.live_mib),
       fmt("%.2f", mem.peak_mib / mem.live_mib), "<= 1.2");
+
+  std::printf("\nRecurrent training on cpu:0 vs PyTorch (same models, batches and threads)\n\n");
+  row("measure", "gpunodes", "PyTorch", "ratio", "goal");
+  rule();
+  gn::bench::sequence_rows(threads, steps);
 
   std::printf("\nConvolution, forward + backward (ms): oneDNN (used) vs im2col + OpenBLAS sgemm\n\n");
   row("shape", "oneDNN", "im2col+gemm", "speedup", "");
