@@ -136,6 +136,9 @@ class CheckpointTest : public QObject {
     c.totals = {12.5, 100, 192};
     c.shares = {0.25, 0.75};
     c.epochs = {{1, 2.0, 0.5, 0.6, 1.0, 500, 0.2, 1.5, 0.01}, {2, 1.0, 0.7, NAN, 1.1, 450, 0.2, 1.6, 0.02}};
+    // A language model's and a regression's epoch measures (the 15-column table).
+    c.epochs[1].test_loss = 1.25, c.epochs[1].test_perplexity = 3.5, c.epochs[1].test_mse = 0.125;
+    c.epochs[1].test_mae = 0.25, c.epochs[1].test_r2 = 0.875, c.epochs[1].train_mse = 0.0625;
     c.metrics = {{"loss", 0.5, 4, 0.2, 2.2}, {"lr", 0.5, 4, 0.2, 1e-3}, {"loss", 1.0, 8, 0.4, 1.9}};
     c.state = {{"0.weight", {2, 3}, {1, 2, 3, 4, 5, 6}}, {"0.bias", {2}, {-1, 1}}};
     c.optimizer = {{"0.weight/0", {2, 3}, {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f}}};
@@ -160,8 +163,15 @@ class CheckpointTest : public QObject {
     QVERIFY(r.shares == c.shares);
     QCOMPARE(r.epochs.size(), size_t(2));
     QCOMPARE(r.epochs[1].train_acc, 0.7);
+    QCOMPARE(r.epochs[1].test_loss, 1.25);
+    QCOMPARE(r.epochs[1].test_perplexity, 3.5);
+    QCOMPARE(r.epochs[1].test_mse, 0.125);
+    QCOMPARE(r.epochs[1].test_mae, 0.25);
+    QCOMPARE(r.epochs[1].test_r2, 0.875);
+    QCOMPARE(r.epochs[1].train_mse, 0.0625);
     QVERIFY(std::isnan(r.epochs[1].test_acc));
     QCOMPARE(r.epochs[0].loader_ms_per_batch, 0.2);
+    QVERIFY(std::isnan(r.epochs[0].test_perplexity));
     QCOMPARE(r.metrics.size(), size_t(3));
     QCOMPARE(r.metrics[1].series, std::string("lr"));
     QCOMPARE(r.metrics[2].step, int64_t(8));

@@ -244,7 +244,7 @@ class NnNetworkTest : public QObject {
         },
         "in", {"BatchNorm1d", "3x4x4"});
     expect_layer_error([&] { one(spec(LayerKind::Input, input({0, 28, 28})), {}); }, "", {"shape"});
-    expect_layer_error([&] { one(spec(LayerKind::Input, input({28, 28})), {}); }, "", {"[C, H, W]"});
+    expect_layer_error([&] { one(spec(LayerKind::Input, input({1, 2, 28, 28})), {}); }, "", {"[C, H, W]", "[T, F]"});
     expect_layer_error([&] { one(spec(LayerKind::Conv2d, conv(0, 3)), {{1, 8, 8}}); }, "", {"out_channels"});
     expect_layer_error([&] { one(spec(LayerKind::Dropout, [](LayerSpec& l) { l.p = 1; }), {{4}}); }, "",
                        {"p"});

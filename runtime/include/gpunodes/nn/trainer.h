@@ -150,17 +150,17 @@ struct EpochResult {
   int64_t epoch = 0;
   double train_loss = 0, train_acc = 0;
   double test_acc = NAN;  // NaN without a test set, and for regression
-  // The test split's mean loss per target value; for a language model (sequence targets) also exp of it,
-  // d2l's perplexity; for regression the mean squared and absolute errors and R^2 (1 - SSE / SST, SST
-  // about the test targets' mean). NaN where they do not apply.
-  double test_loss = NAN, test_perplexity = NAN, test_mse = NAN, test_mae = NAN, test_r2 = NAN;
-  double train_mse = NAN;  // regression: the training split's mean squared error (train_acc is then NaN)
   double seconds = 0;     // training time of the epoch, evaluation excluded (the seed's timer)
   double images_per_second = 0;
   // Whether the loader keeps up: its background thread's milliseconds to prepare a batch (read, resize,
   // augment, normalise), the epoch's milliseconds per step, and how long the training loop waited for
   // batches in the epoch. loader < step means the device never waits for data.
   double loader_ms_per_batch = 0, step_ms = 0, loader_wait_ms = 0;
+  // The test split's mean loss per target value; for a language model (sequence targets) also exp of it,
+  // d2l's perplexity; for regression the mean squared and absolute errors and R^2 (1 - SSE / SST, SST
+  // about the test targets' mean). NaN where they do not apply.
+  double test_loss = NAN, test_perplexity = NAN, test_mse = NAN, test_mae = NAN, test_r2 = NAN;
+  double train_mse = NAN;  // regression: the training split's mean squared error (train_acc is then NaN)
 };
 
 // One rank's speed in a distributed run.
