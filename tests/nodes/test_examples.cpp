@@ -1,6 +1,16 @@
 // Every example graph runs headless with shrunk sizes (params changed on the loaded document, as --set does),
 // and its values are checked against an independent computation; the traces show what each example is about.
+// The examples of sequences and tables (sine-series, rnn-language-model, lstm-fashion-mnist-rows,
+// table-regression) are checked against what their data allows: the noise of the series and of the CSV, the
+// letter frequencies of the text, chance for the images; the CSV against the script that makes it.
+#include <QDir>
+#include <QFile>
+#include <QFileInfo>
+#include <QProcess>
 #include <QtTest>
+#include <array>
+#include <cmath>
+#include <numbers>
 
 #include "nodes_test_util.h"
 #include "time_scale.h"
@@ -18,6 +28,99 @@ constexpr int kOverlapAttempts = 5;
 
 void setShape(GraphDocument& doc, const QString& id, int n) {
   doc.setParam(id, "shape", QJsonArray{n, n});
+}
+
+// A series, a text, images read row by row and a table; test_training covers the image classifiers.
+const QStringList kDataExamples{"sine-series", "rnn-language-model", "lstm-fashion-mnist-rows",
+                                "table-regression"};
+
+QString repoRoot() {
+  return QDir::cleanPath(QStringLiteral(GN_EXAMPLES_DIR "/../.."));
+}
+
+const QString kGpl = "/usr/share/common-licenses/GPL-3";  // Debian's base-files: on every Debian
+const QString kFashionMnist = "/usr/share/datasets/fashion-mnist";
+const QString kRegressionCsv = "resources/data/regression.csv";
+
+bool haveFashionMnist() {
+  for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                        "t10k-labels-idx1-ubyte"})
+    if (!QFileInfo::exists(kFashionMnist + "/" + f + ".gz") && !QFileInfo::exists(kFashionMnist + "/" + f))
+      return false;
+  return true;
+}
+
+// Makes an example runnable from the test's directory: table-regression names its CSV relative to the
+// repository root (a Dataset opens a relative path from the current directory), and the LSTM example falls
+// back to the synthetic set of the same shape where the dataset-fashion-mnist package is missing.
+void runnableHere(GraphDocument& doc) {
+  for (const GraphNode& n : doc.nodes()) {
+    if (n.type != "Dataset") continue;
+    const QString name = n.params["name"].toString(), path = n.params["path"].toString();
+    if (name == "table" && QFileInfo(path).isRelative()) doc.setParam(n.id, "path", repoRoot() + "/" + path);
+    if (name == "fashion-mnist" && !haveFashionMnist()) doc.setParam(n.id, "name", "synthetic");
+  }
+}
+
+// A JSON array of numbers; null (what the report writes for NaN) becomes NaN.
+std::vector<double> numbers(const QJsonValue& v) {
+  std::vector<double> out;
+  for (const QJsonValue& x : v.toArray()) out.push_back(x.isDouble() ? x.toDouble() : NAN);
+  return out;
+}
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s / static_cast<double>(v.size());
+}
+
+double variance(const std::vector<double>& v) {
+  const double m = mean(v);
+  double s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return s / static_cast<double>(v.size());
+}
+
+bool nearRel(double got, double want, double rel = 1e-6) {
+  return std::fabs(got - want) <= rel * std::max(1.0, std::fabs(want));
+}
+
+// The text as the text Dataset's preprocess makes it (d2l's: lower case, every run of anything but the
+// letters A-Z and a-z one space).
+QByteArray d2lPreprocessed(const QByteArray& raw) {
+  QByteArray out;
+  bool space = false;
+  for (char c : raw) {
+    const bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+    if (letter) {
+      if (space) out.append(' ');
+      space = false;
+      out.append(c >= 'A' && c <= 'Z' ? char(c - 'A' + 'a') : c);
+    } else {
+      space = true;
+    }
+  }
+  if (space) out.append(' ');
+  return out;
+}
+
+// The perplexity of a unigram model on the last `testFraction` of the text: each character's probability its
+// frequency in the rest. What a model that knows nothing but letter frequencies scores.
+double unigramPerplexity(const QByteArray& text, double testFraction) {
+  const qsizetype cut = text.size() - qsizetype(std::llround(testFraction * double(text.size())));
+  std::array<double, 256> counts{};
+  for (qsizetype i = 0; i < cut; ++i) counts[uchar(text[i])] += 1;
+  double nll = 0;
+  for (qsizetype i = cut; i < text.size(); ++i)
+    nll -= std::log(std::max(counts[uchar(text[i])], 0.5) / double(cut));
+  return std::exp(nll / double(text.size() - cut));
+}
+
+// Friedman's first function, which scripts/make_regression_table.py adds N(0, 1) noise to.
+double friedman1(const std::vector<double>& x) {
+  return 10 * std::sin(std::numbers::pi * x[0] * x[1]) + 20 * (x[2] - 0.5) * (x[2] - 0.5) + 10 * x[3] +
+         5 * x[4];
 }
 
 }  // namespace
@@ -332,6 +435,297 @@ class ExamplesTest : public QObject {
     QCOMPARE(r.node("mm0")["calls"].toInt(), 10);
     QVERIFY(r.node("show")["inspect"].toArray()[0].toObject()["values"].toArray()[0].toDouble() > 0);
     qInfo("quickstart: %.0f ms wall", r.report["wall_ms"].toDouble());
+  }
+
+  void data_examples_load_validate_and_keep_their_settings() {
+    for (const QString& name : kDataExamples) {
+      GraphDocument doc;
+      QVERIFY2(loadExample(name, doc), qPrintable(name));
+      QVERIFY2(doc.description().size() > 500, qPrintable(name + " needs a description of what to watch"));
+      QVERIFY2(!doc.name().isEmpty(), qPrintable(name));
+      runnableHere(doc);
+      const ValidationReport report = validate(doc, registry(), settingsOf(doc));
+      QStringList errors;
+      for (const Issue& i : report.errors()) errors.append(i.text());
+      QVERIFY2(report.ok(), qPrintable(name + ": " + errors.join("; ")));
+    }
+    auto param = [](const GraphDocument& doc, const QString& id, const QString& key) {
+      return doc.node(id)->params[key];
+    };
+    // d2l's settings stay in the files (the language model's epochs are cut to fit a minute).
+    GraphDocument doc;
+    QVERIFY(loadExample("sine-series", doc));
+    QCOMPARE(param(doc, "data", "name").toString(), QString("series"));
+    QCOMPARE(param(doc, "data", "path").toString(), QString());  // d2l's sin(0.01 t) + noise
+    QCOMPARE(param(doc, "data", "tau").toInt(), 4);
+    QCOMPARE(param(doc, "data", "test_fraction").toDouble(), 0.4);
+    QCOMPARE(param(doc, "data", "batch_size").toInt(), 16);
+    QCOMPARE(param(doc, "x", "shape").toArray(), QJsonArray{4});
+    QCOMPARE(param(doc, "fc1", "out_features").toInt(), 10);
+    QCOMPARE(param(doc, "fc2", "out_features").toInt(), 1);
+    QCOMPARE(param(doc, "net", "init").toString(), QString("xavier"));
+    QCOMPARE(param(doc, "train", "optimizer").toString(), QString("adam"));
+    QCOMPARE(param(doc, "train", "lr").toDouble(), 0.01);
+    QCOMPARE(param(doc, "train", "loss").toString(), QString("mse"));
+    QCOMPARE(param(doc, "train", "epochs").toInt(), 5);
+    QVERIFY(loadExample("rnn-language-model", doc));
+    QCOMPARE(param(doc, "data", "path").toString(), kGpl);
+    QCOMPARE(param(doc, "data", "tokens").toString(), QString("char"));
+    QCOMPARE(param(doc, "data", "num_steps").toInt(), 35);
+    QCOMPARE(param(doc, "data", "batch_size").toInt(), 32);
+    QCOMPARE(param(doc, "data", "partition").toString(), QString("sequential"));
+    QCOMPARE(param(doc, "x", "shape").toArray(), QJsonArray{35});
+    QCOMPARE(param(doc, "gru", "hidden_size").toInt(), 256);
+    QCOMPARE(param(doc, "train", "optimizer").toString(), QString("sgd"));
+    QCOMPARE(param(doc, "train", "lr").toDouble(), 1.0);
+    QCOMPARE(param(doc, "train", "clip_grad_norm").toDouble(), 1.0);
+    QCOMPARE(param(doc, "gen", "num_tokens").toInt(), 50);
+    QVERIFY(loadExample("lstm-fashion-mnist-rows", doc));
+    QCOMPARE(param(doc, "x", "shape").toArray(), (QJsonArray{1, 28, 28}));
+    QCOMPARE(param(doc, "rows", "shape").toArray(), (QJsonArray{28, 28}));
+    QCOMPARE(param(doc, "lstm", "hidden_size").toInt(), 128);
+    QCOMPARE(param(doc, "train", "optimizer").toString(), QString("adam"));
+    QVERIFY(param(doc, "data", "limit").toInt() > 0);  // the quick settings
+    // The CSV's path is relative to the repository root, where the README runs the examples from.
+    QVERIFY(loadExample("table-regression", doc));
+    QCOMPARE(param(doc, "data", "path").toString(), kRegressionCsv);
+    QVERIFY(QFileInfo::exists(repoRoot() + "/" + kRegressionCsv));
+    QVERIFY(doc.description().contains("repository root"));
+    QCOMPARE(param(doc, "data", "task").toString(), QString("regression"));
+    QCOMPARE(param(doc, "data", "target").toString(), QString("y"));
+  }
+
+  void sine_series_predicts_one_step_and_k_steps_ahead() {
+    GraphDocument doc;
+    QVERIFY(loadExample("sine-series", doc));
+    doc.setParam("train", "epochs", 3);  // d2l's 5 take about 3 s; 3 reach nearly the same loss
+    // The trained weights, to compute the MLP here.
+    doc.addNode(makeNode("params", "Parameters"));
+    wire(doc, "train.model", "params.model");
+    addInspect(doc, "check_params", "params.out");
+    RunResult r = runGraph(doc);
+    QVERIFY2(r.failures().isEmpty(), qPrintable(r.failures().join("\n")));
+    const QJsonObject test = r.node("test");
+    QCOMPARE(test["task"].toString(), QString("regression"));
+    QCOMPARE(test["samples"].toInt(), 396);  // 1000 values and tau 4: 996 windows, the first 600 train
+    const QJsonObject series = test["series"].toObject();
+    const std::vector<double> x = numbers(series["values"]), one = numbers(series["one_step"]),
+                              k = numbers(series["k_step"]);
+    QCOMPARE(x.size(), size_t(1000));
+    QCOMPARE(one.size(), x.size());
+    QCOMPARE(k.size(), x.size());
+    QCOMPARE(series["tau"].toInt(), 4);
+    const int start = series["train_end"].toInt();
+    QCOMPARE(start, 604);  // the first test target: 600 training windows, then tau
+
+    // The data is d2l's: x_t - sin(0.01 t) for t = 1..1000 is N(0, 0.2) noise.
+    std::vector<double> noise;
+    for (int t = 1; t <= 1000; ++t) noise.push_back(x[t - 1] - std::sin(0.01 * t));
+    QVERIFY2(std::fabs(mean(noise)) < 0.03, qPrintable(QString::number(mean(noise))));
+    QVERIFY2(std::fabs(std::sqrt(variance(noise)) - 0.2) < 0.03,
+             qPrintable(QString::number(variance(noise))));
+
+    // The MLP computed here from the trained weights (fc1.weight [10, 4], fc1.bias, fc2.weight [1, 10],
+    // fc2.bias) gives every one-step prediction, each from the 4 true values before it.
+    const QJsonArray shown = r.node("check_params")["inspect"].toArray();
+    QCOMPARE(shown.size(), 4);
+    QCOMPARE(shown[0].toObject()["shape"].toArray(), (QJsonArray{10, 4}));
+    QCOMPARE(shown[2].toObject()["shape"].toArray(), (QJsonArray{1, 10}));
+    const std::vector<double> w1 = r.inspected("check_params", 0), b1 = r.inspected("check_params", 1),
+                              w2 = r.inspected("check_params", 2), b2 = r.inspected("check_params", 3);
+    auto mlp = [&](const double* window) {
+      double y = b2[0];
+      for (int j = 0; j < 10; ++j) {
+        double h = b1[j];
+        for (int i = 0; i < 4; ++i) h += w1[j * 4 + i] * window[i];
+        y += w2[j] * std::max(h, 0.0);
+      }
+      return y;
+    };
+    for (int t = 0; t < 4; ++t) QVERIFY(std::isnan(one[t]));  // no 4 values before these
+    for (int t = 4; t < 1000; ++t)
+      QVERIFY2(std::fabs(one[t] - mlp(&x[t - 4])) < 1e-4, qPrintable(QString("one_step[%1]").arg(t)));
+
+    // Evaluate's numbers are the one-step predictions over the test part.
+    const QJsonObject predictions = test["predictions"].toObject();
+    const std::vector<double> truth = numbers(predictions["true"]),
+                              predicted = numbers(predictions["predicted"]);
+    QCOMPARE(truth.size(), size_t(396));
+    QCOMPARE(predicted.size(), truth.size());
+    double sse = 0, sae = 0;
+    for (size_t i = 0; i < truth.size(); ++i) {
+      QCOMPARE(truth[i], x[start + i]);
+      QVERIFY(std::fabs(predicted[i] - one[start + i]) < 1e-5);
+      sse += (predicted[i] - truth[i]) * (predicted[i] - truth[i]);
+      sae += std::fabs(predicted[i] - truth[i]);
+    }
+    const double mse = sse / 396, testVariance = variance(truth);
+    QVERIFY(nearRel(test["mse"].toDouble(), mse));
+    QVERIFY(nearRel(test["mae"].toDouble(), sae / 396));
+    QVERIFY(nearRel(test["r2"].toDouble(), 1 - mse / testVariance));
+    // Far below the test part's variance (about 0.23), and not below what the noise (variance 0.04) allows.
+    QVERIFY2(mse < 0.4 * testVariance, qPrintable(QString("mse %1, variance %2").arg(mse).arg(testVariance)));
+    QVERIFY2(mse > 0.5 * 0.04, qPrintable(QString("mse %1 beats the noise").arg(mse)));
+
+    // k steps ahead: from point 604 on, each prediction is fed the ones before it; the first is the one-step
+    // prediction (only true values before it), and then the errors pile up.
+    for (int t = 0; t < start; ++t) QVERIFY(std::isnan(k[t]));
+    QVERIFY(std::fabs(k[start] - one[start]) < 1e-5);
+    std::vector<double> fed(x.begin(), x.begin() + start);
+    double kSse = 0;
+    for (int t = start; t < 1000; ++t) {
+      fed.push_back(mlp(&fed[t - 4]));
+      QVERIFY2(std::fabs(k[t] - fed[t]) < 1e-3, qPrintable(QString("k_step[%1]").arg(t)));
+      kSse += (k[t] - x[t]) * (k[t] - x[t]);
+    }
+    qInfo("sine-series: test mse %.4f (variance %.3f, noise 0.04), k steps ahead %.3f", mse, testVariance,
+          kSse / 396);
+    QVERIFY2(kSse / 396 > 2 * mse,
+             qPrintable(QString("k-step mse %1, one-step %2").arg(kSse / 396).arg(mse)));
+  }
+
+  void rnn_language_model_beats_letter_frequencies() {
+    QFile gpl(kGpl);
+    QVERIFY2(gpl.open(QIODevice::ReadOnly), qPrintable(kGpl + " (Debian's base-files) cannot be read"));
+    const QByteArray text = d2lPreprocessed(gpl.readAll());
+    GraphDocument doc;
+    QVERIFY(loadExample("rnn-language-model", doc));
+    doc.setParam("gru", "hidden_size", 64);  // 256 units and 24 epochs take a minute; this takes seconds
+    doc.setParam("train", "epochs", 6);
+    RunResult r = runGraph(doc);
+    QVERIFY2(r.failures().isEmpty(), qPrintable(r.failures().join("\n")));
+    // 26 letters, the space and <unk>: what OneHot and the last Linear are sized for.
+    QCOMPARE(r.node("data")["vocab_size"].toInt(), 28);
+    QCOMPARE(doc.node("onehot")->params["num_classes"].toInt(), 28);
+    QCOMPARE(doc.node("fc")->params["out_features"].toInt(), 28);
+    const QJsonObject test = r.node("test");
+    QCOMPARE(test["task"].toString(), QString("language_model"));
+    const double perplexity = test["perplexity"].toDouble();
+    QVERIFY(nearRel(perplexity, std::exp(test["loss"].toDouble())));
+    QVERIFY(nearRel(perplexity, r.node("train")["test_perplexity"].toDouble()));
+    // A uniform guess scores the vocabulary's size; letter frequencies (computed here from the file)
+    // about 17.
+    const double unigram = unigramPerplexity(text, doc.node("data")->params["test_fraction"].toDouble());
+    QVERIFY2(unigram > 12 && unigram < 28, qPrintable(QString::number(unigram)));
+    QVERIFY2(perplexity > 1 && perplexity < 0.9 * unigram,
+             qPrintable(QString("perplexity %1, letter frequencies %2").arg(perplexity).arg(unigram)));
+    qInfo("rnn-language-model: test perplexity %.2f (letter frequencies %.2f); %s", perplexity, unigram,
+          qPrintable(r.node("gen")["generated_text"].toString()));
+    // Generate continues the prefix by 50 characters of the vocabulary.
+    const QString prefix = doc.node("gen")->params["prefix"].toString();
+    const QString generated = r.node("gen")["generated_text"].toString();
+    QVERIFY2(generated.startsWith(prefix), qPrintable(generated));
+    QCOMPARE(generated.size(), prefix.size() + 50);
+    for (QChar c : generated.mid(prefix.size()))
+      QVERIFY2(c == ' ' || (c >= 'a' && c <= 'z'), qPrintable(generated));
+  }
+
+  void lstm_reads_images_row_by_row() {
+    GraphDocument doc;
+    QVERIFY(loadExample("lstm-fashion-mnist-rows", doc));
+    runnableHere(doc);
+    doc.setParam("data", "limit", 1024);
+    doc.setParam("lstm", "hidden_size", 32);
+    doc.setParam("train", "epochs", 2);
+    RunResult r = runGraph(doc);
+    QVERIFY2(r.failures().isEmpty(), qPrintable(r.failures().join("\n")));
+    // Reshape makes every image 28 steps of 28 pixels: the LSTM's input weights take 28 features per step,
+    // and Linear reads the last step's 32 hidden values.
+    QMap<QString, QJsonArray> shapes;
+    for (const QJsonValue& p : r.node("net")["parameters"].toArray())
+      shapes[p.toObject()["name"].toString()] = p.toObject()["shape"].toArray();
+    QCOMPARE(shapes["lstm.weight_ih_l0"], (QJsonArray{4 * 32, 28}));
+    QCOMPARE(shapes["lstm.weight_hh_l0"], (QJsonArray{4 * 32, 32}));
+    QCOMPARE(shapes["fc.weight"], (QJsonArray{10, 32}));
+    const QJsonObject test = r.node("test");
+    const int samples = haveFashionMnist() ? 1024 : 512;  // the synthetic set has 512 test images
+    QCOMPARE(test["samples"].toInt(), samples);
+    // The accuracy is the confusion matrix's diagonal, and beats chance (0.1) by a margin.
+    double right = 0, all = 0;
+    const QJsonArray confusion = test["confusion"].toArray();
+    QCOMPARE(confusion.size(), 10);
+    for (int i = 0; i < 10; ++i)
+      for (int j = 0; j < 10; ++j) {
+        const double n = confusion[i].toArray()[j].toDouble();
+        all += n;
+        right += i == j ? n : 0;
+      }
+    QCOMPARE(all, double(samples));
+    QVERIFY(nearRel(test["accuracy"].toDouble(), right / all));
+    QCOMPARE(test["accuracy"].toDouble(), r.node("train")["test_acc"].toDouble());
+    qInfo("lstm-fashion-mnist-rows: test accuracy %.3f on %d images", test["accuracy"].toDouble(), samples);
+    QVERIFY2(test["accuracy"].toDouble() > 0.3, qPrintable(QString::number(test["accuracy"].toDouble())));
+  }
+
+  void table_regression_learns_the_function_up_to_the_noise() {
+    // The bound comes from the committed CSV itself: y - f(x) is the noise the script added, so R^2 cannot
+    // exceed 1 - var(noise) / var(y) (0.959), and a least-squares line gets 0.722 (the script's figure).
+    QFile csv(repoRoot() + "/" + kRegressionCsv);
+    QVERIFY(csv.open(QIODevice::ReadOnly | QIODevice::Text));
+    const QList<QByteArray> lines = csv.readAll().split('\n');
+    QCOMPARE(lines[0], QByteArray("x1,x2,x3,x4,x5,x6,y"));
+    std::vector<double> ys, noise;
+    for (qsizetype i = 1; i < lines.size(); ++i) {
+      if (lines[i].isEmpty()) continue;
+      const QList<QByteArray> cells = lines[i].split(',');
+      QCOMPARE(cells.size(), 7);
+      std::vector<double> x;
+      for (int c = 0; c < 6; ++c) x.push_back(cells[c].toDouble());
+      ys.push_back(cells[6].toDouble());
+      noise.push_back(ys.back() - friedman1(x));
+    }
+    QCOMPARE(ys.size(), size_t(4000));
+    QVERIFY2(std::fabs(mean(noise)) < 0.1 && std::fabs(variance(noise) - 1) < 0.1,
+             qPrintable(QString("noise mean %1, variance %2").arg(mean(noise)).arg(variance(noise))));
+    const double ceiling = 1 - variance(noise) / variance(ys);
+
+    GraphDocument doc;
+    QVERIFY(loadExample("table-regression", doc));
+    runnableHere(doc);
+    // 60 epochs of 50 batches in the file; 20 of 13 larger batches at a larger rate reach an R^2 of 0.94 too.
+    doc.setParam("data", "batch_size", 256);
+    doc.setParam("train", "lr", 0.01);
+    doc.setParam("train", "epochs", 20);
+    RunResult r = runGraph(doc);
+    QVERIFY2(r.failures().isEmpty(), qPrintable(r.failures().join("\n")));
+    QCOMPARE(r.node("data")["train_samples"].toInt(), 3200);
+    QCOMPARE(r.node("data")["test_samples"].toInt(), 800);
+    QCOMPARE(r.node("data")["features"].toArray(), (QJsonArray{"x1", "x2", "x3", "x4", "x5", "x6"}));
+    const QJsonObject test = r.node("test");
+    QCOMPARE(test["task"].toString(), QString("regression"));
+    const std::vector<double> truth = numbers(test["predictions"].toObject()["true"]),
+                              predicted = numbers(test["predictions"].toObject()["predicted"]);
+    QCOMPARE(truth.size(), size_t(800));
+    QCOMPARE(predicted.size(), truth.size());
+    double sse = 0, sae = 0;
+    for (size_t i = 0; i < truth.size(); ++i) {
+      sse += (predicted[i] - truth[i]) * (predicted[i] - truth[i]);
+      sae += std::fabs(predicted[i] - truth[i]);
+    }
+    const double mse = sse / 800, r2 = 1 - mse / variance(truth);
+    QVERIFY(nearRel(test["mse"].toDouble(), mse));
+    QVERIFY(nearRel(test["mae"].toDouble(), sae / 800));
+    QVERIFY(nearRel(test["r2"].toDouble(), r2));
+    // Within 0.1 of the ceiling (so far above the line), and no better than the noise allows: 800 test rows
+    // may be a little easier than the file as a whole, not 0.03 easier.
+    qInfo("table-regression: test R^2 %.3f (ceiling %.3f), mse %.3f (noise %.3f)", r2, ceiling, mse,
+          variance(noise));
+    QVERIFY2(r2 > ceiling - 0.1 && r2 < ceiling + 0.03,
+             qPrintable(QString("R^2 %1, ceiling %2").arg(r2).arg(ceiling)));
+    QVERIFY2(mse > 0.75 * variance(noise), qPrintable(QString("mse %1 beats the noise").arg(mse)));
+  }
+
+  void regression_csv_is_what_its_script_makes() {
+    QProcess script;
+    script.start("/usr/bin/python3", {repoRoot() + "/scripts/make_regression_table.py", "-"});
+    QVERIFY2(script.waitForFinished(120000), "make_regression_table.py did not finish in 2 minutes");
+    QCOMPARE(script.exitStatus(), QProcess::NormalExit);
+    QVERIFY2(script.exitCode() == 0, script.readAllStandardError().constData());
+    QFile committed(repoRoot() + "/" + kRegressionCsv);
+    QVERIFY(committed.open(QIODevice::ReadOnly));
+    QVERIFY2(script.readAllStandardOutput() == committed.readAll(),
+             "resources/data/regression.csv is not what scripts/make_regression_table.py makes: run it and "
+             "commit the file");
   }
 };
 
