@@ -1,6 +1,11 @@
-// Shared by the PyTorch interop suites: float32 files exchanged with the torch peer, and the comparison of
-// outputs.
+// Shared by the PyTorch interop suites: float32 files exchanged with the torch peer, the comparison of
+// outputs, and graph files run through the real binary.
 #pragma once
+#include <QFile>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
+#include <QProcess>
 #include <QString>
 #include <QtTest>
 #include <algorithm>
@@ -50,6 +55,49 @@ inline QString compare(const std::vector<float>& got, const std::vector<float>& 
       .arg(double(want[at]), 0, 'g', 9)
       .arg(worst, 0, 'g', 3)
       .arg(kRelTol * scale, 0, 'g', 3);
+}
+
+// --- graph files and processes ----------------------------------------------------------------------------
+
+inline QJsonObject readJson(const QString& path) {
+  QFile f(path);
+  if (!f.open(QIODevice::ReadOnly)) return {};
+  return QJsonDocument::fromJson(f.readAll()).object();
+}
+
+inline bool writeJson(const QString& path, const QJsonObject& o) {
+  QFile f(path);
+  return f.open(QIODevice::WriteOnly) && f.write(QJsonDocument(o).toJson()) > 0;
+}
+
+inline QJsonObject node(const QString& id, const QString& type, const QJsonObject& params = {}) {
+  return {{"id", id}, {"type", type}, {"position", QJsonArray{0, 0}}, {"params", params}};
+}
+inline QJsonObject wire(const QString& from, const QString& to) {
+  return {{"from", from}, {"to", to}};
+}
+inline QJsonObject graphOf(const QJsonArray& nodes, const QJsonArray& wires) {
+  return {{"format", "gpunodes-graph"}, {"version", 1}, {"nodes", nodes}, {"connections", wires}};
+}
+
+struct Process {
+  int exitCode = -1;
+  QString out, err;
+};
+
+inline Process run(const QString& program, const QStringList& args) {
+  QProcess p;
+  p.start(program, args);
+  Process r;
+  if (!p.waitForStarted(30000) || !p.waitForFinished(600000)) {
+    r.err = program + " did not finish: " + p.errorString();
+    p.kill();
+    return r;
+  }
+  r.exitCode = p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -1;
+  r.out = QString::fromUtf8(p.readAllStandardOutput());
+  r.err = QString::fromUtf8(p.readAllStandardError());
+  return r;
 }
 
 }  // namespace interop

@@ -1,13 +1,12 @@
 // Networks drawn from layer nodes, between gpunodes and PyTorch, end to end through the real binary: for each
-// graph (the LeNet and ResNet-18 examples, and a graph that uses every layer type and branch), gpunodes
-// builds the Network, saves it as safetensors and runs Forward on a batch; torch builds the same network from
-// the graph file (tests/interop/torch_peer.py), loads the file with load_state_dict(strict=True) and must
-// give the same outputs. And back: torch's own weights load into the graph's Network through LoadParams and
-// give torch's outputs. The suite skips where /usr/bin/python3 cannot import torch (the scripts install it).
-#include <QJsonArray>
-#include <QJsonDocument>
-#include <QJsonObject>
-#include <QProcess>
+// graph (the LeNet and ResNet-18 examples, a graph that uses every image layer type and branch, and sequence
+// models with every sequence layer: Embedding and OneHot of token ids, RNN, GRU and LSTM, Reshape, Transpose,
+// LastStep, Linear on each step), gpunodes builds the Network, saves it as safetensors (in torch's
+// state_dict order) and runs Forward on a batch (token ids for the language models); torch builds the same
+// network from the graph file (tests/interop/torch_peer.py), loads the file with load_state_dict(strict=True)
+// and must give the same outputs. And back: torch's own weights load into the graph's Network through
+// LoadParams and give torch's outputs. The suite skips where /usr/bin/python3 cannot import torch (the
+// scripts install it).
 #include <QTemporaryDir>
 #include <QtTest>
 #include <cstring>
@@ -20,23 +19,13 @@ namespace {
 
 constexpr int kBatch = 3;
 
-QJsonObject readJson(const QString& path) {
-  QFile f(path);
-  if (!f.open(QIODevice::ReadOnly)) return {};
-  return QJsonDocument::fromJson(f.readAll()).object();
-}
-
-bool writeJson(const QString& path, const QJsonObject& o) {
-  QFile f(path);
-  return f.open(QIODevice::WriteOnly) && f.write(QJsonDocument(o).toJson()) > 0;
-}
-
-QJsonObject node(const QString& id, const QString& type, const QJsonObject& params = {}) {
-  return {{"id", id}, {"type", type}, {"position", QJsonArray{0, 0}}, {"params", params}};
-}
-QJsonObject wire(const QString& from, const QString& to) {
-  return {{"from", from}, {"to", to}};
-}
+using interop::graphOf;
+using interop::node;
+using interop::Process;
+using interop::readJson;
+using interop::run;
+using interop::wire;
+using interop::writeJson;
 
 // A graph that uses every layer type: two branches concatenated, a strided projection added back, grouped
 // and bias-free convolutions, both batch norms, every activation, both pools, and dropout (the identity in
@@ -72,17 +61,70 @@ QJsonObject everyLayerGraph() {
                    wire("proj.out", "sum.b"),  wire("sum.out", "relu.in"), wire("relu.out", "gap.in"),
                    wire("gap.out", "flat.in"), wire("flat.out", "fc1.in"), wire("fc1.out", "bn1.in"),
                    wire("bn1.out", "drop.in"), wire("drop.out", "fc2.in"), wire("fc2.out", "net.out")};
-  return {{"format", "gpunodes-graph"}, {"version", 1}, {"nodes", nodes}, {"connections", wires}};
+  return graphOf(nodes, wires);
+}
+
+// A language model's shape, [T] token ids -> [T, vocab]: an Embedding read by a stacked bidirectional LSTM
+// (dropout between its layers, the identity in evaluation) and a Linear on every step.
+QJsonObject embeddingLstmGraph() {
+  return graphOf({node("x", "Input", {{"shape", QJsonArray{12}}}),
+                  node("emb", "Embedding", {{"num_embeddings", 20}, {"embedding_dim", 8}}),
+                  node("lstm", "LSTM",
+                       {{"hidden_size", 6}, {"num_layers", 2}, {"bidirectional", true}, {"dropout", 0.2}}),
+                  node("fc", "Linear", {{"out_features", 20}}), node("net", "Network", {{"seed", 4}})},
+                 {wire("x.out", "emb.in"), wire("emb.out", "lstm.in"), wire("lstm.out", "fc.in"),
+                  wire("fc.out", "net.out")});
+}
+
+// d2l's RNN language model input (one-hot rows) into a GRU without biases, classified from its last step.
+QJsonObject oneHotGruGraph() {
+  return graphOf(
+      {node("x", "Input", {{"shape", QJsonArray{12}}}), node("oh", "OneHot", {{"num_classes", 15}}),
+       node("gru", "GRU", {{"hidden_size", 7}, {"bias", false}}), node("last", "LastStep"),
+       node("fc", "Linear", {{"out_features", 4}}), node("net", "Network", {{"seed", 5}})},
+      {wire("x.out", "oh.in"), wire("oh.out", "gru.in"), wire("gru.out", "last.in"),
+       wire("last.out", "fc.in"), wire("fc.out", "net.out")});
+}
+
+// d2l's "rows as steps": a 28x28 image read as 28 steps of 28 features by a two-layer ReLU RNN.
+QJsonObject rowsAsStepsGraph() {
+  return graphOf({node("x", "Input", {{"shape", QJsonArray{1, 28, 28}}}),
+                  node("rows", "Reshape", {{"shape", QJsonArray{28, 28}}}),
+                  node("rnn", "RNN", {{"hidden_size", 16}, {"num_layers", 2}, {"nonlinearity", "relu"}}),
+                  node("last", "LastStep"), node("fc", "Linear", {{"out_features", 10}}),
+                  node("net", "Network", {{"seed", 6}})},
+                 {wire("x.out", "rows.in"), wire("rows.out", "rnn.in"), wire("rnn.out", "last.in"),
+                  wire("last.out", "fc.in"), wire("fc.out", "net.out")});
+}
+
+// Transposes in a branch: [6, 4] steps transposed to [4, 6], a Linear that mixes the steps, transposed back
+// (axes counted from the end) and added to the input; a bidirectional tanh RNN beside a GRU, the two joined
+// along the steps (Concat: [12, 6]), flattened by a Reshape with -1, and classified.
+QJsonObject transposeBranchGraph() {
+  return graphOf(
+      {node("x", "Input", {{"shape", QJsonArray{6, 4}}}), node("t1", "Transpose", {{"dim0", 0}, {"dim1", 1}}),
+       node("mix", "Linear", {{"out_features", 6}}), node("tanh", "Tanh"),
+       node("t2", "Transpose", {{"dim0", -1}, {"dim1", -2}}), node("sum", "Add"),
+       node("rnn", "RNN", {{"hidden_size", 3}, {"bidirectional", true}}),
+       node("gru", "GRU", {{"hidden_size", 6}, {"num_layers", 2}}), node("cat", "Concat"),
+       node("flat", "Reshape", {{"shape", QJsonArray{-1}}}), node("drop", "Dropout", {{"p", 0.25}}),
+       node("fc", "Linear", {{"out_features", 5}, {"bias", false}}), node("net", "Network", {{"seed", 7}})},
+      {wire("x.out", "t1.in"), wire("t1.out", "mix.in"), wire("mix.out", "tanh.in"),
+       wire("tanh.out", "t2.in"), wire("t2.out", "sum.a"), wire("x.out", "sum.b"), wire("sum.out", "rnn.in"),
+       wire("x.out", "gru.in"), wire("rnn.out", "cat.a"), wire("gru.out", "cat.b"),
+       wire("cat.out", "flat.in"), wire("flat.out", "drop.in"), wire("drop.out", "fc.in"),
+       wire("fc.out", "net.out")});
 }
 
 // The graph's layer nodes and its Network "net" (everything else dropped), plus a batch of `values` as a
 // Tensor, the model from `modelFrom` ("net.model", or a LoadParams of torch's file), Forward and Inspect.
 QJsonObject runGraph(const QJsonObject& graph, const QJsonArray& sampleShape, const std::vector<float>& x,
                      const QString& saveTo, const QString& loadFrom) {
-  static const QStringList kept{"Input",   "Conv2d",         "BatchNorm2d", "BatchNorm1d", "ReLU",
-                                "Sigmoid", "Tanh",           "GELU",        "MaxPool2d",   "AvgPool2d",
-                                "Flatten", "Linear",         "Dropout",     "Add",         "Concat",
-                                "Network", "GlobalAvgPool2d"};
+  static const QStringList kept{
+      "Input",  "Conv2d",    "BatchNorm2d",     "BatchNorm1d", "ReLU",   "Sigmoid", "Tanh",
+      "GELU",   "MaxPool2d", "AvgPool2d",       "Flatten",     "Linear", "Dropout", "Add",
+      "Concat", "Network",   "GlobalAvgPool2d", "Embedding",   "OneHot", "RNN",     "GRU",
+      "LSTM",   "Reshape",   "Transpose",       "LastStep"};
   QJsonArray nodes, wires;
   QSet<QString> ids;
   for (const QJsonValue& v : graph["nodes"].toArray()) {
@@ -116,27 +158,7 @@ QJsonObject runGraph(const QJsonObject& graph, const QJsonArray& sampleShape, co
     wires.append(wire("net.model", "load.like"));
     wires.append(wire("load.model", "fwd.model"));
   }
-  return {{"format", "gpunodes-graph"}, {"version", 1}, {"nodes", nodes}, {"connections", wires}};
-}
-
-struct Process {
-  int exitCode = -1;
-  QString out, err;
-};
-
-Process run(const QString& program, const QStringList& args) {
-  QProcess p;
-  p.start(program, args);
-  Process r;
-  if (!p.waitForStarted(30000) || !p.waitForFinished(600000)) {
-    r.err = program + " did not finish: " + p.errorString();
-    p.kill();
-    return r;
-  }
-  r.exitCode = p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -1;
-  r.out = QString::fromUtf8(p.readAllStandardOutput());
-  r.err = QString::fromUtf8(p.readAllStandardError());
-  return r;
+  return graphOf(nodes, wires);
 }
 
 }  // namespace
@@ -175,16 +197,23 @@ class TorchNetworksTest : public QObject {
     QTest::addColumn<QString>("name");
     QTest::addColumn<QJsonObject>("graph");
     QTest::addColumn<QJsonArray>("sample");
+    QTest::addColumn<int>("vocab");  // > 0: the inputs are token ids, integers in [0, vocab); 0: U(-1, 1)
     QJsonObject lenet = readJson(GN_EXAMPLES_DIR "/lenet-layers.json");
     QJsonObject resnet = readJson(GN_EXAMPLES_DIR "/resnet18-layers.json");
-    QTest::newRow("lenet-layers") << "lenet-layers" << lenet << QJsonArray{1, 28, 28};
-    QTest::newRow("resnet18-layers") << "resnet18-layers" << resnet << QJsonArray{1, 28, 28};
-    QTest::newRow("every-layer") << "every-layer" << everyLayerGraph() << QJsonArray{3, 12, 12};
+    QTest::newRow("lenet-layers") << "lenet-layers" << lenet << QJsonArray{1, 28, 28} << 0;
+    QTest::newRow("resnet18-layers") << "resnet18-layers" << resnet << QJsonArray{1, 28, 28} << 0;
+    QTest::newRow("every-layer") << "every-layer" << everyLayerGraph() << QJsonArray{3, 12, 12} << 0;
+    QTest::newRow("embedding-lstm") << "embedding-lstm" << embeddingLstmGraph() << QJsonArray{12} << 20;
+    QTest::newRow("onehot-gru") << "onehot-gru" << oneHotGruGraph() << QJsonArray{12} << 15;
+    QTest::newRow("rows-as-steps") << "rows-as-steps" << rowsAsStepsGraph() << QJsonArray{1, 28, 28} << 0;
+    QTest::newRow("transpose-branch")
+        << "transpose-branch" << transposeBranchGraph() << QJsonArray{6, 4} << 0;
   }
   void drawn_networks_round_trip_through_torch() {
     QFETCH(QString, name);
     QFETCH(QJsonObject, graph);
     QFETCH(QJsonArray, sample);
+    QFETCH(int, vocab);
     QVERIFY2(!graph.isEmpty(), "the example did not load");
     // The graph file torch builds from: the test's copy, with the Network's init made Kaiming so that the
     // outputs are far from zero.
@@ -202,10 +231,15 @@ class TorchNetworksTest : public QObject {
 
     std::mt19937 gen(7);
     std::uniform_real_distribution<float> dist(-1, 1);
+    std::uniform_int_distribution<int> ids(0, std::max(vocab, 1) - 1);
     int64_t numel = kBatch;
     for (const QJsonValue& d : sample) numel *= d.toInteger();
     std::vector<float> x(static_cast<size_t>(numel));
-    for (float& v : x) v = dist(gen);
+    for (float& v : x) v = vocab > 0 ? static_cast<float>(ids(gen)) : dist(gen);
+    if (vocab > 0) {  // every id, the largest included, and a repeated one (the embedding's rows are shared)
+      x[0] = static_cast<float>(vocab - 1);
+      x[1] = x[2] = 0;
+    }
     const QString xFile = dir_.filePath(name + ".x.f32");
     {
       std::ofstream out(xFile.toStdString(), std::ios::binary);
@@ -220,6 +254,10 @@ class TorchNetworksTest : public QObject {
     Process p =
         run(GN_PYTHON, {GN_TORCH_PEER, "logits", spec, gnWeights, xFile, QString::number(kBatch), torchOfGn});
     QVERIFY2(p.exitCode == 0, qPrintable("torch could not load gpunodes' weights: " + p.err));
+    // gpunodes writes its state in torch's state_dict order (the header's order, which json keeps).
+    const QJsonObject loadedBy = QJsonDocument::fromJson(p.out.trimmed().toUtf8()).object();
+    QVERIFY2(!loadedBy["keys"].toArray().isEmpty(), qPrintable("the peer said: " + p.out));
+    QCOMPARE(loadedBy["file_keys"].toArray(), loadedBy["keys"].toArray());
     QString diff = interop::compare(interop::read_floats(torchOfGn), gn);
     QVERIFY2(diff.isEmpty(), qPrintable("torch on gpunodes' weights: " + diff));
 

@@ -5,7 +5,10 @@ written here by hand (no safetensors package: the format is an 8-byte length, a 
 
 A MODEL argument is either a gpunodes model signature ("resnet18 classes=10 in_channels=1", optionally with
 image_size=S for the sample shape) or a gpunodes graph file whose layer nodes draw the network, "GRAPH.json"
-or "GRAPH.json#NETWORK_ID" when the graph has several Network nodes.
+or "GRAPH.json#NETWORK_ID" when the graph has several Network nodes. Drawn networks may be sequence models:
+an Input of token ids [T] (integers stored as float32 in the .f32 files, refused otherwise) or of steps
+[T, F], Embedding and OneHot, RNN, GRU and LSTM (batch_first, only their output), Reshape and Transpose of the
+per-sample axes, LastStep (x[:, -1]), and Linear on the last axis.
 
   torch_peer.py selftest
   torch_peer.py logits MODEL WEIGHTS.safetensors INPUT.f32 N OUT.f32
@@ -17,7 +20,8 @@ or "GRAPH.json#NETWORK_ID" when the graph has several Network nodes.
       runs a JSON list of the argument lists above in one process (torch takes seconds to import)
 
 .f32 files hold raw float32 little-endian values. Each command prints one JSON line on stdout: the model's
-state_dict keys in order and its num_batches_tracked (the largest; null without BatchNorm). Exit status 3: torch cannot be imported.
+state_dict keys in order and its num_batches_tracked (the largest; null without BatchNorm); logits adds the
+weight file's tensor names in its header's order (file_keys) and the output's shape. Exit status 3: torch cannot be imported.
 """
 
 import json
@@ -188,6 +192,16 @@ LAYER_DEFAULTS = {
     "Linear": {"out_features": 10, "bias": True},
     "Dropout": {"p": 0.5},
     "Add": {}, "Concat": {},
+    # Sequences: a sample is [T] token ids or [T, F] steps x features (batch-first in torch).
+    "Embedding": {"num_embeddings": 28, "embedding_dim": 32},
+    "OneHot": {"num_classes": 28},
+    "RNN": {"hidden_size": 256, "num_layers": 1, "bidirectional": False, "dropout": 0.0, "bias": True,
+            "nonlinearity": "tanh"},
+    "GRU": {"hidden_size": 256, "num_layers": 1, "bidirectional": False, "dropout": 0.0, "bias": True},
+    "LSTM": {"hidden_size": 256, "num_layers": 1, "bidirectional": False, "dropout": 0.0, "bias": True},
+    "Reshape": {"shape": [28, 28]},
+    "Transpose": {"dim0": 0, "dim1": 1},
+    "LastStep": {},
 }
 
 
@@ -208,6 +222,92 @@ def _split_endpoint(text):
 
 def _window(size, kernel, stride, padding):
     return (size + 2 * padding - kernel) // stride + 1
+
+
+def token_ids(x, vocab, what):
+    """x (token ids stored as floats, as gpunodes' Tensor values are) as int64, refused unless every value is an
+    integer in [0, vocab): a rounded id would hide a wrong input."""
+    ids = x.long()
+    if not torch.equal(ids.to(x.dtype), x):
+        raise PeerError(f"{what}: the input holds values that are not integers (token ids)")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise PeerError(f"{what}: token ids run from {int(ids.min())} to {int(ids.max())}, outside [0, {vocab})")
+    return ids
+
+
+class TokenEmbedding(nn.Embedding):
+    """nn.Embedding on float-stored ids; its state_dict is nn.Embedding's ("<id>.weight")."""
+
+    def forward(self, x):
+        return super().forward(token_ids(x, self.num_embeddings, "Embedding"))
+
+
+class OneHot(nn.Module):
+    """F.one_hot(ids, num_classes).float(), d2l's RNN language model's input."""
+
+    def __init__(self, classes):
+        super().__init__()
+        self.classes = classes
+
+    def forward(self, x):
+        return F.one_hot(token_ids(x, self.classes, "OneHot"), self.classes).float()
+
+
+def _output_only(base):
+    """nn.RNN, nn.GRU or nn.LSTM (batch_first=True) returning only the output y [N, T, H * directions], as the
+    gpunodes layer hands on; a subclass, so that the state_dict keys are torch's own (weight_ih_l0, ...)."""
+
+    class OutputOnly(base):
+        # carry: in training, start each batch from the state the batch before ended in (when its batch size
+        # is the same), detached, as gpunodes does for a sequential text and d2l's train_epoch_ch8 with its
+        # sequential iterator; otherwise from zeros.
+        carry, carried = False, None
+
+        def forward(self, x):
+            h0 = None
+            if self.training and self.carry and self.carried is not None:
+                h = self.carried[0] if isinstance(self.carried, tuple) else self.carried
+                if h.shape[1] == x.shape[0]:
+                    h0 = self.carried
+            y, state = super().forward(x, h0)
+            if self.training and self.carry:
+                self.carried = tuple(s.detach() for s in state) if isinstance(state, tuple) else state.detach()
+            return y
+
+    OutputOnly.__name__ = base.__name__
+    return OutputOnly
+
+
+RNN, GRU, LSTM = _output_only(nn.RNN), _output_only(nn.GRU), _output_only(nn.LSTM)
+
+
+class Reshape(nn.Module):
+    """The same values per sample in another shape: x.reshape(N, *shape)."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = list(shape)
+
+    def forward(self, x):
+        return x.reshape([x.shape[0]] + self.shape)
+
+
+class Transpose(nn.Module):
+    """Swaps two per-sample axes (already made non-negative): x.transpose(1 + dim0, 1 + dim1)."""
+
+    def __init__(self, dim0, dim1):
+        super().__init__()
+        self.dim0, self.dim1 = dim0, dim1
+
+    def forward(self, x):
+        return x.transpose(1 + self.dim0, 1 + self.dim1)
+
+
+class LastStep(nn.Module):
+    """x[:, -1]: [N, T, F] -> [N, F]."""
+
+    def forward(self, x):
+        return x[:, -1]
 
 
 class GraphNet(nn.Module):
@@ -275,6 +375,11 @@ class GraphNet(nn.Module):
                 self.add_module(nid, module)
         self.sample_shape = list(shapes[inputs[0]])
         self.out_shape = shapes[self.output_id]
+        # The vocabulary that token-id inputs must fit (the smallest Embedding or OneHot reading them), for
+        # drawing inputs; None when the network reads no token ids.
+        vocabs = [m.num_embeddings if isinstance(m, TokenEmbedding) else m.classes for m in self.children()
+                  if isinstance(m, (TokenEmbedding, OneHot))]
+        self.token_vocab = min(vocabs) if vocabs else None
 
     @staticmethod
     def _layer(nid, kind, p, ins):
@@ -287,8 +392,9 @@ class GraphNet(nn.Module):
 
         if kind == "Input":
             shape = [int(d) for d in p["shape"]]
-            if len(shape) not in (1, 3) or min(shape) < 1:
-                raise PeerError(f"Input '{nid}' has shape {shape}; expected [C, H, W] or [features]")
+            if len(shape) not in (1, 2, 3) or min(shape) < 1:
+                raise PeerError(f"Input '{nid}' has shape {shape}; expected [C, H, W], [T, F] or [features] "
+                                "(token ids [T])")
             return None, shape
         if kind == "Conv2d":
             c, h, w = need(3)
@@ -312,9 +418,53 @@ class GraphNet(nn.Module):
             return nn.AdaptiveAvgPool2d((1, 1)), [need(3)[0], 1, 1]
         if kind == "Flatten":
             return nn.Flatten(), [math.prod(ins[0])]
-        if kind == "Linear":
+        if kind == "Linear":  # on the last axis: [F] or each step of [T, F]
             out = int(p["out_features"])
-            return nn.Linear(need(1)[0], out, bias=bool(p["bias"])), [out]
+            if len(ins[0]) not in (1, 2):
+                raise PeerError(f"layer '{nid}' (Linear) needs a [features] or [T, F] sample, got {ins[0]}")
+            return nn.Linear(ins[0][-1], out, bias=bool(p["bias"])), ins[0][:-1] + [out]
+        if kind == "Embedding":
+            (t,) = need(1)
+            vocab, dim = int(p["num_embeddings"]), int(p["embedding_dim"])
+            return TokenEmbedding(vocab, dim), [t, dim]
+        if kind == "OneHot":
+            (t,) = need(1)
+            return OneHot(int(p["num_classes"])), [t, int(p["num_classes"])]
+        if kind in ("RNN", "GRU", "LSTM"):
+            t, f = need(2)
+            h, layers, bi = int(p["hidden_size"]), int(p["num_layers"]), bool(p["bidirectional"])
+            extra = {"nonlinearity": p["nonlinearity"]} if kind == "RNN" else {}
+            if extra and extra["nonlinearity"] not in ("tanh", "relu"):
+                raise PeerError(f"RNN '{nid}' has nonlinearity '{extra['nonlinearity']}'")
+            m = {"RNN": RNN, "GRU": GRU, "LSTM": LSTM}[kind](
+                f, h, num_layers=layers, bias=bool(p["bias"]), batch_first=True, dropout=float(p["dropout"]),
+                bidirectional=bi, **extra)
+            return m, [t, h * (2 if bi else 1)]
+        if kind == "Reshape":
+            shape, values = [int(d) for d in p["shape"]], math.prod(ins[0])
+            known = math.prod(d for d in shape if d != -1)
+            if shape.count(-1) > 1 or any(d < 1 and d != -1 for d in shape) or not 1 <= len(shape) <= 4:
+                raise PeerError(f"Reshape '{nid}' has shape {shape}")
+            if -1 in shape:
+                if values % known:
+                    raise PeerError(f"Reshape '{nid}': {shape} cannot hold the {values} values of {ins[0]}")
+                shape[shape.index(-1)] = values // known
+            if math.prod(shape) != values:
+                raise PeerError(f"Reshape '{nid}': {shape} cannot hold the {values} values of {ins[0]}")
+            return Reshape(shape), shape
+        if kind == "Transpose":
+            rank = len(ins[0])
+            dims = []
+            for key in ("dim0", "dim1"):
+                d = int(p[key])
+                if not -rank <= d < rank:
+                    raise PeerError(f"Transpose '{nid}': {key}={d} is not an axis of {ins[0]}")
+                dims.append(d % rank)
+            out = list(ins[0])
+            out[dims[0]], out[dims[1]] = out[dims[1]], out[dims[0]]
+            return Transpose(*dims), out
+        if kind == "LastStep":
+            return LastStep(), [need(2)[1]]
         if kind == "Dropout":
             return nn.Dropout(float(p["p"])), ins[0]
         if kind == "Add":
@@ -384,7 +534,7 @@ def cmd_logits(spec, weights, inputs, n, out):
     y.numpy().astype("<f4").tofile(out)
     state = model.state_dict()
     tracked = [int(v) for k, v in state.items() if k.endswith("num_batches_tracked")]
-    return {"keys": list(state.keys()), "out_shape": list(y.shape),
+    return {"keys": list(state.keys()), "file_keys": list(tensors.keys()), "out_shape": list(y.shape),
             "num_batches_tracked": max(tracked) if tracked else None}
 
 
@@ -400,8 +550,10 @@ def cmd_save(spec, seed, out):
                 m.bias.uniform_(-0.2, 0.2)
         # Two training batches move the running statistics off their start and count num_batches_tracked.
         model.train()
+        vocab = getattr(model, "token_vocab", None)
         for _ in range(2):
-            model(torch.randn([4] + list(sample)))
+            shape = [4] + list(sample)
+            model(torch.randint(0, vocab, shape).float() if vocab else torch.randn(shape))
     model.eval()
     state = model.state_dict()
     write_safetensors(out, state, {"format": "pt"})
@@ -474,6 +626,87 @@ TINY_GRAPH = {
         {"from": "x.out", "to": "stray.in"},
     ],
 }
+
+
+# Every sequence layer: token ids embedded and one-hot, a stacked bidirectional LSTM added to a bias-free GRU,
+# reshaped and transposed (axes counted from the end too), an RNN with ReLU, Linear on each step, the last step.
+SEQ_GRAPH = {
+    "nodes": [
+        {"id": "x", "type": "Input", "params": {"shape": [6]}},
+        {"id": "emb", "type": "Embedding", "params": {"num_embeddings": 10, "embedding_dim": 4}},
+        {"id": "oh", "type": "OneHot", "params": {"num_classes": 11}},
+        {"id": "lstm", "type": "LSTM", "params": {"hidden_size": 3, "num_layers": 2, "bidirectional": True,
+                                                  "dropout": 0.5}},
+        {"id": "gru", "type": "GRU", "params": {"hidden_size": 6, "bias": False}},
+        {"id": "sum", "type": "Add"},
+        {"id": "rs", "type": "Reshape", "params": {"shape": [3, -1]}},
+        {"id": "tr", "type": "Transpose", "params": {"dim0": -1, "dim1": 0}},
+        {"id": "rnn", "type": "RNN", "params": {"hidden_size": 5, "nonlinearity": "relu"}},
+        {"id": "fcs", "type": "Linear", "params": {"out_features": 4}},
+        {"id": "last", "type": "LastStep"},
+        {"id": "fc", "type": "Linear", "params": {"out_features": 2, "bias": False}},
+        {"id": "net", "type": "Network"},
+    ],
+    "connections": [
+        {"from": "x.out", "to": "emb.in"}, {"from": "x.out", "to": "oh.in"}, {"from": "emb.out", "to": "lstm.in"},
+        {"from": "oh.out", "to": "gru.in"}, {"from": "lstm.out", "to": "sum.a"}, {"from": "gru.out", "to": "sum.b"},
+        {"from": "sum.out", "to": "rs.in"}, {"from": "rs.out", "to": "tr.in"}, {"from": "tr.out", "to": "rnn.in"},
+        {"from": "rnn.out", "to": "fcs.in"}, {"from": "fcs.out", "to": "last.in"}, {"from": "last.out", "to": "fc.in"},
+        {"from": "fc.out", "to": "net.out"},
+    ],
+}
+
+
+def _sequence_selftest():
+    torch.manual_seed(2)
+    net = GraphNet(SEQ_GRAPH)
+    assert net.order == ["x", "emb", "lstm", "oh", "gru", "sum", "rs", "tr", "rnn", "fcs", "last", "fc"], net.order
+    rnn_keys = lambda m, layers, sfxs, bias=True: [f"{m}.{w}_l{l}{s}" for l in range(layers) for s in sfxs
+                                                   for w in (("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+                                                             if bias else ("weight_ih", "weight_hh"))]
+    keys = list(net.state_dict().keys())
+    want = (["emb.weight"] + rnn_keys("lstm", 2, ("", "_reverse")) + rnn_keys("gru", 1, ("",), bias=False) +
+            rnn_keys("rnn", 1, ("",)) + ["fcs.weight", "fcs.bias", "fc.weight"])
+    assert keys == want, keys
+    assert net.sample_shape == [6] and net.out_shape == [2] and net.token_vocab == 10
+    assert tuple(net.lstm.weight_ih_l1.shape) == (12, 6) and tuple(net.lstm.weight_hh_l0_reverse.shape) == (12, 3)
+    assert net.lstm.num_layers == 2 and net.lstm.dropout == 0.5 and net.gru.bias is False
+    assert net.lstm.batch_first and net.gru.batch_first and net.rnn.batch_first and net.rnn.nonlinearity == "relu"
+    assert tuple(net.gru.weight_ih_l0.shape) == (18, 11) and tuple(net.rnn.weight_ih_l0.shape) == (5, 3)
+    assert net.rs.shape == [3, 12] and (net.tr.dim0, net.tr.dim1) == (1, 0)
+    net.eval()
+    x = torch.randint(0, 10, (4, 6)).float()
+    with torch.no_grad():
+        y = net(x)
+        # The same network from torch's own modules and ops, with the builder's weights.
+        s = net.state_dict()
+        sub = lambda m: {k.split(".", 1)[1]: v for k, v in s.items() if k.startswith(m + ".")}
+        lstm = nn.LSTM(4, 3, num_layers=2, bidirectional=True, batch_first=True)
+        lstm.load_state_dict(sub("lstm"))
+        gru = nn.GRU(11, 6, bias=False, batch_first=True)
+        gru.load_state_dict(sub("gru"))
+        rnn = nn.RNN(3, 5, nonlinearity="relu", batch_first=True)
+        rnn.load_state_dict(sub("rnn"))
+        ids = x.long()
+        h = lstm(F.embedding(ids, s["emb.weight"]))[0] + gru(F.one_hot(ids, 11).float())[0]
+        h = h.reshape(4, 3, 12).transpose(2, 1)
+        h = F.linear(rnn(h)[0], s["fcs.weight"], s["fcs.bias"])
+        want = F.linear(h[:, -1, :], s["fc.weight"])
+    assert y.shape == (4, 2) and torch.allclose(y, want, rtol=1e-5, atol=1e-6), (y, want)
+    _expect_error(lambda: net(x + 0.5), "not integers")
+    _expect_error(lambda: net(x + 5), "outside [0, 10)")
+    # Shapes the builder refuses, as gpunodes does.
+    import copy
+
+    bad = copy.deepcopy(SEQ_GRAPH)
+    bad["nodes"][6]["params"]["shape"] = [5, -1]
+    _expect_error(lambda: GraphNet(bad), "cannot hold the 36 values")
+    bad = copy.deepcopy(SEQ_GRAPH)
+    bad["nodes"][7]["params"]["dim0"] = 2
+    _expect_error(lambda: GraphNet(bad), "dim0=2 is not an axis")
+    bad = copy.deepcopy(SEQ_GRAPH)
+    bad["connections"] = [c if c["to"] != "rnn.in" else {"from": "x.out", "to": "rnn.in"} for c in bad["connections"]]
+    _expect_error(lambda: GraphNet(bad), "needs a rank-2 sample")
 
 
 def _expect_error(fn, needle):
@@ -599,6 +832,7 @@ def selftest():
     assert "resnet_block2.0.conv3.bias" in rk and rk[-2:] == ["fc.1.weight", "fc.1.bias"]
     lk = list(builtin_model("lenet classes=10 in_channels=1 image_size=28")[0].state_dict().keys())
     assert lk == [f"{i}.{w}" for i in (0, 3, 7, 9, 11) for w in ("weight", "bias")], lk
+    _sequence_selftest()
     return {"selftest": "ok"}
 
 
