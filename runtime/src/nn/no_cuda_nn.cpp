@@ -1,10 +1,14 @@
 // Builds without the CUDA toolkit: no CUDA layer kernels, page-locked memory or NCCL.
 #include "cuda_support.h"
 #include "kernels.h"
+#include "sequence_kernels.h"
 
 namespace gn::nn {
 
 NnKernels* cuda_nn_kernels() {
+  return nullptr;
+}
+SequenceKernels* cuda_sequence_kernels() {
   return nullptr;
 }
 void* pinned_alloc(size_t) {
