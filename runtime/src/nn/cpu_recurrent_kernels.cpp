@@ -101,8 +101,7 @@ inline float tanh_poly(float x) {
 #define GN_VECTOR_CLONES
 #endif
 
-// --- one row (sample) of each gate pass; the kernels below run them over the batch
-// --------------------------
+// --- one row (sample) of each gate pass; the kernels below run them over the batch ----------------------
 
 GN_VECTOR_CLONES void rnn_forward_row(bool relu, int64_t h, const float* __restrict g,
                                       const float* __restrict r, const float* __restrict bi,

@@ -40,9 +40,8 @@ struct RnnOptions {
   int64_t directions() const { return bidirectional ? 2 : 1; }
 };
 
-// One parameter as PyTorch's state_dict names and shapes it, and the fan-in its default initialisation
-// (U(-1/sqrt(H), 1/sqrt(H)) for every RNN parameter) and other schemes read: the hidden size H for all of
-// them.
+// One parameter as PyTorch's state_dict names and shapes it. fan_in is the hidden size H for every one of
+// them: PyTorch draws all of a recurrent layer's parameters from U(-1/sqrt(H), 1/sqrt(H)).
 struct RnnParam {
   std::string name;
   Shape shape;

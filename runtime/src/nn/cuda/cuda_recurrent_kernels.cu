@@ -85,8 +85,7 @@ __global__ void dropout_time_major_kernel(int64_t steps, int64_t n, int64_t widt
   }
 }
 
-// --- gate passes: one thread per (row, unit), as cpu_recurrent_kernels.cpp's loops
-// --------------------------
+// --- gate passes: one thread per (row, unit), the math of cpu_recurrent_kernels.cpp's row functions -------
 
 __device__ __forceinline__ float bias_at(const float* b, int64_t k) {
   return b ? b[k] : 0.0f;
