@@ -55,10 +55,11 @@ class NodesTest : public QObject {
   void catalogue_has_every_node_with_docs() {
     const QStringList names{
         "Device", "AllDevices", "Tensor", "Copy", "MatMul", "Elementwise", "Norm", "Synchronize", "Inspect",
-        "Model", "Forward", "Parameters", "SaveParams", "LoadParams", "Dataset", "Train", "Evaluate",
+        "Model", "Forward", "Parameters", "SaveParams", "LoadParams", "Dataset", "Train", "Evaluate", "Generate",
         // the Layers category
         "Input", "Conv2d", "BatchNorm2d", "BatchNorm1d", "ReLU", "Sigmoid", "Tanh", "GELU", "MaxPool2d",
-        "AvgPool2d", "GlobalAvgPool2d", "Flatten", "Linear", "Dropout", "Add", "Concat", "Network"};
+        "AvgPool2d", "GlobalAvgPool2d", "Flatten", "Linear", "Dropout", "Add", "Concat", "Embedding", "OneHot",
+        "RNN", "GRU", "LSTM", "Reshape", "Transpose", "LastStep", "Network"};
     QCOMPARE(plugin()->nodeTypes().size(), names.size());
     for (const QString& name : names) {
       NodeTypePtr t = registry().find(name);
