@@ -659,6 +659,9 @@ class SequenceDataTest : public QObject {
     const DeviceBatch db = to_device(rt, hand, 0, 2, Device::cpu());
     QCOMPARE(db.images.shape(), (Shape{2, 3, 4, 5}));
     QCOMPARE(db.labels.shape(), Shape{2});
+    // The copy is queued: it must run before the vectors it reads go (ASan caught the test leaving first).
+    QCOMPARE(to_host(db.labels), labels);
+    QCOMPARE(to_host(db.images), pixels);
   }
 
   void value_batches_reach_the_device_as_they_are() {
