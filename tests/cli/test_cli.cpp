@@ -145,6 +145,21 @@ class CliTest : public QObject {
     QVERIFY(r.out.contains("ok in "));
   }
 
+  void theSummaryPrintsTheTextANodeGenerated() {
+    // Any node type's report field generated_text (the Generate node's continuation), under its id.
+    QByteArray doc = kGraph;
+    doc.replace(R"("params": {"value": 10, "mode": "mul"})",
+                R"("params": {"value": 10, "mode": "mul", "label": "say:the time traveller said"})");
+    const QString file = dir_.filePath("says.json");
+    QFile f(file);
+    QVERIFY(f.open(QIODevice::WriteOnly) && f.write(doc) == doc.size());
+    f.close();
+    const Result r = gpunodes({"run", file});
+    EXPECT_EXIT(r, 0);
+    QVERIFY2(r.out.contains("\na2 generated:\nthe time traveller said\n"), qPrintable(r.out));
+    QCOMPARE(r.out.count("generated:"), 1);
+  }
+
   void quietPrintsNothing() {
     const Result r = gpunodes({"run", graph_, "--quiet"});
     EXPECT_EXIT(r, 0);

@@ -232,7 +232,7 @@ class TestAdd : public NodeType {
          .type = ParamType::String,
          .defaultValue = "",
          .doc = "\"warn\" warns; \"forbidden\" is refused; \"stop\": a cancel ends the work with "
-                "\"stopped before the end\""},
+                "\"stopped before the end\"; \"say:TEXT\" reports TEXT as generated_text"},
         {.name = "mode",
          .type = ParamType::Enum,
          .defaultValue = "add",
@@ -264,6 +264,8 @@ class TestAdd : public NodeType {
     ctx.reportField("value", v);
     ctx.metric("test.value", 0.0, v);
     if (p.value("label").toString() == "warn") ctx.warning(QStringLiteral("asked to warn"));
+    if (p.value("label").toString().startsWith("say:"))
+      ctx.reportField("generated_text", p.value("label").toString().mid(4));
     auto* session = dynamic_cast<TestSession*>(ctx.session());
     const int repeat = p.value("repeat").toInt();
     for (int i = 0; i < repeat; ++i) {
