@@ -12,32 +12,16 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "gpunodes/nn/trainer.h"
 
 namespace gn::bench {
 namespace {
 
 using namespace gn::nn;
-using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kVocab = 28, kSteps = 35, kHidden = 256, kLmBatch = 32;
 constexpr int64_t kRowsBatch = 256, kRowsHidden = 128;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
-void row(const std::string& measure, const std::string& ours, const std::string& peer, const std::string& ratio,
-         const char* goal) {
-  std::printf("| %-40s | %12s | %12s | %7s | %-7s |\n", measure.c_str(), ours.c_str(), peer.c_str(), ratio.c_str(),
-              goal);
-}
 
 LayerSpec layer(const std::string& id, LayerKind kind, std::vector<int> inputs) {
   LayerSpec l;

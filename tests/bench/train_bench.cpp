@@ -36,29 +36,17 @@
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/trainer.h"
 #include "gpunodes/precision.h"
+#include "bench_util.h"
 #include "sequence_bench.h"
 
 using namespace gn;
 using namespace gn::nn;
-using Clock = std::chrono::steady_clock;
+using gn::bench::Clock;
+using gn::bench::fmt;
+using gn::bench::row;
+using gn::bench::seconds_since;
 
 namespace {
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
-void row(const std::string& measure, const std::string& ours, const std::string& peer,
-         const std::string& ratio, const char* goal) {
-  std::printf("| %-40s | %12s | %12s | %7s | %-7s |\n", measure.c_str(), ours.c_str(), peer.c_str(),
-              ratio.c_str(), goal);
-}
 
 void rule() {
   std::printf("|%s|%s|%s|%s|%s|\n", std::string(42, '-').c_str(), std::string(14, '-').c_str(),

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <QtTest>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -10,6 +11,8 @@
 
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/model.h"
+#include "gpunodes/nn/network.h"
+#include "gpunodes/ops.h"
 
 namespace gn::nn {
 
@@ -52,6 +55,63 @@ inline std::string expect_error(const std::function<void()>& fn, const QStringLi
   }
   QTest::qFail("no error was thrown", __FILE__, __LINE__);
   return {};
+}
+
+
+// Every trainable parameter's gradient (already set by a backward) against central differences of `loss` at
+// three entries (first, middle, last), with a step of 1e-2: fails the test naming the parameter and entry.
+// Returns how many entries it checked.
+inline int check_finite_differences(Model& m, const std::function<double()>& loss) {
+  int checked = 0;
+  for (Parameter* p : m.parameters()) {
+    const std::vector<float> grad = to_host(p->grad);
+    std::vector<float> v = to_host(p->value);
+    for (size_t i : {size_t(0), v.size() / 2, v.size() - 1}) {
+      const float keep = v[i], h = 1e-2f;
+      v[i] = keep + h;
+      write_values(p->value, v);
+      const double up = loss();
+      v[i] = keep - h;
+      write_values(p->value, v);
+      const double down = loss();
+      v[i] = keep;
+      write_values(p->value, v);
+      const double numeric = (up - down) / (2 * h);
+      if (!(std::fabs(numeric - grad[i]) <= 2e-3 + 2e-2 * std::fabs(numeric))) {
+        QTest::qFail(qPrintable(QString("%1[%2]: backward %3, finite differences %4")
+                                    .arg(p->name.c_str())
+                                    .arg(i)
+                                    .arg(grad[i])
+                                    .arg(numeric)),
+                     __FILE__, __LINE__);
+        return checked;
+      }
+      ++checked;
+    }
+  }
+  return checked;
+}
+
+// fn must throw LayerError on `port` whose message names every needle.
+inline void expect_layer_error(const std::function<void()>& fn, const std::string& port, const QStringList& needles) {
+  try {
+    fn();
+  } catch (const LayerError& e) {
+    const QString what = e.what();
+    if (QString::fromStdString(e.port()) != QString::fromStdString(port)) {
+      QTest::qFail(qPrintable("the error names port '" + QString::fromStdString(e.port()) + "', not '" +
+                              QString::fromStdString(port) + "'"),
+                   __FILE__, __LINE__);
+      return;
+    }
+    for (const QString& n : needles)
+      if (!what.contains(n)) {
+        QTest::qFail(qPrintable("error '" + what + "' does not mention '" + n + "'"), __FILE__, __LINE__);
+        return;
+      }
+    return;
+  }
+  QTest::qFail("no LayerError was thrown", __FILE__, __LINE__);
 }
 
 }  // namespace gn::nn

@@ -40,19 +40,6 @@ LayerSpec spec(LayerKind kind, const std::function<void(LayerSpec&)>& set = {}) 
   return l;
 }
 
-void expect_layer_error(const std::function<void()>& fn, const std::string& port, const QStringList& needles) {
-  try {
-    fn();
-  } catch (const LayerError& e) {
-    const QString what = e.what();
-    QCOMPARE(QString::fromStdString(e.port()), QString::fromStdString(port));
-    for (const QString& n : needles)
-      if (!what.contains(n)) QFAIL(qPrintable("error '" + what + "' does not mention '" + n + "'"));
-    return;
-  }
-  QFAIL("no LayerError was thrown");
-}
-
 // Appends layers to a NetworkSpec, each reading the one before (or the ones named).
 struct Net {
   NetworkSpec spec;
@@ -402,30 +389,7 @@ class SequenceLayersTest : public QObject {
     const Tensor labels = from_values(*rt_, {3}, device_, {0, 2, 1});
     auto loss = [&] { return double(item(softmax_cross_entropy(m->forward(xs, Mode::Eval), labels, false).loss)); };
     m->backward(softmax_cross_entropy(m->forward(xs, Mode::Train), labels).dlogits);
-    int checked = 0;
-    for (Parameter* p : m->parameters()) {
-      const std::vector<float> grad = to_host(p->grad);
-      std::vector<float> v = to_host(p->value);
-      for (size_t i : {size_t(0), v.size() / 2, v.size() - 1}) {
-        const float keep = v[i], h = 1e-2f;
-        v[i] = keep + h;
-        write_values(p->value, v);
-        const double up = loss();
-        v[i] = keep - h;
-        write_values(p->value, v);
-        const double down = loss();
-        v[i] = keep;
-        write_values(p->value, v);
-        const double numeric = (up - down) / (2 * h);
-        QVERIFY2(std::fabs(numeric - grad[i]) <= 2e-3 + 2e-2 * std::fabs(numeric),
-                 qPrintable(QString("%1[%2]: backward %3, finite differences %4")
-                                .arg(p->name.c_str())
-                                .arg(i)
-                                .arg(grad[i])
-                                .arg(numeric)));
-        ++checked;
-      }
-    }
+    const int checked = check_finite_differences(*m, loss);
     QCOMPARE(checked, expected_checks);
   }
 };
