@@ -50,6 +50,12 @@ nn::LayerSpec layerSpecOf(LayerKind kind, const QString& id, const QJsonObject& 
   real("eps", l.eps);
   real("momentum", l.momentum);
   real("p", l.p);
+  integer("num_heads", l.heads);
+  integer("max_len", l.max_len);
+  if (p.contains("causal")) l.causal = p["causal"].toBool();
+  if (p.contains("transpose_b")) l.transpose_b = p["transpose_b"].toBool();
+  if (p.contains("elementwise_affine")) l.affine = p["elementwise_affine"].toBool();
+  real("scale", l.scale);
   return l;
 }
 
@@ -137,8 +143,18 @@ class LayerNodeType final : public GpuNode {
   Outputs check(NodeCheck& check) const override {
     Known k;
     std::vector<nn::LayerNodePtr> inputs;
-    for (const std::string& port : nn::layer_ports(kind_)) {
-      const std::optional<Known> in = check.input(qs(port));
+    const std::vector<std::string> ports = nn::layer_ports(kind_);
+    for (size_t i = 0; i < ports.size(); ++i) {
+      const std::optional<Known> in = check.input(qs(ports[i]));
+      const bool optional = static_cast<int>(i) >= nn::layer_required_ports(kind_);
+      if (!in && optional) {
+        // An open optional port: the ones after it must be open too (v without k is refused).
+        for (size_t j = i + 1; j < ports.size(); ++j)
+          if (check.input(qs(ports[j])))
+            check.error("inputs." + qs(ports[j]),
+                        QString("%1 is wired but %2 is not: wire %2 too").arg(qs(ports[j]), qs(ports[i])));
+        break;
+      }
       if (!in || !in->layer) return {{"out", k}};  // open (the host says so) or unknown upstream
       inputs.push_back(in->layer);
     }
@@ -153,9 +169,12 @@ class LayerNodeType final : public GpuNode {
 
   void execute(core::NodeContext& ctx) const override {
     std::vector<nn::LayerNodePtr> inputs;
-    for (const std::string& port : nn::layer_ports(kind_)) {
-      auto value = std::dynamic_pointer_cast<const LayerValue>(ctx.input(qs(port)));
-      if (!value) throw Error("input " + port + " must carry a Layer");
+    const std::vector<std::string> ports = nn::layer_ports(kind_);
+    for (size_t i = 0; i < ports.size(); ++i) {
+      const auto input = ctx.input(qs(ports[i]));
+      if (!input && static_cast<int>(i) >= nn::layer_required_ports(kind_)) break;  // an open optional port
+      auto value = std::dynamic_pointer_cast<const LayerValue>(input);
+      if (!value) throw Error("input " + ports[i] + " must carry a Layer");
       inputs.push_back(value->layer());
     }
     try {
@@ -175,14 +194,24 @@ class LayerNodeType final : public GpuNode {
     s.name = nn::layer_kind_name(kind);
     s.category = "Layers";
     s.description = description;
-    for (const std::string& port : nn::layer_ports(kind))
-      s.inputs.append(
-          inPort(qs(port), PortType::Layer,
-                 port == "in" ? "The activation this layer reads." : "One of the two activations."));
+    const std::vector<std::string> ports = nn::layer_ports(kind);
+    for (size_t i = 0; i < ports.size(); ++i)
+      s.inputs.append(inPort(qs(ports[i]), PortType::Layer, portDoc(kind, ports[i]),
+                             static_cast<int>(i) < nn::layer_required_ports(kind)));
     s.outputs = {
         outPort("out", PortType::Layer, "This layer's activation (its shape per sample is on the node).")};
     s.params = std::move(params);
     return s;
+  }
+
+  static QString portDoc(LayerKind kind, const std::string& port) {
+    if (port == "in") return "The activation this layer reads.";
+    if (port == "q") return "The queries [Tq, E]; with k and v open, also the keys and values (self-attention).";
+    if (port == "k") return "The keys [Tk, E]; open: the queries.";
+    if (port == "v") return "The values [Tk, E], one per key; open: the keys.";
+    if (kind == LayerKind::BatchMatMul)
+      return port == "a" ? "The left matrix [M, K] per sample." : "The right matrix [K, N] per sample ([N, K] with transpose_b).";
+    return "One of the two activations.";
   }
 
   LayerKind kind_;
@@ -404,6 +433,43 @@ QList<core::NodeTypePtr> makeLayerNodes() {
       layer(LayerKind::LastStep,
             "The last step of a [T, F] sequence: [F] (x[:, -1]), what a classifier reads after a recurrent "
             "layer."),
+      layer(LayerKind::FirstStep,
+            "The first step of a [T, F] sequence: [F] (x[:, 0]), what a ViT's head reads (its class token)."),
+      layer(LayerKind::LayerNorm,
+            "Normalises each position over its last axis (PyTorch's nn.LayerNorm): (x - mean) / sqrt(var + "
+            "eps) * weight + bias, with <id>.weight (ones) and <id>.bias (zeros) of the last axis's size.",
+            {unitFloat("eps", 1e-5, 1, "Added to the variance before the square root."),
+             boolParam("elementwise_affine", true, "Whether the layer learns a weight and a bias.")}),
+      layer(LayerKind::MultiheadAttention,
+            "Scaled dot-product attention with num_heads heads (PyTorch's nn.MultiheadAttention, batch_first; "
+            "d2l 11.5): q, k and v [T, E] are projected by <id>.in_proj_weight [3E, E] (and <id>.in_proj_bias), "
+            "each head attends with softmax(Q K^T / sqrt(E / heads)), and <id>.out_proj.weight and .bias mix the "
+            "heads. Only q wired: self-attention. After a run its attention weights show in the Attention pane.",
+            {intParam("num_heads", 4, 1, 4096, "Heads: each attends over E / num_heads features; must divide E."),
+             unitFloat("dropout", 0, 0.99, "Dropout on the attention weights, in training."), bias,
+             boolParam("causal", false,
+                       "Each query sees only its own and earlier keys (a decoder, a language model).")}),
+      layer(LayerKind::BatchMatMul,
+            "a b per sample (torch.bmm): [M, K] by [K, N] gives [M, N]; with transpose_b, b is [N, K] (d2l "
+            "11.3's queries by keys).",
+            {boolParam("transpose_b", false, "Multiply by b transposed: torch.bmm(a, b.transpose(1, 2)).")}),
+      layer(LayerKind::Softmax,
+            "Softmax over the last axis (d2l 11.3's masked_softmax with causal: a row's later entries get 0).",
+            {boolParam("causal", false, "Row i keeps only columns up to i (plus the extra keys past the rows).")}),
+      layer(LayerKind::Mul, "a * b, element-wise; both must have the same shape."),
+      layer(LayerKind::Scale, "scale * x (d2l's 1 / sqrt(d) before a softmax).",
+            {floatParam("scale", 1.0, "The factor.")}),
+      layer(LayerKind::PositionalEncoding,
+            "d2l 11.6's sinusoidal positional encoding, added to a [T, E] sequence (E even): P[t, 2i] = "
+            "sin(t / 10000^(2i / E)), P[t, 2i + 1] = cos(...), then dropout. No parameters.",
+            {unitFloat("dropout", 0, 0.99, "Dropout after the addition, in training."),
+             intParam("max_len", 1000, 1, 1 << 20, "The longest sequence it takes.")}),
+      layer(LayerKind::PositionEmbedding,
+            "A learned position embedding added to a [T, E] sequence: <id>.weight [T, E] from N(0, 1) (d2l 11.8's "
+            "pos_embedding); a shorter sequence adds its first rows."),
+      layer(LayerKind::ClassToken,
+            "Prepends a learned token <id>.weight [1, E] (zeros at first) to a [T, E] sequence: [T + 1, E], d2l "
+            "11.8's cls_token; FirstStep reads it back after the blocks."),
       std::make_shared<NetworkNode>(),
   };
 }

@@ -389,8 +389,7 @@ class DropoutM final : public Module {
       : p_(p), seed_(seed), train_forwards_(train_forwards) {}
   Tensor forward(const Tensor& x, Mode mode) override {
     if (mode == Mode::Eval || p_ == 0) return x;
-    const auto forward = static_cast<uint64_t>(train_forwards_);
-    DropoutResult r = dropout(x, p_, splitmix64(seed_ ^ splitmix64(forward)));
+    DropoutResult r = dropout(x, p_, dropout_seed(seed_, train_forwards_));
     mask_ = r.mask;
     return r.y;
   }
@@ -449,8 +448,11 @@ class GraphM final : public Module {
         case LayerKind::Concat:
           out[i] = concat_channels(in(0), in(1));
           break;
-        default:
-          out[i] = modules_[i]->forward(in(0), mode);
+        default: {
+          std::vector<Tensor> xs;
+          for (size_t k = 0; k < l.inputs.size(); ++k) xs.push_back(in(k));
+          out[i] = modules_[i]->forward_inputs(xs, mode);
+        }
       }
       for (int j : l.inputs)
         if (--left[static_cast<size_t>(j)] == 0) out[static_cast<size_t>(j)] = Tensor();
@@ -490,13 +492,16 @@ class GraphM final : public Module {
           break;
         }
         default: {
-          const bool need = wants(0);
-          if (!need && !modules_[i]->has_params()) {
+          std::vector<bool> need(l.inputs.size());
+          bool any = false;
+          for (size_t k = 0; k < need.size(); ++k) any = (need[k] = wants(k)) || any;
+          if (!any && !modules_[i]->has_params()) {
             modules_[i]->clear();
             break;
           }
-          Tensor d = modules_[i]->backward(g, need);
-          if (need) give(l.inputs[0], std::move(d));
+          std::vector<Tensor> d = modules_[i]->backward_inputs(g, need);
+          for (size_t k = 0; k < need.size(); ++k)
+            if (need[k]) give(l.inputs[k], std::move(d.at(k)));
         }
       }
     }
@@ -506,6 +511,10 @@ class GraphM final : public Module {
   void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
     for (size_t i = 0; i < modules_.size(); ++i)
       if (modules_[i]) modules_[i]->collect(prefix + net_.layers[i].id + ".", out);
+  }
+  void collect_attention(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const override {
+    for (size_t i = 0; i < modules_.size(); ++i)
+      if (modules_[i]) modules_[i]->collect_attention(prefix + net_.layers[i].id, out);
   }
   bool has_params() const override {
     for (const auto& m : modules_)
@@ -588,6 +597,17 @@ class GraphM final : public Module {
       case LayerKind::Transpose:
       case LayerKind::LastStep:
         return make_sequence_module(b, l, in, seed);
+      case LayerKind::LayerNorm:
+      case LayerKind::MultiheadAttention:
+      case LayerKind::BatchMatMul:
+      case LayerKind::Softmax:
+      case LayerKind::Mul:
+      case LayerKind::Scale:
+      case LayerKind::PositionalEncoding:
+      case LayerKind::PositionEmbedding:
+      case LayerKind::ClassToken:
+      case LayerKind::FirstStep:
+        return make_attention_module(b, l, in, seed);
     }
     throw Error("unknown layer type");
   }
@@ -936,6 +956,12 @@ void Model::carry_state(bool on) {
 
 void Model::reset_state() {
   root_->reset_state();
+}
+
+std::vector<std::pair<std::string, Tensor>> Model::attention_weights() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  root_->collect_attention("", out);
+  return out;
 }
 
 void Model::backward(const Tensor& dlogits) {

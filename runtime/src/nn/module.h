@@ -7,6 +7,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpunodes/errors.h"
@@ -20,7 +21,19 @@ class Module {
   virtual Tensor forward(const Tensor& x, Mode mode) = 0;
   // Returns dx, undefined when !need_dx. Releases what forward kept.
   virtual Tensor backward(const Tensor& dy, bool need_dx) = 0;
+  // A layer with more than one input port (MultiheadAttention's q, k, v; BatchMatMul; Mul) takes them all
+  // here, in port order; the others take their only one through forward().
+  virtual Tensor forward_inputs(const std::vector<Tensor>& xs, Mode mode) { return forward(xs.at(0), mode); }
+  // The gradient of every input, each undefined where need[i] is false. Releases what forward kept.
+  virtual std::vector<Tensor> backward_inputs(const Tensor& dy, const std::vector<bool>& need) {
+    return {backward(dy, need.at(0))};
+  }
   virtual void collect(const std::string& prefix, std::vector<Parameter*>& out) { (void)prefix, (void)out; }
+  // The attention weights of the first sample of the last Eval-mode forward, [heads, Tq, Tk], under the
+  // layer's id; layers without attention add nothing.
+  virtual void collect_attention(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const {
+    (void)prefix, (void)out;
+  }
   // Whether backward produces parameter gradients: only then does what comes before need an input gradient.
   virtual bool has_params() const { return false; }
   virtual void clear() {}
@@ -43,6 +56,13 @@ inline uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
+}
+
+// The seed of a layer's dropout mask in the model's train_forwards-th Train-mode forward: the same run
+// drops the same values, and a run resumed from a checkpoint (which restores the count) those the
+// uninterrupted run would have.
+inline uint64_t dropout_seed(uint64_t layer_seed, int64_t train_forwards) {
+  return splitmix64(layer_seed ^ splitmix64(static_cast<uint64_t>(train_forwards)));
 }
 
 // Hands out initialised tensors in construction order, each weight from its own Philox stream.
@@ -97,5 +117,8 @@ inline void push_param(std::vector<Parameter*>& out, const std::string& prefix, 
 // The module of one drawn sequence layer (Embedding, OneHot, RNN, GRU, LSTM, Reshape, Transpose, LastStep;
 // sequence_modules.cpp); `in` is its input's shape per sample. Null for any other kind.
 std::unique_ptr<Module> make_sequence_module(Builder& b, const LayerSpec& layer, const Shape& in, uint64_t seed);
+// The same for the attention layers (LayerNorm, MultiheadAttention, BatchMatMul, Softmax, Mul, Scale, the
+// positional layers, ClassToken, FirstStep; attention_modules.cpp).
+std::unique_ptr<Module> make_attention_module(Builder& b, const LayerSpec& layer, const Shape& in, uint64_t seed);
 
 }  // namespace gn::nn

@@ -40,6 +40,16 @@ constexpr KindName kKinds[] = {
     {LayerKind::Reshape, "Reshape"},
     {LayerKind::Transpose, "Transpose"},
     {LayerKind::LastStep, "LastStep"},
+    {LayerKind::LayerNorm, "LayerNorm"},
+    {LayerKind::MultiheadAttention, "MultiheadAttention"},
+    {LayerKind::BatchMatMul, "BatchMatMul"},
+    {LayerKind::Softmax, "Softmax"},
+    {LayerKind::Mul, "Mul"},
+    {LayerKind::Scale, "Scale"},
+    {LayerKind::PositionalEncoding, "PositionalEncoding"},
+    {LayerKind::PositionEmbedding, "PositionEmbedding"},
+    {LayerKind::ClassToken, "ClassToken"},
+    {LayerKind::FirstStep, "FirstStep"},
 };
 
 // Far past any real layer, and small enough that products of a few of them stay exact in a double.
@@ -107,6 +117,40 @@ void need_positive(const char* param, int64_t v, int64_t min = 1) {
                              std::to_string(kMaxDim) + ", got " + std::to_string(v));
 }
 
+// nn.MultiheadAttention(E, num_heads, dropout, bias, batch_first=True) with a fused in_proj of [3E, E]: q
+// [Tq, E], k and v [Tk, E] (k = q and v = k where they are not wired).
+LayerInfo infer_attention(const LayerSpec& l, const std::vector<Shape>& inputs) {
+  const Shape& q = inputs[0];
+  const Shape& k = inputs.size() > 1 ? inputs[1] : q;
+  const Shape& v = inputs.size() > 2 ? inputs[2] : k;
+  const char* ports[] = {"q", "k", "v"};
+  const Shape* shapes[] = {&q, &k, &v};
+  for (int i = 0; i < 3; ++i)
+    if (shapes[i]->size() != 2)
+      throw LayerError(ports[i], std::string("MultiheadAttention needs a [T, E] sequence on ") + ports[i] +
+                                     ", got " + dims(*shapes[i]));
+  const int64_t e = q[1];
+  need_positive("num_heads", l.heads);
+  if (e % l.heads != 0)
+    throw LayerError("", "num_heads=" + std::to_string(l.heads) + " must divide the embedding width " +
+                             std::to_string(e) + " of q " + dims(q));
+  if (k[1] != e || v[1] != e)
+    throw LayerError(k[1] != e ? "k" : "v", "MultiheadAttention's q, k and v share one width: q is " + dims(q) +
+                                                ", k is " + dims(k) + ", v is " + dims(v));
+  if (v[0] != k[0])
+    throw LayerError("v", "MultiheadAttention needs one value per key: k is " + dims(k) + ", v is " + dims(v));
+  if (l.causal && q[0] > k[0])
+    throw LayerError("k", "a causal MultiheadAttention needs at least as many keys as queries: q is " + dims(q) +
+                              ", k is " + dims(k));
+  if (!(l.dropout >= 0 && l.dropout < 1)) throw LayerError("", "dropout must be at least 0 and below 1");
+  LayerInfo info;
+  info.out = q;
+  const double E = static_cast<double>(e), tq = static_cast<double>(q[0]), tk = static_cast<double>(k[0]);
+  info.params = 4 * E * E + (l.bias ? 4 * E : 0);
+  info.flops = 2 * E * E * (2 * tq + 2 * tk) + 4 * tq * tk * E + 4 * tq * tk * static_cast<double>(l.heads);
+  return info;
+}
+
 }  // namespace
 
 const char* layer_kind_name(LayerKind kind) {
@@ -155,33 +199,34 @@ Shape LayerSpec::reshape_target(const Shape& in) const {
   return out;
 }
 
-int layer_arity(LayerKind kind) {
+std::vector<std::string> layer_ports(LayerKind kind) {
   switch (kind) {
     case LayerKind::Input:
-      return 0;
+      return {};
     case LayerKind::Add:
     case LayerKind::Concat:
-      return 2;
-    default:
-      return 1;
-  }
-}
-
-std::vector<std::string> layer_ports(LayerKind kind) {
-  switch (layer_arity(kind)) {
-    case 0:
-      return {};
-    case 2:
+    case LayerKind::BatchMatMul:
+    case LayerKind::Mul:
       return {"a", "b"};
+    case LayerKind::MultiheadAttention:
+      return {"q", "k", "v"};
     default:
       return {"in"};
   }
 }
 
+int layer_required_ports(LayerKind kind) {
+  return kind == LayerKind::MultiheadAttention ? 1 : static_cast<int>(layer_ports(kind).size());
+}
+
 LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
-  if (static_cast<int>(inputs.size()) != layer_arity(l.kind))
-    throw LayerError("", name(l) + " takes " + std::to_string(layer_arity(l.kind)) + " inputs, got " +
-                             std::to_string(inputs.size()));
+  const int wired = static_cast<int>(inputs.size()), ports = static_cast<int>(layer_ports(l.kind).size());
+  if (wired < layer_required_ports(l.kind) || wired > ports)
+    throw LayerError("", name(l) + " takes " +
+                             (ports == layer_required_ports(l.kind) ? std::to_string(ports)
+                                                                    : std::to_string(layer_required_ports(l.kind)) +
+                                                                          " to " + std::to_string(ports)) +
+                             " inputs, got " + std::to_string(inputs.size()));
   LayerInfo info;
   const Shape in = inputs.empty() ? Shape{} : inputs[0];
   const double n_in = numel(in);
@@ -329,6 +374,76 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
       need_sequence(l, in);
       info.out = {in[1]};
       break;
+    case LayerKind::FirstStep:
+      need_sequence(l, in);
+      info.out = {in[1]};
+      break;
+    case LayerKind::LayerNorm:
+      if (!(l.eps > 0 && l.eps < 1)) throw LayerError("", "eps must be above 0 and below 1");
+      info.out = in;
+      info.params = l.affine ? 2 * static_cast<double>(in.back()) : 0;
+      info.flops = 8 * n_in;
+      break;
+    case LayerKind::MultiheadAttention:
+      info = infer_attention(l, inputs);
+      break;
+    case LayerKind::BatchMatMul: {
+      const Shape& b = inputs[1];
+      if (in.size() != 2 || b.size() != 2)
+        throw LayerError(in.size() != 2 ? "a" : "b", "BatchMatMul multiplies a matrix per sample by a matrix per "
+                                                     "sample: a is " + dims(in) + ", b is " + dims(b));
+      const int64_t k = l.transpose_b ? b[1] : b[0], n = l.transpose_b ? b[0] : b[1];
+      if (in[1] != k)
+        throw LayerError("b", "BatchMatMul: a " + dims(in) + " has " + std::to_string(in[1]) + " columns but b " +
+                                  dims(b) + (l.transpose_b ? " transposed" : "") + " has " + std::to_string(k) +
+                                  " rows");
+      info.out = {in[0], n};
+      info.flops = 2 * static_cast<double>(in[0]) * static_cast<double>(n) * static_cast<double>(k);
+      break;
+    }
+    case LayerKind::Softmax:
+      if (l.causal && (in.size() != 2 || in[0] > in[1]))
+        throw LayerError("in", "a causal Softmax needs [queries, keys] scores per sample with no more queries "
+                               "than keys, got " + dims(in));
+      info.out = in;
+      info.flops = 4 * n_in;
+      break;
+    case LayerKind::Mul:
+      if (inputs[0] != inputs[1])
+        throw LayerError("b", "Mul needs two inputs of the same shape: a is " + dims(inputs[0]) + ", b is " +
+                                  dims(inputs[1]));
+      info.out = in;
+      info.flops = n_in;
+      break;
+    case LayerKind::Scale:
+      if (!std::isfinite(l.scale)) throw LayerError("", "scale must be a finite number");
+      info.out = in;
+      info.flops = n_in;
+      break;
+    case LayerKind::PositionalEncoding:
+      need_sequence(l, in);
+      need_positive("max_len", l.max_len);
+      if (!(l.dropout >= 0 && l.dropout < 1)) throw LayerError("", "dropout must be at least 0 and below 1");
+      if (in[0] > l.max_len)
+        throw LayerError("in", "PositionalEncoding covers max_len=" + std::to_string(l.max_len) +
+                                   " steps, but its input " + dims(in) + " has " + std::to_string(in[0]));
+      if (in[1] % 2 != 0)
+        throw LayerError("in", "PositionalEncoding pairs a sine and a cosine per frequency, so it needs an even "
+                               "number of features, got " + dims(in));
+      info.out = in;
+      info.flops = n_in;
+      break;
+    case LayerKind::PositionEmbedding:
+      need_sequence(l, in);
+      info.out = in;
+      info.params = n_in;
+      info.flops = n_in;
+      break;
+    case LayerKind::ClassToken:
+      need_sequence(l, in);
+      info.out = {in[0] + 1, in[1]};
+      info.params = static_cast<double>(in[1]);
+      break;
     case LayerKind::Add:
       if (inputs[0] != inputs[1])
         throw LayerError("b", "Add needs two inputs of the same shape: a is " + dims(inputs[0]) + ", b is " +
@@ -463,6 +578,19 @@ std::string params_text(const LayerSpec& l) {
     }
     case LayerKind::Transpose:
       return "dim0=" + i(l.dim0) + ",dim1=" + i(l.dim1);
+    case LayerKind::LayerNorm:
+      return "eps=" + num(l.eps) + ",elementwise_affine=" + i(l.affine);
+    case LayerKind::MultiheadAttention:
+      return "num_heads=" + i(l.heads) + ",dropout=" + num(l.dropout) + ",bias=" + i(l.bias) +
+             ",causal=" + i(l.causal);
+    case LayerKind::BatchMatMul:
+      return "transpose_b=" + i(l.transpose_b);
+    case LayerKind::Softmax:
+      return "causal=" + i(l.causal);
+    case LayerKind::Scale:
+      return "scale=" + num(l.scale);
+    case LayerKind::PositionalEncoding:
+      return "dropout=" + num(l.dropout) + ",max_len=" + i(l.max_len);
     default:
       return "";
   }
@@ -570,6 +698,18 @@ NetworkSpec NetworkSpec::parse(const std::string& text) {
           l.dim0 = to_int(text, v);
         } else if (key == "dim1") {
           l.dim1 = to_int(text, v);
+        } else if (key == "elementwise_affine") {
+          l.affine = to_int(text, v) != 0;
+        } else if (key == "num_heads") {
+          l.heads = to_int(text, v);
+        } else if (key == "causal") {
+          l.causal = to_int(text, v) != 0;
+        } else if (key == "transpose_b") {
+          l.transpose_b = to_int(text, v) != 0;
+        } else if (key == "scale") {
+          l.scale = to_double(text, v);
+        } else if (key == "max_len") {
+          l.max_len = to_int(text, v);
         } else {
           bad(text, "unknown param '" + key + "'");
         }
@@ -584,7 +724,8 @@ NetworkSpec NetworkSpec::parse(const std::string& text) {
         l.inputs.push_back(it->second);
       }
     }
-    if (static_cast<int>(l.inputs.size()) != layer_arity(l.kind))
+    if (static_cast<int>(l.inputs.size()) < layer_required_ports(l.kind) ||
+        l.inputs.size() > layer_ports(l.kind).size())
       bad(text, "layer " + l.id + " has " + std::to_string(l.inputs.size()) + " inputs");
     ids[l.id] = static_cast<int>(net.layers.size());
     net.layers.push_back(std::move(l));

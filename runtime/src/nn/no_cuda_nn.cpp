@@ -1,4 +1,5 @@
 // Builds without the CUDA toolkit: no CUDA layer kernels, page-locked memory or NCCL.
+#include "attention_kernels.h"
 #include "cuda_support.h"
 #include "kernels.h"
 #include "sequence_kernels.h"
@@ -9,6 +10,9 @@ NnKernels* cuda_nn_kernels() {
   return nullptr;
 }
 SequenceKernels* cuda_sequence_kernels() {
+  return nullptr;
+}
+AttentionKernels* cuda_attention_kernels() {
   return nullptr;
 }
 void* pinned_alloc(size_t) {

@@ -104,7 +104,7 @@ class RecurrentM final : public Module {
     const bool train = mode == Mode::Train;
     Tensor h0, c0;
     if (train && carry_ && state_h_.defined() && state_h_.shape()[1] == x.shape()[0]) h0 = state_h_, c0 = state_c_;
-    const uint64_t seed = splitmix64(seed_ ^ splitmix64(static_cast<uint64_t>(*train_forwards_)));
+    const uint64_t seed = dropout_seed(seed_, *train_forwards_);
     RnnResult r = rnn_forward(o_, x, values(), h0, c0, train, seed);
     if (train) {
       x_ = x;

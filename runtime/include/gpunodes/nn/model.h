@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpunodes/nn/layers.h"
@@ -120,6 +121,9 @@ class Model {
   void backward(const Tensor& dlogits);
   // Drops kept activations without a backward (after a failed or abandoned step).
   void clear_cache();
+  // The attention weights of each MultiheadAttention layer, [heads, Tq, Tk] of the first sample of the last
+  // Eval-mode forward, under the layer's id (in construction order); empty before one.
+  std::vector<std::pair<std::string, Tensor>> attention_weights() const;
   // After the engine's cancel (and reset_cancel()) or a failed step, the parameters carry the error of the
   // update that never ran, so every op reading them fails again. Their memory holds the last update that did
   // run: this accepts that state and makes the model usable again (one op, enqueued).

@@ -15,7 +15,9 @@
 namespace gn::nn {
 
 // The layer types, named as PyTorch's nn modules (GlobalAvgPool2d is AdaptiveAvgPool2d((1, 1)); OneHot is
-// F.one_hot as floats; Reshape and Transpose act on the per-sample axes; LastStep is x[:, -1]).
+// F.one_hot as floats; Reshape and Transpose act on the per-sample axes; LastStep is x[:, -1], FirstStep
+// x[:, 0]; BatchMatMul is torch.bmm, Mul and Scale element-wise products; the positional layers and the
+// class token are d2l 11.6 and 11.8's).
 enum class LayerKind {
   Input,
   Conv2d,
@@ -42,13 +44,26 @@ enum class LayerKind {
   Reshape,
   Transpose,
   LastStep,
+  // Attention and transformers (d2l chapter 11).
+  LayerNorm,
+  MultiheadAttention,
+  BatchMatMul,
+  Softmax,
+  Mul,
+  Scale,
+  PositionalEncoding,
+  PositionEmbedding,
+  ClassToken,
+  FirstStep,
 };
 const char* layer_kind_name(LayerKind kind);  // "Conv2d": also the node type's name
 std::optional<LayerKind> parse_layer_kind(const std::string& name);
-// How many inputs a layer of this kind takes: 0 (Input), 2 (Add, Concat) or 1.
-int layer_arity(LayerKind kind);
-// The input ports' names: {} for Input, {"a", "b"} for Add and Concat, {"in"} otherwise.
+// The input ports' names, in order: {} for Input, {"a", "b"} for Add, Concat, BatchMatMul and Mul, {"q", "k",
+// "v"} for MultiheadAttention, {"in"} otherwise.
 std::vector<std::string> layer_ports(LayerKind kind);
+// How many of those ports must be wired: all but MultiheadAttention's k and v (self-attention without them;
+// v alone is not allowed, so a layer's inputs are always its first ports).
+int layer_required_ports(LayerKind kind);
 
 // One layer: its kind and the params that kind reads (the others keep their defaults and are ignored).
 struct LayerSpec {
@@ -63,16 +78,23 @@ struct LayerSpec {
   int64_t num_layers = 1;   // RNN, GRU, LSTM
   bool bidirectional = false;  // RNN, GRU, LSTM
   bool relu = false;           // RNN: nonlinearity relu instead of tanh
-  double dropout = 0;          // RNN, GRU, LSTM: between stacked layers, in training
+  double dropout = 0;          // RNN, GRU, LSTM: between stacked layers, in training; MultiheadAttention: on
+                               // the attention weights; PositionalEncoding: after the addition
   int64_t dim0 = 0, dim1 = 1;  // Transpose: the per-sample axes swapped
   int64_t kernel = 1;       // Conv2d, pools: kernel_size
   int64_t stride = 1;       // Conv2d, pools (pools: 0 means kernel_size, PyTorch's default)
   int64_t padding = 0;      // Conv2d, pools
   int64_t groups = 1;       // Conv2d
-  bool bias = true;         // Conv2d, Linear, RNN, GRU, LSTM
-  double eps = 1e-5;        // BatchNorm
+  bool bias = true;         // Conv2d, Linear, RNN, GRU, LSTM, MultiheadAttention
+  double eps = 1e-5;        // BatchNorm, LayerNorm
   double momentum = 0.1;    // BatchNorm
   double p = 0.5;           // Dropout
+  int64_t heads = 1;        // MultiheadAttention num_heads
+  bool causal = false;      // MultiheadAttention, Softmax: a query sees no later step
+  bool transpose_b = false; // BatchMatMul: b is [N, K] per sample, torch.bmm(a, b.transpose(1, 2))
+  bool affine = true;       // LayerNorm elementwise_affine
+  double scale = 1;         // Scale: the factor
+  int64_t max_len = 1000;   // PositionalEncoding: the longest sequence its table covers
   // The pool stride in effect.
   int64_t pool_stride() const { return stride > 0 ? stride : kernel; }
   // The per-sample output of Reshape for an input of `values` values: `shape` with its -1 resolved. Throws

@@ -1,0 +1,440 @@
+// The modules of the drawn attention layers (d2l chapter 11): LayerNorm, MultiheadAttention, the primitives
+// of d2l 11.3 (BatchMatMul, Softmax, Mul, Scale), the positional layers, ClassToken and FirstStep. Shapes
+// here include the batch axis: a sequence batch is [N, T, E].
+#include <cmath>
+#include <map>
+
+#include "gpunodes/nn/attention_layers.h"
+#include "gpunodes/nn/sequence_layers.h"
+#include "gpunodes/ops.h"
+#include "module.h"
+
+namespace gn::nn {
+namespace {
+
+// x [N, ..., F] as rows [N * ..., F], for the ops that act on the last axis.
+Tensor rows_of(const Tensor& x) {
+  const int64_t f = x.shape().back();
+  return x.reshaped({x.numel() / f, f});
+}
+
+// nn.LayerNorm(E, eps, elementwise_affine): weight ones, bias zeros, PyTorch's defaults.
+class LayerNormM final : public Module {
+ public:
+  LayerNormM(Builder& b, int64_t e, float eps, bool affine) : e_(e), eps_(eps) {
+    if (affine) {
+      w_.value = b.constant({e}, 1.0f);
+      b_.value = b.constant({e}, 0.0f);
+    }
+  }
+  Tensor forward(const Tensor& x, Mode mode) override {
+    LayerNormResult r = layer_norm(x, w_.value, b_.value, eps_);
+    if (mode == Mode::Train) x_ = x, saved_ = r, saved_.y = Tensor();
+    return r.y;
+  }
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    LayerNormGrads g = layer_norm_backward(x_, dy, w_.value, saved_, need_dx);
+    w_.grad = g.dgamma;
+    b_.grad = g.dbeta;
+    clear();
+    return g.dx;
+  }
+  void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
+    if (!w_.value.defined()) return;
+    push_param(out, prefix, w_, "weight");
+    push_param(out, prefix, b_, "bias");
+  }
+  bool has_params() const override { return w_.value.defined(); }
+  void clear() override { x_ = Tensor(), saved_ = LayerNormResult(); }
+  Shape out_shape(const Shape& in) const override { return in; }
+  std::string describe() const override {
+    return "LayerNorm((" + std::to_string(e_) + ",), eps=" + std::to_string(eps_).substr(0, 7) +
+           (w_.value.defined() ? "" : ", elementwise_affine=False") + ")";
+  }
+
+ private:
+  int64_t e_;
+  float eps_;
+  Parameter w_, b_;
+  Tensor x_;
+  LayerNormResult saved_;
+};
+
+// Refuses, before anything is allocated, attention weights that could never fit the device.
+void check_weights_fit(const Tensor& like, const std::string& id, int64_t n, int64_t heads, int64_t tq,
+                       int64_t tk) {
+  const double bytes = static_cast<double>(n) * static_cast<double>(heads) * static_cast<double>(tq) *
+                       static_cast<double>(tk) * sizeof(float);
+  const std::string what = id + ": the attention weights alone need " + std::to_string(tq) + " x " +
+                           std::to_string(tk) + " steps x " + std::to_string(heads) + " heads x " +
+                           std::to_string(n) + " samples x 4 bytes = ";
+  if (bytes > 9.0e18) throw Error(what + "more than 2^63 bytes");
+  try {
+    like.runtime().allocator(like.device()).refuse_impossible(static_cast<int64_t>(bytes));
+  } catch (const OutOfMemoryError& e) {
+    throw Error(what + format_bytes(static_cast<int64_t>(bytes)) + ", more than " + like.device().str() +
+                " can hold: use a shorter sequence, fewer heads or a smaller batch (" + e.what() + ")");
+  }
+}
+
+// nn.MultiheadAttention(E, num_heads, dropout, bias, batch_first=True), its parameters named and
+// initialised as PyTorch's (in_proj_weight Xavier-uniform, out_proj.weight U(-1/sqrt(E), 1/sqrt(E)), biases
+// zero). With only q wired it is self-attention and projects q once through the fused [3E, E] weight; with
+// k (and v) wired each input goes through its own third. causal masks each query's later keys.
+class MultiheadAttentionM final : public Module {
+ public:
+  MultiheadAttentionM(Builder& b, const LayerSpec& l, int64_t e, uint64_t seed)
+      : id_(l.id), e_(e), heads_(l.heads), p_(static_cast<float>(l.dropout)), causal_(l.causal), seed_(seed),
+        train_forwards_(b.train_forwards()) {
+    in_w_.value = b.uniform_weight({3 * e, e}, std::sqrt(6.0f / static_cast<float>(4 * e)));
+    if (l.bias) in_b_.value = b.constant({3 * e}, 0.0f);
+    out_w_.value = b.uniform_weight({e, e}, 1.0f / std::sqrt(static_cast<float>(e)));
+    if (l.bias) out_b_.value = b.constant({e}, 0.0f);
+  }
+
+  Tensor forward(const Tensor& x, Mode mode) override { return forward_inputs({x}, mode); }
+  Tensor backward(const Tensor& dy, bool need_dx) override { return backward_inputs(dy, {need_dx}).at(0); }
+
+  Tensor forward_inputs(const std::vector<Tensor>& xs, Mode mode) override {
+    const Tensor& q = xs.at(0);
+    const Tensor& k = xs.size() > 1 ? xs[1] : q;
+    const Tensor& v = xs.size() > 2 ? xs[2] : k;
+    const int64_t n = q.shape()[0], tq = q.shape()[1], tk = k.shape()[1], d = e_ / heads_;
+    check_weights_fit(q, id_, n, heads_, tq, tk);
+    Saved s;
+    s.inputs = xs;
+    if (xs.size() == 1) {
+      const Tensor p = linear(rows_of(q), in_w_.value, in_b_.value).reshaped({n, tq, 3 * e_});
+      std::vector<Tensor> parts = split_heads(p, 3, heads_);
+      s.q = parts[0], s.k = parts[1], s.v = parts[2];
+    } else {
+      s.q = split_heads(linear_part(q, in_w_.value, in_b_.value, 0, 3), 1, heads_)[0];
+      s.k = split_heads(linear_part(k, in_w_.value, in_b_.value, 1, 3), 1, heads_)[0];
+      s.v = split_heads(linear_part(v, in_w_.value, in_b_.value, 2, 3), 1, heads_)[0];
+    }
+    const float alpha = 1.0f / std::sqrt(static_cast<float>(d));
+    s.weights = masked_softmax(bmm(s.q, s.k, {false, true, alpha}), {causal_, Tensor(), heads_});
+    s.dropped = s.weights;
+    if (mode == Mode::Train && p_ > 0) {
+      DropoutResult r = dropout(s.weights, p_, dropout_seed(seed_, train_forwards_));
+      s.dropped = r.y;
+      s.mask = r.mask;
+    }
+    s.merged = rows_of(merge_heads({bmm(s.dropped, s.v)}, heads_));
+    const Tensor y = linear(s.merged, out_w_.value, out_b_.value).reshaped({n, tq, e_});
+    if (mode == Mode::Train) {
+      saved_ = std::move(s);
+    } else {
+      // The first sample's heads: [N * heads, Tq, Tk] seen as [1, N, heads * Tq * Tk], step 0.
+      first_weights_ = select_step(s.weights.reshaped({1, n, heads_ * tq * tk}), 0).reshaped({heads_, tq, tk});
+    }
+    return y;
+  }
+
+  std::vector<Tensor> backward_inputs(const Tensor& dy, const std::vector<bool>& need) override {
+    Saved s = std::move(saved_);
+    saved_ = Saved();
+    const Tensor& q = s.inputs.at(0);
+    const int64_t n = q.shape()[0], tq = q.shape()[1], d = e_ / heads_;
+    const bool bias = in_b_.value.defined();
+    LinearGrads out = linear_backward(s.merged, out_w_.value, rows_of(dy), true, bias);
+    out_w_.grad = out.dw;
+    out_b_.grad = out.db;
+    const Tensor d_heads = split_heads(out.dx.reshaped({n, tq, e_}), 1, heads_)[0];
+    BmmGrads value = bmm_backward(s.dropped, s.v, d_heads, {}, true, true);
+    const Tensor d_weights = s.mask.defined() ? dropout_backward(value.da, s.mask) : value.da;
+    const float alpha = 1.0f / std::sqrt(static_cast<float>(d));
+    BmmGrads score = bmm_backward(s.q, s.k, softmax_backward(s.weights, d_weights), {false, true, alpha}, true, true);
+    std::vector<Tensor> dx(s.inputs.size());
+    if (s.inputs.size() == 1) {
+      const Tensor dp = rows_of(merge_heads({score.da, score.db, value.db}, heads_));
+      LinearGrads in = linear_backward(rows_of(q), in_w_.value, dp, need.at(0), bias);
+      in_w_.grad = in.dw;
+      in_b_.grad = in.db;
+      if (need[0]) dx[0] = in.dx.reshaped(q.shape());
+      return dx;
+    }
+    in_w_.grad = Tensor(q.runtime(), in_w_.value.shape(), q.device());
+    if (bias) in_b_.grad = Tensor(q.runtime(), in_b_.value.shape(), q.device());
+    const Tensor dq = linear_part_backward(q, in_w_.value, merge_heads({score.da}, heads_), 0, 3, in_w_.grad,
+                                           in_b_.grad, need.at(0));
+    const Tensor& k = s.inputs[1];
+    const Tensor& v = s.inputs.size() > 2 ? s.inputs[2] : k;
+    // v = k when v is not wired: both of its gradients reach k.
+    const bool v_own = s.inputs.size() > 2;
+    const Tensor dk = linear_part_backward(k, in_w_.value, merge_heads({score.db}, heads_), 1, 3, in_w_.grad,
+                                           in_b_.grad, need.at(1));
+    const Tensor dv = linear_part_backward(v, in_w_.value, merge_heads({value.db}, heads_), 2, 3, in_w_.grad,
+                                           in_b_.grad, v_own ? need.at(2) : need.at(1));
+    dx[0] = dq;
+    if (need[1]) dx[1] = v_own ? dk : add(dk, dv);
+    if (v_own && need[2]) dx[2] = dv;
+    return dx;
+  }
+
+  void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
+    push_param(out, prefix, in_w_, "in_proj_weight");
+    if (in_b_.value.defined()) push_param(out, prefix, in_b_, "in_proj_bias");
+    push_param(out, prefix, out_w_, "out_proj.weight");
+    if (out_b_.value.defined()) push_param(out, prefix, out_b_, "out_proj.bias");
+  }
+  void collect_attention(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const override {
+    if (first_weights_.defined()) out.emplace_back(prefix, first_weights_);
+  }
+  bool has_params() const override { return true; }
+  void clear() override { saved_ = Saved(); }
+  Shape out_shape(const Shape& in) const override { return in; }
+  std::string describe() const override {
+    std::string s = "MultiheadAttention(" + std::to_string(e_) + ", num_heads=" + std::to_string(heads_);
+    if (p_ > 0) s += ", dropout=" + std::to_string(p_).substr(0, 4);
+    if (!in_b_.value.defined()) s += ", bias=False";
+    if (causal_) s += ", causal";
+    return s + ")";
+  }
+
+ private:
+  // What backward needs: the inputs, the heads of the projections [N * heads, T, d], the weights (before and
+  // after dropout, with its mask) and the merged values as rows.
+  struct Saved {
+    std::vector<Tensor> inputs;
+    Tensor q, k, v, weights, dropped, mask, merged;
+  };
+
+  std::string id_;
+  int64_t e_, heads_;
+  float p_;
+  bool causal_;
+  uint64_t seed_;
+  const int64_t& train_forwards_;
+  Parameter in_w_, in_b_, out_w_, out_b_;
+  Saved saved_;
+  Tensor first_weights_;
+};
+
+// torch.bmm(a, b) per sample, or torch.bmm(a, b.transpose(1, 2)) with transpose_b.
+class BatchMatMulM final : public Module {
+ public:
+  explicit BatchMatMulM(bool transpose_b) : trans_b_(transpose_b) {}
+  Tensor forward(const Tensor&, Mode) override { throw Error("BatchMatMul takes two inputs, a and b"); }
+  Tensor backward(const Tensor&, bool) override { throw Error("BatchMatMul takes two inputs, a and b"); }
+  Tensor forward_inputs(const std::vector<Tensor>& xs, Mode mode) override {
+    if (mode == Mode::Train) a_ = xs.at(0), b_ = xs.at(1);
+    return bmm(xs.at(0), xs.at(1), {false, trans_b_, 1});
+  }
+  std::vector<Tensor> backward_inputs(const Tensor& dy, const std::vector<bool>& need) override {
+    BmmGrads g = bmm_backward(a_, b_, dy, {false, trans_b_, 1}, need.at(0), need.at(1));
+    clear();
+    return {g.da, g.db};
+  }
+  void clear() override { a_ = b_ = Tensor(); }
+  Shape out_shape(const Shape& in) const override { return in; }  // GraphM takes shapes from the inference
+  std::string describe() const override { return trans_b_ ? "BatchMatMul(transpose_b)" : "BatchMatMul()"; }
+
+ private:
+  bool trans_b_;
+  Tensor a_, b_;
+};
+
+// Element-wise a * b of two activations of one shape.
+class MulM final : public Module {
+ public:
+  Tensor forward(const Tensor&, Mode) override { throw Error("Mul takes two inputs, a and b"); }
+  Tensor backward(const Tensor&, bool) override { throw Error("Mul takes two inputs, a and b"); }
+  Tensor forward_inputs(const std::vector<Tensor>& xs, Mode mode) override {
+    if (mode == Mode::Train) a_ = xs.at(0), b_ = xs.at(1);
+    return mul(xs.at(0), xs.at(1));
+  }
+  std::vector<Tensor> backward_inputs(const Tensor& dy, const std::vector<bool>& need) override {
+    std::vector<Tensor> d{need.at(0) ? mul(dy, b_) : Tensor(), need.at(1) ? mul(dy, a_) : Tensor()};
+    clear();
+    return d;
+  }
+  void clear() override { a_ = b_ = Tensor(); }
+  Shape out_shape(const Shape& in) const override { return in; }
+  std::string describe() const override { return "Mul()"; }
+
+ private:
+  Tensor a_, b_;
+};
+
+// Softmax over the last axis (d2l's masked_softmax with causal; F.softmax(x, dim=-1) without).
+class SoftmaxM final : public Module {
+ public:
+  explicit SoftmaxM(bool causal) : causal_(causal) {}
+  Tensor forward(const Tensor& x, Mode mode) override {
+    const Tensor y = masked_softmax(as_scores(x), {causal_, Tensor(), 1}).reshaped(x.shape());
+    if (mode == Mode::Train) y_ = y;
+    return y;
+  }
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    Tensor dx = need_dx ? softmax_backward(y_, dy) : Tensor();
+    clear();
+    return dx;
+  }
+  void clear() override { y_ = Tensor(); }
+  Shape out_shape(const Shape& in) const override { return in; }
+  std::string describe() const override { return causal_ ? "Softmax(dim=-1, causal)" : "Softmax(dim=-1)"; }
+
+ private:
+  // [N, rows, cols]: a flat [N, F] is one row per sample.
+  static Tensor as_scores(const Tensor& x) {
+    const int64_t n = x.shape()[0], cols = x.shape().back();
+    return x.reshaped({n, x.numel() / (n * cols), cols});
+  }
+  bool causal_;
+  Tensor y_;
+};
+
+class ScaleM final : public Module {
+ public:
+  explicit ScaleM(float scale) : scale_(scale) {}
+  Tensor forward(const Tensor& x, Mode) override { return scale_shift(x, scale_, 0); }
+  Tensor backward(const Tensor& dy, bool need_dx) override { return need_dx ? scale_shift(dy, scale_, 0) : Tensor(); }
+  Shape out_shape(const Shape& in) const override { return in; }
+  std::string describe() const override { return "Scale(" + std::to_string(scale_) + ")"; }
+
+ private:
+  float scale_;
+};
+
+// d2l 11.6's PositionalEncoding: X + P[:T] with P[t, 2i] = sin(t / 10000^(2i / E)), P[t, 2i + 1] = cos(..),
+// then dropout. The table of each length met is made once on the device.
+class PositionalEncodingM final : public Module {
+ public:
+  PositionalEncodingM(Builder& b, float p, uint64_t seed) : p_(p), seed_(seed), train_forwards_(b.train_forwards()) {}
+  Tensor forward(const Tensor& x, Mode mode) override {
+    const Tensor y = add_per_sample(x, table(x));
+    if (mode != Mode::Train || p_ == 0) return y;
+    DropoutResult r = dropout(y, p_, dropout_seed(seed_, train_forwards_));
+    mask_ = r.mask;
+    return r.y;
+  }
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    Tensor dx = need_dx ? (mask_.defined() ? dropout_backward(dy, mask_) : dy) : Tensor();
+    clear();
+    return dx;
+  }
+  void clear() override { mask_ = Tensor(); }
+  Shape out_shape(const Shape& in) const override { return in; }
+  std::string describe() const override {
+    return "PositionalEncoding(dropout=" + std::to_string(p_).substr(0, 4) + ")";
+  }
+
+ private:
+  const Tensor& table(const Tensor& x) {
+    const int64_t t = x.shape()[1], e = x.shape()[2];
+    Tensor& cached = tables_[{t, e}];
+    if (!cached.defined() || cached.device() != x.device()) {
+      std::vector<float> v(static_cast<size_t>(t * e));
+      for (int64_t pos = 0; pos < t; ++pos)
+        for (int64_t i = 0; i < e / 2; ++i) {
+          // d2l: X = pos / 10000^(2i / E), computed in float32 as torch does.
+          const float angle = static_cast<float>(pos) /
+                              std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(e));
+          v[static_cast<size_t>(pos * e + 2 * i)] = std::sin(angle);
+          v[static_cast<size_t>(pos * e + 2 * i + 1)] = std::cos(angle);
+        }
+      cached = from_values(x.runtime(), {t, e}, x.device(), std::move(v));
+    }
+    return cached;
+  }
+
+  float p_;
+  uint64_t seed_;
+  const int64_t& train_forwards_;
+  std::map<std::pair<int64_t, int64_t>, Tensor> tables_;
+  Tensor mask_;
+};
+
+// A learned position embedding (d2l 11.8's pos_embedding), weight [T, E] from N(0, 1); a shorter sequence
+// adds its first rows.
+class PositionEmbeddingM final : public Module {
+ public:
+  PositionEmbeddingM(Builder& b, const Shape& in) { w_.value = b.normal_weight(in, 1.0f); }
+  Tensor forward(const Tensor& x, Mode) override { return add_per_sample(x, w_.value); }
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    w_.grad = sum_over_batch(dy, w_.value.shape());
+    return need_dx ? dy : Tensor();
+  }
+  void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
+    push_param(out, prefix, w_, "weight");
+  }
+  bool has_params() const override { return true; }
+  Shape out_shape(const Shape& in) const override { return in; }
+  std::string describe() const override {
+    return "PositionEmbedding(" + std::to_string(w_.value.shape()[0]) + ", " + std::to_string(w_.value.shape()[1]) +
+           ")";
+  }
+
+ private:
+  Parameter w_;
+};
+
+// d2l 11.8's cls_token: a learned [1, E] step (zeros at first) before the sequence.
+class ClassTokenM final : public Module {
+ public:
+  ClassTokenM(Builder& b, int64_t e) { w_.value = b.constant({1, e}, 0.0f); }
+  Tensor forward(const Tensor& x, Mode) override { return prepend_token(x, w_.value); }
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    PrependGrads g = prepend_token_backward(dy, w_.value.shape(), need_dx);
+    w_.grad = g.dtoken;
+    return g.dx;
+  }
+  void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
+    push_param(out, prefix, w_, "weight");
+  }
+  bool has_params() const override { return true; }
+  Shape out_shape(const Shape& in) const override { return {in[0], in[1] + 1, in[2]}; }
+  std::string describe() const override { return "ClassToken(" + std::to_string(w_.value.shape()[1]) + ")"; }
+
+ private:
+  Parameter w_;
+};
+
+// x[:, 0]: the first step's features (a ViT's class token).
+class FirstStepM final : public Module {
+ public:
+  Tensor forward(const Tensor& x, Mode mode) override {
+    if (mode == Mode::Train) steps_ = x.shape()[1];
+    return select_step(x, 0);
+  }
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    return need_dx ? select_step_backward(dy, steps_, 0) : Tensor();
+  }
+  Shape out_shape(const Shape& in) const override { return {in[0], in[2]}; }
+  std::string describe() const override { return "FirstStep()"; }
+
+ private:
+  int64_t steps_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Module> make_attention_module(Builder& b, const LayerSpec& l, const Shape& in, uint64_t seed) {
+  switch (l.kind) {
+    case LayerKind::LayerNorm:
+      return std::make_unique<LayerNormM>(b, in.back(), static_cast<float>(l.eps), l.affine);
+    case LayerKind::MultiheadAttention:
+      return std::make_unique<MultiheadAttentionM>(b, l, in.at(1), seed);
+    case LayerKind::BatchMatMul:
+      return std::make_unique<BatchMatMulM>(l.transpose_b);
+    case LayerKind::Softmax:
+      return std::make_unique<SoftmaxM>(l.causal);
+    case LayerKind::Mul:
+      return std::make_unique<MulM>();
+    case LayerKind::Scale:
+      return std::make_unique<ScaleM>(static_cast<float>(l.scale));
+    case LayerKind::PositionalEncoding:
+      return std::make_unique<PositionalEncodingM>(b, static_cast<float>(l.dropout), seed);
+    case LayerKind::PositionEmbedding:
+      return std::make_unique<PositionEmbeddingM>(b, in);
+    case LayerKind::ClassToken:
+      return std::make_unique<ClassTokenM>(b, in.at(1));
+    case LayerKind::FirstStep:
+      return std::make_unique<FirstStepM>();
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace gn::nn
