@@ -70,7 +70,13 @@ class EvaluateNode final : public GpuNode {
             .params = {enumParam("split", {"test", "train"}, "test", "Which split to measure."),
                        intParam("mistakes_shown", 48, 0, 1000,
                                 "How many of the mistakes (the most confident first) the report carries with "
-                                "their images, for the Mistakes view; 0 for none.")},
+                                "their images, for the Mistakes view; 0 for none."),
+                       boolParam("attention", false,
+                                 "Also report what every MultiheadAttention layer attends to for one sample of "
+                                 "the split (its weights per head), for the editor's Attention view and "
+                                 "scripts reading --report."),
+                       intParam("attention_sample", 0, 0, 1 << 30,
+                                "The sample whose attention is reported (its index in the split).")},
         }, Reuse::Pure) {}
 
   // The split must exist in the dataset, and the model must take its images.
@@ -96,6 +102,8 @@ class EvaluateNode final : public GpuNode {
           ("the dataset has no " + split + " split (set its split to both or " + split + ")").toStdString());
     const QString mismatch = dataMismatch(model->model().options(), data->shape());
     if (!mismatch.isEmpty()) throw Error(mismatch.toStdString());
+    if (ctx.params()["attention"].toBool())
+      reportAttention(ctx, *model, *set, set, ctx.params()["attention_sample"].toInteger(), ds.resize);
     if (set->regression) return evaluateRegression(ctx, *model, set, ds);
     if (set->target_numel() > 1) return evaluateLanguageModel(ctx, *model, set, ds);
 
@@ -140,6 +148,38 @@ class EvaluateNode final : public GpuNode {
   }
 
  private:
+  // report.attention: the sample (its image, or its tokens), and each attention layer's weights per head.
+  static void reportAttention(core::NodeContext& ctx, const ModelValue& model, const nn::Dataset& set,
+                              const nn::DatasetPtr& ptr, int64_t index, int64_t resize) {
+    if (index >= set.count)
+      throw Error("attention_sample " + std::to_string(index) + " is past the split's " +
+                  std::to_string(set.count) + " samples");
+    QJsonArray layers;
+    for (const nn::AttentionMap& m : nn::attention_maps(model.model(), ptr, index, resize)) {
+      QJsonArray w;
+      for (float v : m.weights) w.append(static_cast<double>(v));
+      layers.append(QJsonObject{{"layer", qs(m.layer)},
+                                {"heads", static_cast<double>(m.heads)},
+                                {"queries", static_cast<double>(m.queries)},
+                                {"keys", static_cast<double>(m.keys)},
+                                {"weights", w}});
+    }
+    QJsonObject a{{"sample", static_cast<double>(index)}, {"layers", layers}};
+    if (!set.has_values()) {
+      a.insert("image", samplePng(set, index));
+      a.insert("label", static_cast<double>(set.labels[static_cast<size_t>(index)]));
+    } else if (!set.vocabulary.empty()) {
+      QJsonArray tokens;
+      const int64_t n = set.sample_numel();
+      for (int64_t t = 0; t < n; ++t) {
+        const auto id = static_cast<size_t>(set.values[static_cast<size_t>(index * n + t)]);
+        tokens.append(id < set.vocabulary.size() ? qs(set.vocabulary[id]) : QStringLiteral("?"));
+      }
+      a.insert("tokens", tokens);
+    }
+    ctx.reportField("attention", a);
+  }
+
   // The next token's accuracy and d2l's perplexity (exp of the mean per-token cross-entropy).
   static void evaluateLanguageModel(core::NodeContext& ctx, const ModelValue& model, const nn::DatasetPtr& set,
                                     const DatasetSpec& ds) {

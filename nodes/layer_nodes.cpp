@@ -35,6 +35,7 @@ nn::LayerSpec layerSpecOf(LayerKind kind, const QString& id, const QJsonObject& 
   integer("hidden_size", l.features);
   integer("embedding_dim", l.features);
   integer("num_classes", l.features);
+  integer("normalized_shape", l.features);
   integer("num_embeddings", l.vocab);
   integer("num_layers", l.num_layers);
   integer("dim0", l.dim0);
@@ -438,7 +439,10 @@ QList<core::NodeTypePtr> makeLayerNodes() {
       layer(LayerKind::LayerNorm,
             "Normalises each position over its last axis (PyTorch's nn.LayerNorm): (x - mean) / sqrt(var + "
             "eps) * weight + bias, with <id>.weight (ones) and <id>.bias (zeros) of the last axis's size.",
-            {unitFloat("eps", 1e-5, 1, "Added to the variance before the square root."),
+            {intParam("normalized_shape", 0, 0, kMaxWidth,
+                      "The size of the axis normalised, checked against the input's last axis; 0 takes "
+                      "whatever the input has."),
+             unitFloat("eps", 1e-5, 1, "Added to the variance before the square root."),
              boolParam("elementwise_affine", true, "Whether the layer learns a weight and a bias.")}),
       layer(LayerKind::MultiheadAttention,
             "Scaled dot-product attention with num_heads heads (PyTorch's nn.MultiheadAttention, batch_first; "

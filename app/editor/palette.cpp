@@ -74,7 +74,8 @@ void PalettePanel::reloadBlocks() {
   QFont f = blocksItem_->font(0);
   f.setBold(true);
   blocksItem_->setFont(0, f);
-  blocksItem_->setToolTip(0, QStringLiteral("Subgraphs saved with Edit ▸ Save Subgraph to Library, in %1")
+  blocksItem_->setToolTip(0, QStringLiteral("The blocks that ship with gpunodes, and subgraphs saved with Edit ▸ "
+                                           "Save Subgraph to Library, in %1")
                                  .arg(core::subgraph::libraryDir().toHtmlEscaped()));
   for (int i = 0; i < blocks_.size(); ++i) {
     const core::subgraph::LibraryBlock& b = blocks_[i];
@@ -90,7 +91,7 @@ void PalettePanel::reloadBlocks() {
                .arg(sub.nodes.size())
                .arg(sub.inputs.size())
                .arg(sub.outputs.size())
-               .arg(b.path.toHtmlEscaped()));
+               .arg(b.shipped ? QStringLiteral("Ships with gpunodes") : b.path.toHtmlEscaped()));
     item->setFlags(Qt::ItemIsEnabled | Qt::ItemIsSelectable | Qt::ItemIsDragEnabled);
   }
   // Unreadable files are listed too, so a broken block is not silently missing.

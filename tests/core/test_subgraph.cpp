@@ -8,6 +8,7 @@
 #include <QJsonDocument>
 #include <QStandardPaths>
 #include <QtTest>
+#include <algorithm>
 
 #include "gpunodes/core/executor.h"
 #include "gpunodes/core/graph_document.h"
@@ -524,7 +525,10 @@ class SubgraphTest : public QObject {
     QVERIFY(!subgraph::saveBlock(*doc.node("block1"), "not valid", &saved, &error));
     QVERIFY(error.contains("block name"));
 
-    const QList<subgraph::LibraryBlock> library = subgraph::listLibrary();
+    QList<subgraph::LibraryBlock> library = subgraph::listLibrary();
+    // The shipped blocks come first; the user's follow.
+    library.erase(std::remove_if(library.begin(), library.end(), [](const auto& b) { return b.shipped; }),
+                  library.end());
     QCOMPARE(library.size(), 1);
     QCOMPARE(library[0].name, QStringLiteral("Gain"));
     QCOMPARE(library[0].hash, saved.hash);
@@ -543,7 +547,8 @@ class SubgraphTest : public QObject {
     changed->promoted.append({"gain", "a2", "value", {}});
     blockDoc.setSubgraph(blockDoc.nodes()[0].id, changed);
     QVERIFY(ser::saveFile(saved.path, blockDoc, &error));
-    const QList<subgraph::LibraryBlock> after = subgraph::listLibrary();
+    QList<subgraph::LibraryBlock> after = subgraph::listLibrary();
+    after.erase(std::remove_if(after.begin(), after.end(), [](const auto& b) { return b.shipped; }), after.end());
     QVERIFY(after[0].hash != saved.hash);
     instance.params = {{"gain", 3}, {"gone", 1}};
     QVERIFY(subgraph::outOfDate(instance, after));
@@ -553,6 +558,36 @@ class SubgraphTest : public QObject {
     QCOMPARE(fresh.params, (QJsonObject{{"gain", 3}}));
     QCOMPARE(subgraph::of(fresh).node("a2")->params.value("value").toInt(), 20);
     QVERIFY(!subgraph::outOfDate(fresh, after));
+  }
+
+  // d2l's two transformer blocks ship with gpunodes: listed, readable, each a Subgraph with promoted heads,
+  // widths and dropout; a user's block of the same name takes the shipped one's place.
+  void theShippedTransformerBlocksAreInTheLibrary() {
+    QStringList errors;
+    const QList<subgraph::LibraryBlock> library = subgraph::listLibrary(&errors);
+    QVERIFY2(errors.isEmpty(), qPrintable(errors.join("; ")));
+    for (const QString name : {"ViTBlock", "TransformerEncoderBlock"}) {
+      auto it = std::find_if(library.begin(), library.end(), [&](const auto& b) { return b.name == name; });
+      QVERIFY2(it != library.end(), qPrintable(name));
+      QVERIFY(it->shipped);
+      QVERIFY(it->path.startsWith(subgraph::shippedLibraryDir()));
+      QStringList promoted;
+      for (const auto& p : subgraph::of(it->node).promoted) promoted.append(p.name);
+      for (const QString want : {"num_heads", "width", "mlp_hiddens", "dropout", "causal"})
+        QVERIFY2(promoted.contains(want), qPrintable(name + " lacks " + want));
+    }
+    GraphDocument doc;
+    chain(doc);
+    apply(doc, subgraph::group(doc, {"a1", "a2"}, "block1"));
+    subgraph::LibraryBlock saved;
+    QString error;
+    QVERIFY2(subgraph::saveBlock(*doc.node("block1"), "ViTBlock", &saved, &error), qPrintable(error));
+    const QList<subgraph::LibraryBlock> mine = subgraph::listLibrary();
+    QCOMPARE(std::count_if(mine.begin(), mine.end(), [](const auto& b) { return b.name == "ViTBlock"; }), 1);
+    auto it = std::find_if(mine.begin(), mine.end(), [](const auto& b) { return b.name == "ViTBlock"; });
+    QVERIFY(!it->shipped);
+    QCOMPARE(it->hash, saved.hash);
+    QVERIFY(QFile::remove(saved.path));
   }
 
   void aBlockThatContainsItselfIsRefused() {

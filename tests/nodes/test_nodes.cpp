@@ -59,7 +59,9 @@ class NodesTest : public QObject {
         // the Layers category
         "Input", "Conv2d", "BatchNorm2d", "BatchNorm1d", "ReLU", "Sigmoid", "Tanh", "GELU", "MaxPool2d",
         "AvgPool2d", "GlobalAvgPool2d", "Flatten", "Linear", "Dropout", "Add", "Concat", "Embedding", "OneHot",
-        "RNN", "GRU", "LSTM", "Reshape", "Transpose", "LastStep", "Network"};
+        "RNN", "GRU", "LSTM", "Reshape", "Transpose", "LastStep", "FirstStep", "LayerNorm", "MultiheadAttention",
+        "BatchMatMul", "Softmax", "Mul", "Scale", "PositionalEncoding", "PositionEmbedding", "ClassToken",
+        "Network"};
     QCOMPARE(plugin()->nodeTypes().size(), names.size());
     for (const QString& name : names) {
       NodeTypePtr t = registry().find(name);

@@ -1,5 +1,7 @@
 #include "gpunodes/core/subgraph.h"
 
+#include <algorithm>
+
 #include <QCryptographicHash>
 #include <QDir>
 #include <QFileInfo>
@@ -588,6 +590,10 @@ QString libraryDir() {
   return dir;
 }
 
+QString shippedLibraryDir() {
+  return QStringLiteral(":/gpunodes/blocks");
+}
+
 QString contentHash(const Subgraph& sub) {
   auto content = std::make_shared<Subgraph>(sub);
   content->block = {};
@@ -631,15 +637,26 @@ bool readBlock(const QString& path, LibraryBlock& out, QString* error) {
 
 QList<LibraryBlock> listLibrary(QStringList* errors) {
   QList<LibraryBlock> blocks;
-  const QDir dir(libraryDir());
-  for (const QString& file : dir.entryList({QStringLiteral("*.json")}, QDir::Files, QDir::Name)) {
-    LibraryBlock block;
-    QString error;
-    if (readBlock(dir.filePath(file), block, &error))
-      blocks.append(std::move(block));
-    else if (errors)
-      errors->append(error);
-  }
+  auto readDir = [&](const QString& path, bool shipped) {
+    const QDir dir(path);
+    for (const QString& file : dir.entryList({QStringLiteral("*.json")}, QDir::Files, QDir::Name)) {
+      LibraryBlock block;
+      QString error;
+      if (!readBlock(dir.filePath(file), block, &error)) {
+        if (errors) errors->append(error);
+        continue;
+      }
+      block.shipped = shipped;
+      // A user's block replaces the shipped one of its name, where it was listed.
+      auto same = std::find_if(blocks.begin(), blocks.end(), [&](const LibraryBlock& b) { return b.name == block.name; });
+      if (same != blocks.end())
+        *same = std::move(block);
+      else
+        blocks.append(std::move(block));
+    }
+  };
+  readDir(shippedLibraryDir(), true);
+  readDir(libraryDir(), false);
   return blocks;
 }
 

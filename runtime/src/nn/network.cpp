@@ -380,6 +380,11 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
       break;
     case LayerKind::LayerNorm:
       if (!(l.eps > 0 && l.eps < 1)) throw LayerError("", "eps must be above 0 and below 1");
+      if (l.features < 0) throw LayerError("", "normalized_shape must be 0 (the last axis) or its size");
+      if (l.features != 0 && l.features != in.back())
+        throw LayerError("in", "LayerNorm normalizes the last axis, of " + std::to_string(in.back()) +
+                                   " in its input " + dims(in) + ", but normalized_shape is " +
+                                   std::to_string(l.features));
       info.out = in;
       info.params = l.affine ? 2 * static_cast<double>(in.back()) : 0;
       info.flops = 8 * n_in;
@@ -579,7 +584,7 @@ std::string params_text(const LayerSpec& l) {
     case LayerKind::Transpose:
       return "dim0=" + i(l.dim0) + ",dim1=" + i(l.dim1);
     case LayerKind::LayerNorm:
-      return "eps=" + num(l.eps) + ",elementwise_affine=" + i(l.affine);
+      return "normalized_shape=" + i(l.features) + ",eps=" + num(l.eps) + ",elementwise_affine=" + i(l.affine);
     case LayerKind::MultiheadAttention:
       return "num_heads=" + i(l.heads) + ",dropout=" + num(l.dropout) + ",bias=" + i(l.bias) +
              ",causal=" + i(l.causal);
@@ -665,7 +670,7 @@ NetworkSpec NetworkSpec::parse(const std::string& text) {
           l.shape.clear();
           for (const std::string& d : split(v, "x")) l.shape.push_back(to_int(text, d));
         } else if (key == "out_channels" || key == "out_features" || key == "hidden_size" ||
-                   key == "embedding_dim" || key == "num_classes") {
+                   key == "embedding_dim" || key == "num_classes" || key == "normalized_shape") {
           l.features = to_int(text, v);
         } else if (key == "kernel_size") {
           l.kernel = to_int(text, v);

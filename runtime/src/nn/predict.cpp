@@ -56,6 +56,33 @@ std::vector<float> predict_values(Model& model, const DatasetPtr& data, int64_t 
   return out;
 }
 
+std::vector<AttentionMap> attention_maps(Model& model, const DatasetPtr& data, int64_t index, int64_t resize) {
+  if (!data || index < 0 || index >= data->count)
+    throw Error("attention: sample " + std::to_string(index) + " is not in the dataset's " +
+                std::to_string(data ? data->count : 0) + " samples");
+  LoaderOptions lo;
+  lo.batch_size = 1;
+  lo.shuffle = false;
+  lo.resize = resize;
+  DataLoader loader(data, lo);
+  loader.start_epoch(0);
+  // Batches of one, in order: only the one asked for goes through the model.
+  HostBatchPtr batch;
+  for (int64_t i = 0; i <= index; ++i)
+    if (!(batch = loader.next())) throw Error("attention: the loader ended before sample " + std::to_string(index));
+  DeviceBatch db = to_device(model.runtime(), batch, 0, 1, model.device());
+  (void)model.forward(db.images, Mode::Eval);
+  std::vector<AttentionMap> out;
+  for (const auto& [layer, w] : model.attention_weights()) {
+    AttentionMap m;
+    m.layer = layer;
+    m.heads = w.shape()[0], m.queries = w.shape()[1], m.keys = w.shape()[2];
+    m.weights = to_host(w);
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
 SeriesPredictions predict_series(Model& model, const Dataset& data, int64_t start) {
   if (!data.series || data.sample_shape.size() != 1) throw Error("predict_series: the dataset is not a series");
   const std::vector<float>& x = *data.series;

@@ -457,6 +457,81 @@ emit("subgraph-missing-inner-node.json", "a boundary port naming an inner node t
 emit("subgraph-in-version-1.json", "a subgraph in a file that says version 1", "version 2",
      dict(sub_graph([DEV, sub_node("block1", [tensor("x1")], [], [], [])], []), version=1))
 
+# --- attention: heads, widths and lengths that do not fit, masks for other lengths, weights too large
+ATT = {
+    "format": "gpunodes-graph", "version": 1, "name": "hostile attention", "description": "a valid attention model",
+    "settings": {"schedule": "parallel", "cpu_devices": 1},
+    "nodes": [
+        {"id": "x", "type": "Input", "position": [0, 0], "params": {"shape": [35]}},
+        {"id": "emb", "type": "Embedding", "position": [200, 0], "params": {"num_embeddings": 28, "embedding_dim": 16}},
+        {"id": "attn", "type": "MultiheadAttention", "position": [400, 0], "params": {"num_heads": 4}},
+        {"id": "fc", "type": "Linear", "position": [600, 0], "params": {"out_features": 28}},
+        {"id": "net", "type": "Network", "position": [800, 0], "params": {}},
+    ],
+    "connections": [
+        {"from": "x.out", "to": "emb.in"},
+        {"from": "emb.out", "to": "attn.q"},
+        {"from": "attn.out", "to": "fc.in"},
+        {"from": "fc.out", "to": "net.out"},
+    ],
+}
+
+
+def att_variant(name, attack, expect, mutate, lines=1):
+    g = copy.deepcopy(ATT)
+    mutate(g)
+    emit(name, attack, expect, g, lines)
+
+
+def short_keys(g, to):
+    """A [7, 16] sequence from the [35, 16] embedding (Reshape [7, 80], Linear 16), wired into `to`."""
+    add_node(g, "fold", "Reshape", {"shape": [7, 80]})
+    add_node(g, "keys", "Linear", {"out_features": 16})
+    g["connections"] += [{"from": "emb.out", "to": "fold.in"}, {"from": "fold.out", "to": "keys.in"},
+                         {"from": "keys.out", "to": to}]
+
+
+att_variant("att-heads-not-dividing.json", "num_heads 3 for an embedding of 16", "num_heads",
+            lambda g: seq_node(g, "attn")["params"].update(num_heads=3))
+att_variant("att-key-width.json", "keys 8 wide for queries 16 wide", "width",
+            lambda g: (add_node(g, "narrow", "Linear", {"out_features": 8}),
+                       g["connections"].extend([{"from": "emb.out", "to": "narrow.in"},
+                                                {"from": "narrow.out", "to": "attn.k"}])))
+att_variant("att-causal-fewer-keys.json", "a causal mask over 7 keys for 35 queries", "keys",
+            lambda g: (seq_node(g, "attn")["params"].update(causal=True), short_keys(g, "attn.k")))
+att_variant("att-values-per-key.json", "35 keys but 7 values", "value per key",
+            lambda g: (g["connections"].append({"from": "emb.out", "to": "attn.k"}), short_keys(g, "attn.v")))
+att_variant("att-values-without-keys.json", "v wired while k is open", "wire k",
+            lambda g: g["connections"].append({"from": "emb.out", "to": "attn.v"}))
+att_variant("att-layernorm-axis.json", "LayerNorm normalized_shape 32 over a last axis of 16", "normalized_shape",
+            lambda g: (add_node(g, "ln", "LayerNorm", {"normalized_shape": 32}), rewire(g, "fc.in", "ln.out"),
+                       g["connections"].append({"from": "attn.out", "to": "ln.in"})))
+att_variant("att-positional-odd-width.json", "a sinusoidal encoding of an odd width (15)", "even",
+            lambda g: (seq_node(g, "emb")["params"].update(embedding_dim=15),
+                       seq_node(g, "attn")["params"].update(num_heads=5),
+                       add_node(g, "pos", "PositionalEncoding"), rewire(g, "attn.q", "pos.out"),
+                       g["connections"].append({"from": "emb.out", "to": "pos.in"})))
+att_variant("att-positional-max-len.json", "a positional encoding of max_len 10 for 35 steps", "max_len",
+            lambda g: (add_node(g, "pos", "PositionalEncoding", {"max_len": 10}), rewire(g, "attn.q", "pos.out"),
+                       g["connections"].append({"from": "emb.out", "to": "pos.in"})))
+att_variant("att-bmm-shapes.json", "BatchMatMul of [35, 16] by [35, 16] without transpose_b", "rows",
+            lambda g: (add_node(g, "bmm", "BatchMatMul"), rewire(g, "fc.in", "bmm.out"),
+                       g["connections"].extend([{"from": "attn.out", "to": "bmm.a"},
+                                                {"from": "emb.out", "to": "bmm.b"}])))
+att_variant("att-softmax-causal-flat.json", "a causal Softmax over a flat [16]", "causal",
+            lambda g: (add_node(g, "last", "LastStep"), add_node(g, "sm", "Softmax", {"causal": True}),
+                       rewire(g, "fc.in", "sm.out"),
+                       g["connections"].extend([{"from": "attn.out", "to": "last.in"},
+                                                {"from": "last.out", "to": "sm.in"}])))
+att_variant("att-weights-too-large.json",
+            "self-attention over 30,000 steps with 64 heads: 230 GB of attention weights for one sample",
+            "attention weights",
+            lambda g: (seq_node(g, "x")["params"].update(shape=[30000]),
+                       seq_node(g, "emb")["params"].update(embedding_dim=64),
+                       seq_node(g, "attn")["params"].update(num_heads=64),
+                       with_training(g, {"name": "text", "path": TEXT, "num_steps": 30000, "test_fraction": 0,
+                                         "batch_size": 1})))
+
 # --- encodings, again
 emit("bom-wrong-format.json", "a BOM, then a file of the wrong format", "format",
      b"\xef\xbb\xbf" + text.replace("gpunodes-graph", "other-graph").encode())

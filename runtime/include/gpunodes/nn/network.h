@@ -73,7 +73,8 @@ struct LayerSpec {
   Shape shape;              // Input: the shape per sample, [C, H, W], [T, F] or [features]; Reshape: the
                             // shape per sample wanted, one -1 allowed
   int64_t features = 0;     // Conv2d out_channels, Linear out_features, RNN/GRU/LSTM hidden_size,
-                            // Embedding embedding_dim, OneHot num_classes
+                            // Embedding embedding_dim, OneHot num_classes, LayerNorm normalized_shape (0:
+                            // the input's last axis, whatever it is)
   int64_t vocab = 0;        // Embedding num_embeddings
   int64_t num_layers = 1;   // RNN, GRU, LSTM
   bool bidirectional = false;  // RNN, GRU, LSTM

@@ -40,6 +40,16 @@ struct SeriesPredictions {
 };
 SeriesPredictions predict_series(Model& model, const Dataset& data, int64_t start);
 
+// What each MultiheadAttention layer of `model` attends to for sample `index` of `data` (Eval mode, resized as
+// the loader resizes): its weights [heads, queries, keys] read back to the host, in construction order, under
+// the layer's id. Empty for a model without attention. Throws Error for an index outside the dataset.
+struct AttentionMap {
+  std::string layer;
+  int64_t heads = 0, queries = 0, keys = 0;
+  std::vector<float> weights;  // heads x queries x keys, row-major; each row sums to 1 (masked keys 0)
+};
+std::vector<AttentionMap> attention_maps(Model& model, const DatasetPtr& data, int64_t index, int64_t resize = 0);
+
 // The first maximum of n logits (a later equal value does not win; a NaN never does unless it comes first):
 // the rule softmax_cross_entropy's accuracy count follows on every backend, so that accuracy read from
 // predictions equals evaluate()'s.

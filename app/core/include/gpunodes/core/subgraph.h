@@ -133,16 +133,20 @@ void innerDocument(const Subgraph& sub, GraphDocument& into);
 struct LibraryBlock {
   QString name, path, hash;
   GraphNode node;
+  bool shipped = false;  // one of gpunodes' own blocks (path in shippedLibraryDir()), read-only
 };
 
 // <AppDataLocation>/blocks, created when missing.
 QString libraryDir();
+// The blocks that come with gpunodes (resources/blocks, built into the library as Qt resources).
+QString shippedLibraryDir();
 // A hash of what the subgraph does (inner graph, ports, promoted params), not of where it came from.
 QString contentHash(const Subgraph& sub);
 // Reads one block file. Refused with a message naming the file: not a graph file, not exactly one Subgraph
 // node, or a block that contains an instance of itself (a block may not be defined by itself).
 bool readBlock(const QString& path, LibraryBlock& out, QString* error);
-// Every block in libraryDir(), by name; files that cannot be read are skipped and named in *errors.
+// The shipped blocks, then every block in libraryDir(), each group by name; a user's block of a shipped
+// block's name takes its place. Files that cannot be read are skipped and named in *errors.
 QList<LibraryBlock> listLibrary(QStringList* errors = nullptr);
 // Writes node's subgraph as block `name` (1-64 letters, digits, '_' or '-') into libraryDir(), replacing a
 // block of that name (atomically). *saved gets the block as written; instantiate() makes the instance that
