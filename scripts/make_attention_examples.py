@@ -103,13 +103,17 @@ VIT_DESCRIPTION = (
     "position to each step; two ViTBlocks (pre-norm: x + MHA(LN(x)), x + MLP(LN(x)), 4 heads, MLP 128, GELU); "
     "LayerNorm, FirstStep reads the class token and Linear 10 gives the scores. d2l's own settings: 96x96 images, "
     "patch 16, width 512, MLP 2048, 8 heads, 2 blocks, dropout 0.1, SGD lr 0.1, batch 128, 10 epochs; this file "
-    "keeps the architecture at CPU size (28x28, patch 4, width 64, 4 heads, MLP 128) and trains with Adam lr "
-    "0.001, batch 128, on the first 20,000 training images. After a run, select attn in a block (open it) to "
-    "see each head's attention for a test image, and the class token's attention over the patches laid over "
-    "the image.")
+    "keeps the architecture at CPU size (28x28, patch 4, width 64, 4 heads, MLP 128, 72,074 parameters) and its "
+    "quick settings train without dropout (a model this small underfits; with d2l's 0.1 it reached 0.776 after "
+    "4 epochs of 20,000 images) with Adam lr 0.002, batch 128, 3 epochs over the first 30,000 training images: "
+    "test accuracy 0.810 in 141 s here on two CPU cores (36 s an epoch, about 820 images/s, with other work on "
+    "the machine). Evaluate reports the attention of test image 0 (attention on): select block1 or block2 to "
+    "see each head's attention, and the class token's attention over the patches laid over the image, in the "
+    "Attention tab.")
 
 
 def vit_example(vit):
+    vit = encoder_block(True, 64, 4, 128, 0.0)
     nodes = [
         node("x", "Input", 0, -200, shape=[1, 28, 28]),
         node("patches", "Conv2d", 200, -200, out_channels=64, kernel_size=4, stride=4),
@@ -117,17 +121,17 @@ def vit_example(vit):
         node("steps", "Transpose", 600, -200, dim0=0, dim1=1),
         node("cls", "ClassToken", 800, -200),
         node("pos", "PositionEmbedding", 1000, -200),
-        node("emb_drop", "Dropout", 1200, -200, p=0.1),
-        block_instance("block1", 1400, -200, vit, num_heads=4, width=64, mlp_hiddens=128, dropout=0.1),
-        block_instance("block2", 1600, -200, vit, num_heads=4, width=64, mlp_hiddens=128, dropout=0.1),
+        node("emb_drop", "Dropout", 1200, -200, p=0.0),
+        block_instance("block1", 1400, -200, vit, num_heads=4, width=64, mlp_hiddens=128, dropout=0.0),
+        block_instance("block2", 1600, -200, vit, num_heads=4, width=64, mlp_hiddens=128, dropout=0.0),
         node("ln", "LayerNorm", 1800, -200),
         node("first", "FirstStep", 2000, -200),
         node("head", "Linear", 2200, -200, out_features=10),
         node("net", "Network", 2400, -200, init="xavier", seed=0),
         node("dev", "Device", 0, 0, kind="gpu", index=0, fallback=True),
         node("data", "Dataset", 0, 160, name="fashion-mnist", path="/usr/share/datasets/fashion-mnist",
-             split="both", batch_size=128, limit=20000, shuffle_seed=0, resize=0),
-        node("train", "Train", 600, 40, epochs=4, optimizer="adam", lr=0.001, loss="cross_entropy",
+             split="both", batch_size=128, limit=30000, shuffle_seed=0, resize=0),
+        node("train", "Train", 600, 40, epochs=3, optimizer="adam", lr=0.002, loss="cross_entropy",
              log_every=20),
         node("test", "Evaluate", 900, 40, split="test", attention=True, attention_sample=0),
     ]

@@ -14,9 +14,9 @@ namespace gn::editor {
 namespace {
 constexpr int kTypeRole = Qt::UserRole;
 constexpr int kSearchRole = Qt::UserRole + 1;
-constexpr int kBlockRole = Qt::UserRole + 2;      // a "My blocks" entry: the block's index in blocks_
+constexpr int kBlockRole = Qt::UserRole + 2;      // a "Blocks" entry: the block's index in blocks_
 constexpr int kBlockPathRole = Qt::UserRole + 3;  // and its file, which a drop reads
-const QString kBlocksCategory = QStringLiteral("My blocks");
+const QString kBlocksCategory = QStringLiteral("Blocks");
 }  // namespace
 
 QStringList PaletteTree::mimeTypes() const {

@@ -1,7 +1,7 @@
 // The node catalogue: every type the loaded plugins provide, grouped by category, with a search field.
-// Drag an entry onto the canvas or double-click it to add the node. Under "My blocks", the subgraphs saved
-// to the user's library (core/subgraph.h), added the same two ways; the list follows the library folder as
-// files come and go.
+// Drag an entry onto the canvas or double-click it to add the node. Under "Blocks", the blocks that ship
+// with gpunodes and the subgraphs saved to the user's library (core/subgraph.h), added the same two ways; the
+// list follows the library folder as files come and go.
 #pragma once
 #include <QFileSystemWatcher>
 #include <QTreeWidget>
@@ -34,7 +34,7 @@ class PalettePanel : public QWidget {
   QLineEdit* searchField() const { return search_; }
   QTreeWidget* tree() const { return tree_; }
   QTreeWidgetItem* itemForType(const QString& type) const;
-  // The library as last read, and its "My blocks" entry for a block (null when there is none).
+  // The library as last read, and its "Blocks" entry for a block (null when there is none).
   const QList<core::subgraph::LibraryBlock>& blocks() const { return blocks_; }
   QTreeWidgetItem* itemForBlock(const QString& name) const;
   // Reads the library again (also done when its folder or one of its files changes).

@@ -1,8 +1,8 @@
 // Subgraphs in the editor: Ctrl+G groups the selection as one undo step and Ctrl+Shift+G ungroups; a
 // double-click enters a subgraph (the breadcrumb shows the path, its crumbs go back up); an edit inside
 // changes the subgraph node in the root document as one undoable step; the inspector promotes inner params
-// and edits promoted ones; the palette lists the library under "My blocks"; an instance whose block file
-// changed shows as out of date and updates from the library; "My blocks" entries drop onto any level's canvas
+// and edits promoted ones; the palette lists the library under "Blocks"; an instance whose block file
+// changed shows as out of date and updates from the library; "Blocks" entries drop onto any level's canvas
 // (but not into an instance of themselves); a run's states, reported by path id, show on the inner nodes at
 // every open level and summed up on their Subgraph node; the Edit, Node and View menus act on the canvas on
 // screen; a log line naming an inner node opens its level.
@@ -243,7 +243,7 @@ class SubgraphEditorTest : public QObject {
     QVERIFY(w_->saveToLibrary("block1", "TwoMats"));
     QTreeWidgetItem* entry = w_->palette()->itemForBlock("TwoMats");
     QVERIFY(entry);
-    QCOMPARE(entry->parent()->text(0), QStringLiteral("My blocks"));
+    QCOMPARE(entry->parent()->text(0), QStringLiteral("Blocks"));
     QCOMPARE(subgraph::of(*w_->document()->node("block1")).block.name, QStringLiteral("TwoMats"));
 
     // Adding from the palette: a new instance, up to date.
