@@ -151,8 +151,13 @@ LM_DESCRIPTION = (
     "TransformerEncoderBlocks with causal attention (each step attends only to itself and the steps before it, "
     "so the output at step t predicts step t + 1 without seeing it; post-norm as d2l 11.7, 4 heads, FFN 128) "
     "-> Linear 28 scores for the next character at every step. Trained with Adam lr 0.003, batch 32, random "
-    "partition (a transformer carries no state from batch to batch). gen continues the prefix 'the program ' "
-    "greedily, as the GRU's does.")
+    "partition (a transformer carries no state from batch to batch), 40 epochs. Measured here on two CPU cores: "
+    "0.8 s an epoch on a quiet machine (8 epochs took 8 s: test perplexity 7.5), and after the 40 epochs "
+    "train.perplexity 3.8, test perplexity 5.75 and the next character's accuracy 0.51 on the held-out text, "
+    "against the GRU's 8.5 and 0.37 after its minute; gen continues the prefix 'the program ' greedily, as the "
+    "GRU's does: 'the program the program and the program tecisibis lis t t t t'. Evaluate reports the "
+    "attention of the first test window (attention on): select block1 or block2 to see each head's causal "
+    "attention, zero above the diagonal, in the Attention tab.")
 
 
 def lm_example(post):
@@ -170,7 +175,7 @@ def lm_example(post):
         node("data", "Dataset", 0, 160, name="text", path="/usr/share/common-licenses/GPL-3", tokens="char",
              preprocess=True, min_freq=0, num_steps=35, partition="random", test_fraction=0.1, batch_size=32,
              shuffle_seed=0),
-        node("train", "Train", 600, 40, epochs=8, optimizer="adam", lr=0.003, clip_grad_norm=1,
+        node("train", "Train", 600, 40, epochs=40, optimizer="adam", lr=0.003, clip_grad_norm=1,
              loss="cross_entropy", log_every=10),
         node("test", "Evaluate", 900, 40, split="test", attention=True, attention_sample=0),
         node("gen", "Generate", 900, 200, prefix="the program ", num_tokens=50, temperature=0, seed=0),
