@@ -58,7 +58,8 @@ OUT=${OUT:-/tmp/gn-device-check}
 # honour GN_TEST_DEVICE), the GPU-only suites, and test_nn_models (try_gpu). CTest checks that the list is
 # complete (--check-suites); a suite that the other side adds (test_cuda_defects) runs where it is built.
 CUDA_SUITES=(test_device:90 test_nn_cuda:150 test_cuda_defects:90 test_nn_layers:120 test_nn_network:120
-             test_nn_optim:90 test_predict:90 test_nn_models:60 test_nn_recurrent:90 test_sequence_layers:90)
+             test_nn_optim:90 test_predict:90 test_nn_models:60 test_nn_recurrent:90 test_sequence_layers:90
+             test_attention_layers:90)
 suite_names() { local s; for s in "${CUDA_SUITES[@]}"; do echo "${s%%:*}"; done; }
 # Step budgets (seconds) and what each keeps back for the steps after it.
 declare -A BUDGET=([kernels]=60 [suites]=200 [sanitizer]=70 [examples]=50 [bench]=40)
