@@ -8,14 +8,25 @@ image_size=S for the sample shape) or a gpunodes graph file whose layer nodes dr
 or "GRAPH.json#NETWORK_ID" when the graph has several Network nodes. Drawn networks may be sequence models:
 an Input of token ids [T] (integers stored as float32 in the .f32 files, refused otherwise) or of steps
 [T, F], Embedding and OneHot, RNN, GRU and LSTM (batch_first, only their output), Reshape and Transpose of the
-per-sample axes, LastStep (x[:, -1]), and Linear on the last axis.
+per-sample axes, LastStep (x[:, -1]), and Linear on the last axis. And the attention layers of d2l chapter
+11: LayerNorm (nn.LayerNorm), MultiheadAttention (nn.MultiheadAttention(batch_first=True) on q and, when
+wired, k and v, with a causal mask when asked: query i sees keys j <= i + Tk - Tq), BatchMatMul (torch.bmm,
+b transposed on request), Softmax over the last axis (causal: masked entries exactly 0), Mul, Scale,
+PositionalEncoding (d2l 11.6's sinusoidal table, in float32), PositionEmbedding (a learned [T, E] added; a
+shorter sequence adds its first rows), ClassToken (a learned [1, E] step prepended) and FirstStep (x[:, 0]).
 
   torch_peer.py selftest
   torch_peer.py logits MODEL WEIGHTS.safetensors INPUT.f32 N OUT.f32
       loads the weights with load_state_dict(strict=True) and writes the eval-mode outputs of the N samples
   torch_peer.py save MODEL SEED OUT.safetensors
       seeded torch weights, BatchNorm affine parameters drawn and running statistics moved by two training
-      batches (so num_batches_tracked is 2), written as safetensors
+      batches (so num_batches_tracked is 2), written as safetensors; LayerNorm's weights and biases, the
+      attention's biases and class tokens are drawn too, so that none is a plain 1 or 0
+  torch_peer.py reference JOB.json
+      runs a reference module on weights and inputs, optionally backward from a given output gradient, and
+      writes the output and every parameter's gradient as float64 (see cmd_reference); the module is the
+      drawn network, or torch's own nn.TransformerEncoderLayer or a d2l ViT built of them, loaded through
+      a map from its state_dict names to gpunodes' with load_state_dict(strict=True)
   torch_peer.py jobs JOBS.json
       runs a JSON list of the argument lists above in one process (torch takes seconds to import)
 
@@ -202,15 +213,32 @@ LAYER_DEFAULTS = {
     "Reshape": {"shape": [28, 28]},
     "Transpose": {"dim0": 0, "dim1": 1},
     "LastStep": {},
+    # Attention and transformers (d2l chapter 11); normalized_shape 0 takes the input's last axis.
+    "LayerNorm": {"normalized_shape": 0, "eps": 1e-5, "elementwise_affine": True},
+    "MultiheadAttention": {"num_heads": 4, "dropout": 0.0, "bias": True, "causal": False},
+    "BatchMatMul": {"transpose_b": False},
+    "Softmax": {"causal": False},
+    "Mul": {},
+    "Scale": {"scale": 1.0},
+    "PositionalEncoding": {"dropout": 0.0, "max_len": 1000},
+    "PositionEmbedding": {}, "ClassToken": {}, "FirstStep": {},
 }
 
 
 def layer_ports(kind):
     if kind == "Input":
         return []
-    if kind in ("Add", "Concat"):
+    if kind in ("Add", "Concat", "BatchMatMul", "Mul"):
         return ["a", "b"]
+    if kind == "MultiheadAttention":
+        return ["q", "k", "v"]
     return ["in"]
+
+
+def required_ports(kind):
+    """How many of the ports must be wired: all but MultiheadAttention's k and v (self-attention without them,
+    v = k with only k)."""
+    return 1 if kind == "MultiheadAttention" else len(layer_ports(kind))
 
 
 def _split_endpoint(text):
@@ -310,6 +338,126 @@ class LastStep(nn.Module):
         return x[:, -1]
 
 
+# --- the attention layers (d2l chapter 11) --------------------------------------------------------------------
+
+
+def causal_mask(tq, tk, device=None):
+    """True where query i may not see key j: j > i + tk - tq. With as many keys as queries that is every later
+    key; with more keys they are aligned to the end (the extra ones come first, and every query sees them)."""
+    return torch.ones(tq, tk, dtype=torch.bool, device=device).triu(1 + tk - tq)
+
+
+class Attention(nn.MultiheadAttention):
+    """nn.MultiheadAttention(E, num_heads, dropout, bias, batch_first=True) as the gpunodes layer calls it:
+    mha(q, k, v, need_weights=False, attn_mask=the causal mask when asked), k = q and v = k where they are not
+    wired. A subclass, so that the state_dict keys are torch's own (in_proj_weight, in_proj_bias,
+    out_proj.weight, out_proj.bias)."""
+
+    def __init__(self, e, heads, dropout, bias, causal):
+        super().__init__(e, heads, dropout=dropout, bias=bias, batch_first=True)
+        self.causal = causal
+
+    def forward(self, q, k=None, v=None):
+        k = q if k is None else k
+        v = k if v is None else v
+        mask = causal_mask(q.shape[1], k.shape[1], q.device) if self.causal else None
+        return super().forward(q, k, v, need_weights=False, attn_mask=mask)[0]
+
+
+class BatchMatMul(nn.Module):
+    """torch.bmm(a, b), or torch.bmm(a, b.transpose(1, 2)) with transpose_b (d2l 11.3's queries by keys)."""
+
+    def __init__(self, transpose_b):
+        super().__init__()
+        self.transpose_b = transpose_b
+
+    def forward(self, a, b):
+        return torch.bmm(a, b.transpose(1, 2) if self.transpose_b else b)
+
+
+class Mul(nn.Module):
+    def forward(self, a, b):
+        return a * b
+
+
+class Scale(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return x * self.scale
+
+
+class Softmax(nn.Module):
+    """Softmax over the last axis; causal masks each row's later columns (causal_mask) with -inf, so that they
+    get exactly 0 (d2l's masked_softmax fills -1e6, which gives 0 in float32 too)."""
+
+    def __init__(self, causal):
+        super().__init__()
+        self.causal = causal
+
+    def forward(self, x):
+        if self.causal:
+            x = x.masked_fill(causal_mask(x.shape[-2], x.shape[-1], x.device), float("-inf"))
+        return x.softmax(-1)
+
+
+def sinusoid_table(max_len, e):
+    """d2l 11.6's P [max_len, E], in float32 as d2l computes it: X = t / 10000^(2i / E), P[t, 2i] = sin(X),
+    P[t, 2i + 1] = cos(X)."""
+    x = torch.arange(max_len, dtype=torch.float32).reshape(-1, 1) / torch.pow(
+        10000, torch.arange(0, e, 2, dtype=torch.float32) / e)
+    p = torch.zeros(max_len, e)
+    p[:, 0::2] = torch.sin(x)
+    p[:, 1::2] = torch.cos(x)
+    return p
+
+
+class PositionalEncoding(nn.Module):
+    """d2l 11.6's PositionalEncoding: X + P[:T], then dropout. P is no parameter (a buffer left out of the
+    state_dict)."""
+
+    def __init__(self, e, dropout, max_len):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("P", sinusoid_table(max_len, e), persistent=False)
+
+    def forward(self, x):
+        return self.dropout(x + self.P[: x.shape[1]].to(x.dtype))
+
+
+class PositionEmbedding(nn.Module):
+    """A learned position embedding, weight [T, E] from N(0, 1) (d2l 11.8's pos_embedding without its batch
+    axis); a shorter sequence adds its first rows."""
+
+    def __init__(self, t, e):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(t, e))
+
+    def forward(self, x):
+        return x + self.weight[: x.shape[1]]
+
+
+class ClassToken(nn.Module):
+    """d2l 11.8's cls_token, weight [1, E] (zeros at first), before the first step: [N, T, E] -> [N, T + 1, E]."""
+
+    def __init__(self, e):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1, e))
+
+    def forward(self, x):
+        return torch.cat([self.weight.unsqueeze(0).expand(x.shape[0], -1, -1), x], dim=1)
+
+
+class FirstStep(nn.Module):
+    """x[:, 0]: [N, T, F] -> [N, F], what a ViT's head reads (its class token)."""
+
+    def forward(self, x):
+        return x[:, 0]
+
+
+
 class GraphNet(nn.Module):
     """The network a Network node draws: the layer nodes reachable upstream from its `out` input, each layer's
     module registered under its node id (state_dict keys "<id>.weight", ...) in a depth-first order that
@@ -333,7 +481,7 @@ class GraphNet(nn.Module):
         if (network_id, "out") not in wires:
             raise PeerError(f"Network '{network_id}' has nothing wired into its out input")
 
-        order, state = [], {}
+        order, state, wired = [], {}, {}
 
         def visit(nid):
             if state.get(nid) == "done":
@@ -346,9 +494,17 @@ class GraphNet(nn.Module):
             if kind not in LAYER_DEFAULTS:
                 raise PeerError(f"node '{nid}' of type {kind} is not a layer")
             state[nid] = "open"
-            for port in layer_ports(kind):
+            ports = layer_ports(kind)
+            wired[nid] = []
+            for i, port in enumerate(ports):
                 if (nid, port) not in wires:
-                    raise PeerError(f"layer '{nid}' has nothing wired into its {port} input")
+                    if i < required_ports(kind):
+                        raise PeerError(f"layer '{nid}' has nothing wired into its {port} input")
+                    later = [q for q in ports[i + 1 :] if (nid, q) in wires]
+                    if later:
+                        raise PeerError(f"layer '{nid}' has {later[0]} wired but not {port}")
+                    break
+                wired[nid].append(port)
                 visit(wires[(nid, port)])
             state[nid] = "done"
             order.append(nid)
@@ -360,7 +516,7 @@ class GraphNet(nn.Module):
 
         self.order = order
         self.kinds = {i: nodes[i]["type"] for i in order}
-        self.sources = {i: [wires[(i, p)] for p in layer_ports(self.kinds[i])] for i in order}
+        self.sources = {i: [wires[(i, p)] for p in wired[i]] for i in order}
         self.output_id = order[-1]
         shapes = {}
         for nid in order:
@@ -475,6 +631,56 @@ class GraphNet(nn.Module):
             if ins[0][1:] != ins[1][1:]:
                 raise PeerError(f"Concat '{nid}' takes a {ins[0]} and b {ins[1]}: all but the first must match")
             return None, [ins[0][0] + ins[1][0]] + ins[0][1:]
+        if kind == "LayerNorm":
+            ns = int(p["normalized_shape"])
+            if ns not in (0, ins[0][-1]):
+                raise PeerError(f"LayerNorm '{nid}' normalizes the last axis of {ins[0]}, not {ns} values")
+            affine = bool(p["elementwise_affine"])
+            return nn.LayerNorm(ins[0][-1], eps=float(p["eps"]), elementwise_affine=affine), ins[0]
+        if kind == "MultiheadAttention":
+            q = ins[0]
+            k = ins[1] if len(ins) > 1 else q
+            v = ins[2] if len(ins) > 2 else k
+            if any(len(s) != 2 for s in (q, k, v)):
+                raise PeerError(f"MultiheadAttention '{nid}' needs [T, E] sequences, got q {q}, k {k}, v {v}")
+            e, heads = q[1], int(p["num_heads"])
+            if heads < 1 or e % heads:
+                raise PeerError(f"MultiheadAttention '{nid}': num_heads={heads} must divide E={e}")
+            if k[1] != e or v[1] != e or v[0] != k[0]:
+                raise PeerError(f"MultiheadAttention '{nid}': q {q}, k {k} and v {v} do not fit")
+            if bool(p["causal"]) and q[0] > k[0]:
+                raise PeerError(f"MultiheadAttention '{nid}': a causal one needs as many keys as queries")
+            return Attention(e, heads, float(p["dropout"]), bool(p["bias"]), bool(p["causal"])), q
+        if kind == "BatchMatMul":
+            a, b = ins
+            tb = bool(p["transpose_b"])
+            if len(a) != 2 or len(b) != 2 or a[1] != (b[1] if tb else b[0]):
+                raise PeerError(f"BatchMatMul '{nid}' cannot multiply a {a} by b {b}{' transposed' if tb else ''}")
+            return BatchMatMul(tb), [a[0], b[0] if tb else b[1]]
+        if kind == "Softmax":
+            causal = bool(p["causal"])
+            if causal and (len(ins[0]) != 2 or ins[0][0] > ins[0][1]):
+                raise PeerError(f"Softmax '{nid}': a causal one needs [queries, keys] scores, got {ins[0]}")
+            return Softmax(causal), ins[0]
+        if kind == "Mul":
+            if ins[0] != ins[1]:
+                raise PeerError(f"Mul '{nid}' takes a {ins[0]} and b {ins[1]}: they must be equal")
+            return Mul(), ins[0]
+        if kind == "Scale":
+            return Scale(float(p["scale"])), ins[0]
+        if kind == "PositionalEncoding":
+            t, e = need(2)
+            if t > int(p["max_len"]) or e % 2:
+                raise PeerError(f"PositionalEncoding '{nid}' takes {ins[0]}: at most max_len steps, E even")
+            return PositionalEncoding(e, float(p["dropout"]), int(p["max_len"])), ins[0]
+        if kind == "PositionEmbedding":
+            t, e = need(2)
+            return PositionEmbedding(t, e), ins[0]
+        if kind == "ClassToken":
+            t, e = need(2)
+            return ClassToken(e), [t + 1, e]
+        if kind == "FirstStep":
+            return FirstStep(), [need(2)[1]]
         raise PeerError(f"layer '{nid}' has the unknown type {kind}")
 
     def forward(self, x):
@@ -487,8 +693,8 @@ class GraphNet(nn.Module):
                 values[nid] = values[src[0]] + values[src[1]]
             elif kind == "Concat":
                 values[nid] = torch.cat([values[src[0]], values[src[1]]], dim=1)
-            else:
-                values[nid] = getattr(self, nid)(values[src[0]])
+            else:  # the layers of several inputs (BatchMatMul, Mul, MultiheadAttention) take them in port order
+                values[nid] = getattr(self, nid)(*[values[s] for s in src])
         return values[self.output_id]
 
 
@@ -545,9 +751,15 @@ def cmd_save(spec, seed, out):
         sample = [parse_signature(spec)["in_channels"], 16, 16]
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            norm = isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d))
+            if norm or (isinstance(m, nn.LayerNorm) and m.weight is not None):
                 m.weight.uniform_(0.5, 1.5)
                 m.bias.uniform_(-0.2, 0.2)
+            if isinstance(m, nn.MultiheadAttention) and m.in_proj_bias is not None:  # torch starts them at 0
+                m.in_proj_bias.uniform_(-0.2, 0.2)
+                m.out_proj.bias.uniform_(-0.2, 0.2)
+            if isinstance(m, ClassToken):
+                m.weight.normal_()
         # Two training batches move the running statistics off their start and count num_batches_tracked.
         model.train()
         vocab = getattr(model, "token_vocab", None)
@@ -561,14 +773,145 @@ def cmd_save(spec, seed, out):
     return {"keys": list(state.keys()), "num_batches_tracked": max(tracked) if tracked else None}
 
 
+# --- reference modules: torch's own transformer layers, loaded from gpunodes' names ------------------------------
+
+
+class EncoderLayerRef(nn.Module):
+    """Token ids through an embedding (the drawn graph's first layer: with one id per sample and step its
+    gradient is the block's input gradient) into torch's nn.TransformerEncoderLayer (dropout 0, batch_first):
+    norm_first=True is d2l 11.8's ViTBlock, norm_first=False with ReLU d2l 11.7's post-norm
+    TransformerEncoderBlock."""
+
+    def __init__(self, o):
+        super().__init__()
+        e = int(o["d_model"])
+        self.embedding = TokenEmbedding(int(o["vocab"]), e)
+        self.layer = nn.TransformerEncoderLayer(
+            e, int(o["nhead"]), int(o["dim_feedforward"]), dropout=0.0, activation=o["activation"],
+            layer_norm_eps=float(o.get("eps", 1e-5)), batch_first=True, norm_first=bool(o["norm_first"]))
+
+    def forward(self, x):
+        return self.layer(self.embedding(x))
+
+
+class ViTRef(nn.Module):
+    """d2l 11.8's ViT written out in torch: the patch embedding (Conv2d with stride = patch, flatten(2),
+    transpose(1, 2)), cls_token [1, 1, E] before the patches, pos_embedding [1, patches + 1, E] added, blocks of
+    nn.TransformerEncoderLayer(norm_first=True, activation="gelu", dropout 0, batch_first), and the head:
+    LayerNorm and Linear on the class token's step."""
+
+    def __init__(self, o):
+        super().__init__()
+        c, size, patch, e = int(o["channels"]), int(o["image_size"]), int(o["patch"]), int(o["d_model"])
+        eps = float(o.get("eps", 1e-5))
+        self.patch_embedding = nn.Conv2d(c, e, kernel_size=patch, stride=patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, e))
+        self.pos_embedding = nn.Parameter(torch.randn(1, (size // patch) ** 2 + 1, e))
+        self.blks = nn.ModuleList(
+            nn.TransformerEncoderLayer(e, int(o["nhead"]), int(o["dim_feedforward"]), dropout=0.0,
+                                       activation="gelu", layer_norm_eps=eps, batch_first=True, norm_first=True)
+            for _ in range(int(o["blocks"])))
+        self.head = nn.Sequential(nn.LayerNorm(e, eps=eps), nn.Linear(e, int(o["classes"])))
+        self.sample_shape = [c, size, size]
+
+    def forward(self, x):
+        x = self.patch_embedding(x).flatten(2).transpose(1, 2)
+        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embedding
+        for blk in self.blks:
+            x = blk(x)
+        return self.head(x[:, 0])
+
+
+REFERENCES = {"encoder_layer": EncoderLayerRef, "vit": ViTRef}
+
+
+def load_mapped(module, tensors, names):
+    """Loads the file's tensors into `module` with load_state_dict(strict=True), `names` mapping each of the
+    module's state_dict names to the file's (gpunodes') name: every file tensor must be used once (BatchNorm's
+    num_batches_tracked aside). A tensor of another shape but the same values (d2l's [1, 1, E] cls_token
+    against gpunodes' [1, E]) is reshaped; returns those names."""
+    want = module.state_dict()
+    state, reshaped, used = {}, [], {}
+    for ref, gn in names.items():
+        if gn not in tensors:
+            raise PeerError(f"the weights have no tensor {gn} (mapped to {ref})")
+        if gn in used:
+            raise PeerError(f"{gn} is mapped to both {used[gn]} and {ref}")
+        used[gn] = ref
+        t = tensors[gn]
+        if ref in want and tuple(want[ref].shape) != tuple(t.shape):
+            if want[ref].numel() != t.numel():
+                raise PeerError(f"{gn} {list(t.shape)} cannot be {ref} {list(want[ref].shape)}")
+            t = t.reshape(want[ref].shape)
+            reshaped.append(ref)
+        state[ref] = t
+    unused = [k for k in tensors if k not in used and not k.endswith("num_batches_tracked")]
+    if unused:
+        raise PeerError(f"the weights hold {unused}, which the name map leaves out")
+    module.load_state_dict(state, strict=True)
+    return reshaped
+
+
+def cmd_reference(job_path):
+    """JOB.json: {"model": MODEL (the drawn network, unless "reference" says otherwise), "reference": {"kind":
+    "encoder_layer" | "vit", ...its sizes} with "names": {its state_dict name: gpunodes' name}, "weights":
+    WEIGHTS.safetensors, "x": INPUT.f32, "n": N, "sample": its shape per sample (optional: the model's by
+    default), "dtype": "float64" | "float32", "mode": "train" | "eval", "dy": DY.f32 (optional: the output's
+    gradient, for a backward pass), "out": OUT.f64}. Writes the output,
+    then (with dy) the gradient of every parameter in the module's order, as float64; prints their gpunodes
+    names and shapes ("grads"), the output's shape, the module's state_dict keys and the file's."""
+    with open(job_path, encoding="utf-8") as f:
+        job = json.load(f)
+    tensors, _ = read_safetensors(job["weights"])
+    ref = job.get("reference")
+    if ref:
+        if ref.get("kind") not in REFERENCES:
+            raise PeerError(f"unknown reference module {ref.get('kind')}; known: {sorted(REFERENCES)}")
+        model = REFERENCES[ref["kind"]](ref)
+        names = dict(job["names"])
+        reshaped = load_mapped(model, tensors, names)
+        sample = getattr(model, "sample_shape", None)
+        if sample is None:
+            sample = [int(ref["steps"])]
+    else:
+        model, sample = load_model_spec(job["model"])
+        model.load_state_dict(tensors, strict=True)
+        names, reshaped = {k: k for k in model.state_dict()}, []
+    if job.get("sample"):  # another length than the drawn Input's (a shorter sequence)
+        sample = [int(d) for d in job["sample"]]
+    dtype = {"float64": torch.float64, "float32": torch.float32}[job.get("dtype", "float64")]
+    model.to(dtype)
+    model.train(job.get("mode", "train") == "train")
+    n = int(job["n"])
+    x = read_inputs(job["x"], n, sample).to(dtype)
+    backward = bool(job.get("dy"))
+    with torch.set_grad_enabled(backward):
+        y = model(x)
+    chunks, grads = [y.detach().double().reshape(-1)], []
+    if backward:
+        dy = torch.from_numpy(np.fromfile(job["dy"], dtype="<f4").astype(np.float32))
+        if dy.numel() != y.numel():
+            raise PeerError(f"{job['dy']}: {dy.numel()} values for an output of {list(y.shape)}")
+        y.backward(dy.reshape(y.shape).to(dtype))
+        for name, prm in model.named_parameters():
+            g = prm.grad if prm.grad is not None else torch.zeros_like(prm)
+            grads.append([names[name], list(tensors[names[name]].shape)])
+            chunks.append(g.detach().double().reshape(-1))
+    torch.cat(chunks).numpy().astype("<f8").tofile(job["out"])
+    return {"out_shape": list(y.shape), "grads": grads, "keys": list(model.state_dict().keys()),
+            "file_keys": list(tensors.keys()), "reshaped": reshaped}
+
+
 def run(argv):
     if not argv:
-        raise PeerError("usage: torch_peer.py selftest | logits ... | save ... | jobs JOBS.json")
+        raise PeerError("usage: torch_peer.py selftest | logits ... | save ... | reference JOB.json | jobs JOBS.json")
     cmd, args = argv[0], argv[1:]
     if cmd == "logits" and len(args) == 5:
         return cmd_logits(*args)
     if cmd == "save" and len(args) == 3:
         return cmd_save(*args)
+    if cmd == "reference" and len(args) == 1:
+        return cmd_reference(*args)
     if cmd == "selftest" and not args:
         return selftest()
     raise PeerError(f"bad command line: {' '.join(argv)}")
@@ -709,6 +1052,240 @@ def _sequence_selftest():
     _expect_error(lambda: GraphNet(bad), "needs a rank-2 sample")
 
 
+def _block_graph(prefix, src, pre_norm, heads, ff, activation):
+    """The nodes and connections of a transformer encoder block drawn from layers, reading `src`: pre-norm
+    (x + MHA(LN(x)), then x + MLP(LN(x))) or post-norm (LN(x + MHA(x)), then LN(y + FFN(y))); and the map from
+    nn.TransformerEncoderLayer's names (under `layer`) to the drawn ones. Returns (nodes, wires, map, output)."""
+    i = lambda name: f"{prefix}{name}"
+    nodes = [{"id": i("ln1"), "type": "LayerNorm"}, {"id": i("mha"), "type": "MultiheadAttention",
+                                                     "params": {"num_heads": heads}},
+             {"id": i("add1"), "type": "Add"}, {"id": i("ln2"), "type": "LayerNorm"},
+             {"id": i("fc1"), "type": "Linear", "params": {"out_features": ff}}, {"id": i("act"), "type": activation},
+             {"id": i("fc2"), "type": "Linear", "params": {"out_features": 0}}, {"id": i("add2"), "type": "Add"}]
+    w = lambda a, b: {"from": a, "to": b}
+    if pre_norm:
+        wires = [w(src, i("ln1.in")), w(i("ln1.out"), i("mha.q")), w(src, i("add1.a")), w(i("mha.out"), i("add1.b")),
+                 w(i("add1.out"), i("ln2.in")), w(i("ln2.out"), i("fc1.in")), w(i("fc1.out"), i("act.in")),
+                 w(i("act.out"), i("fc2.in")), w(i("add1.out"), i("add2.a")), w(i("fc2.out"), i("add2.b"))]
+        out = i("add2.out")
+    else:
+        wires = [w(src, i("mha.q")), w(src, i("add1.a")), w(i("mha.out"), i("add1.b")), w(i("add1.out"), i("ln1.in")),
+                 w(i("ln1.out"), i("fc1.in")), w(i("fc1.out"), i("act.in")), w(i("act.out"), i("fc2.in")),
+                 w(i("ln1.out"), i("add2.a")), w(i("fc2.out"), i("add2.b")), w(i("add2.out"), i("ln2.in"))]
+        out = i("ln2.out")
+    names = {"self_attn.in_proj_weight": "mha.in_proj_weight", "self_attn.in_proj_bias": "mha.in_proj_bias",
+             "self_attn.out_proj.weight": "mha.out_proj.weight", "self_attn.out_proj.bias": "mha.out_proj.bias",
+             "linear1.weight": "fc1.weight", "linear1.bias": "fc1.bias", "linear2.weight": "fc2.weight",
+             "linear2.bias": "fc2.bias", "norm1.weight": "ln1.weight", "norm1.bias": "ln1.bias",
+             "norm2.weight": "ln2.weight", "norm2.bias": "ln2.bias"}
+    return nodes, wires, {k: prefix + v for k, v in names.items()}, out
+
+
+def _attention_selftest():
+    import copy
+    import tempfile
+
+    torch.manual_seed(3)
+    e = 8
+    # Every attention layer: a sinusoidal encoding and a LayerNorm before causal self-attention; keys of
+    # another length (a Linear across the steps) for a causal cross-attention with k only (v = k), and for a
+    # hand-drawn attention (BatchMatMul transposed, Scale, causal Softmax, BatchMatMul); Mul; the class token,
+    # a learned position embedding, a LayerNorm without affine, the first step and a Linear.
+    graph = {"nodes": [
+        {"id": "x", "type": "Input", "params": {"shape": [6]}},
+        {"id": "emb", "type": "Embedding", "params": {"num_embeddings": 20, "embedding_dim": e}},
+        {"id": "pe", "type": "PositionalEncoding", "params": {"max_len": 10}},
+        {"id": "ln", "type": "LayerNorm", "params": {"eps": 1e-4}},
+        {"id": "mha", "type": "MultiheadAttention", "params": {"num_heads": 2, "causal": True}},
+        {"id": "t1", "type": "Transpose"}, {"id": "steps", "type": "Linear", "params": {"out_features": 9}},
+        {"id": "t2", "type": "Transpose"},
+        {"id": "cross", "type": "MultiheadAttention", "params": {"num_heads": 4, "causal": True, "bias": False}},
+        {"id": "qa", "type": "Linear", "params": {"out_features": e}},
+        {"id": "ka", "type": "Linear", "params": {"out_features": e}},
+        {"id": "scores", "type": "BatchMatMul", "params": {"transpose_b": True}},
+        {"id": "scale", "type": "Scale", "params": {"scale": 1 / math.sqrt(e)}},
+        {"id": "sm", "type": "Softmax", "params": {"causal": True}},
+        {"id": "att", "type": "BatchMatMul"},
+        {"id": "gate", "type": "Sigmoid"}, {"id": "mul", "type": "Mul"},
+        {"id": "cls", "type": "ClassToken"}, {"id": "pos", "type": "PositionEmbedding"},
+        {"id": "ln2", "type": "LayerNorm", "params": {"elementwise_affine": False}},
+        {"id": "first", "type": "FirstStep"}, {"id": "fc", "type": "Linear", "params": {"out_features": 3}},
+        {"id": "net", "type": "Network"}],
+        "connections": [{"from": a, "to": b} for a, b in [
+            ("x.out", "emb.in"), ("emb.out", "pe.in"), ("pe.out", "ln.in"), ("ln.out", "mha.q"),
+            ("emb.out", "t1.in"), ("t1.out", "steps.in"), ("steps.out", "t2.in"), ("mha.out", "cross.q"),
+            ("t2.out", "cross.k"), ("cross.out", "qa.in"), ("t2.out", "ka.in"), ("qa.out", "scores.a"),
+            ("ka.out", "scores.b"), ("scores.out", "scale.in"), ("scale.out", "sm.in"), ("sm.out", "att.a"),
+            ("t2.out", "att.b"), ("ln.out", "gate.in"), ("att.out", "mul.a"), ("gate.out", "mul.b"),
+            ("mul.out", "cls.in"), ("cls.out", "pos.in"), ("pos.out", "ln2.in"), ("ln2.out", "first.in"),
+            ("first.out", "fc.in"), ("fc.out", "net.out")]]}
+    net = GraphNet(graph)
+    assert net.order == ["x", "emb", "pe", "ln", "mha", "t1", "steps", "t2", "cross", "qa", "ka", "scores", "scale",
+                         "sm", "att", "gate", "mul", "cls", "pos", "ln2", "first", "fc"], net.order
+    keys = list(net.state_dict().keys())
+    assert keys == ["emb.weight", "ln.weight", "ln.bias", "mha.in_proj_weight", "mha.in_proj_bias",
+                    "mha.out_proj.weight", "mha.out_proj.bias", "steps.weight", "steps.bias",
+                    "cross.in_proj_weight", "cross.out_proj.weight", "qa.weight", "qa.bias", "ka.weight", "ka.bias",
+                    "cls.weight",
+                    "pos.weight", "fc.weight", "fc.bias"], keys
+    assert tuple(net.mha.in_proj_weight.shape) == (3 * e, e) and net.mha.batch_first and net.mha.num_heads == 2
+    assert tuple(net.pos.weight.shape) == (7, e) and tuple(net.cls.weight.shape) == (1, e)
+    assert net.ln.eps == 1e-4 and net.ln2.weight is None and net.out_shape == [3]
+    assert net.sources["cross"] == ["mha", "t2"] and net.sources["mha"] == ["ln"]
+    net.eval()
+    ids = torch.randint(0, 20, (4, 6)).float()
+    with torch.no_grad():
+        for m in (net.ln, net.cls):
+            m.weight.normal_()
+        net.mha.in_proj_bias.normal_()
+        y = net(ids)
+    assert y.shape == (4, 3) and torch.isfinite(y).all()
+
+    # The causal cross-attention with more keys (9) than queries (6), written out: query i sees keys
+    # j <= i + 3; k only, so v = k.
+    q, kv = torch.randn(4, 6, e), torch.randn(4, 9, e)
+    with torch.no_grad():
+        got = net.cross(q, kv)
+        w_in, w_out, heads, d = net.cross.in_proj_weight, net.cross.out_proj.weight, 4, e // 4
+        split = lambda t: t.reshape(t.shape[0], t.shape[1], heads, d).transpose(1, 2)
+        qh, kh, vh = split(q @ w_in[:e].T), split(kv @ w_in[e : 2 * e].T), split(kv @ w_in[2 * e :].T)
+        scores = qh @ kh.transpose(-1, -2) / math.sqrt(d)
+        allowed = torch.tensor([[j <= i + 3 for j in range(9)] for i in range(6)])
+        a = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        want = (a @ vh).transpose(1, 2).reshape(4, 6, e) @ w_out.T
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), (got - want).abs().max()
+    # The causal Softmax: masked entries exactly 0, the rest summing to 1.
+    sm = Softmax(True)(torch.randn(2, 4, 7))
+    assert bool((sm[:, 0, 4:] == 0).all()) and bool((sm[:, 3, :] > 0).all()) and bool((sm[:, 1, 5:] == 0).all())
+    assert torch.allclose(sm.sum(-1), torch.ones(2, 4))
+    # The hand-drawn attention is single-head attention: bmm(q Wq, (k Wk)^T) / sqrt(E), softmax, bmm by v.
+    wq, wk, wv = torch.randn(e, e), torch.randn(e, e), torch.randn(e, e)
+    one = Attention(e, 1, 0.0, False, True)
+    with torch.no_grad():
+        one.in_proj_weight.copy_(torch.cat([wq, wk, wv]))
+        one.out_proj.weight.copy_(torch.eye(e))
+        s_ = Scale(1 / math.sqrt(e))(BatchMatMul(True)(q @ wq.T, kv @ wk.T))
+        hand = BatchMatMul(False)(Softmax(True)(s_), kv @ wv.T)
+        assert torch.allclose(hand, one(q, kv, kv), rtol=1e-5, atol=1e-6)
+    # d2l's table against the formula in float64.
+    table = sinusoid_table(50, 6).double()
+    t, i2 = torch.arange(50.0, dtype=torch.float64).reshape(-1, 1), torch.arange(0, 6, 2, dtype=torch.float64)
+    assert torch.allclose(table[:, 0::2], torch.sin(t / 10000 ** (i2 / 6)), atol=2e-5)
+    assert torch.allclose(table[:, 1::2], torch.cos(t / 10000 ** (i2 / 6)), atol=2e-5)
+    assert table[0, 0] == 0 and table[0, 1] == 1
+    # A shorter sequence adds the first rows of the position embedding; the class token comes first.
+    short = torch.randn(2, 4, e)
+    assert torch.equal(net.pos(short), short + net.pos.weight[:4])
+    assert torch.equal(net.cls(short)[:, 0], net.cls.weight.expand(2, e))
+    assert torch.equal(net.cls(short)[:, 1:], short)
+
+    # The drawn pre-norm and post-norm blocks are torch's nn.TransformerEncoderLayer under the name map; a
+    # drawn ViT is ViTRef.
+    for pre, act in ((True, "GELU"), (False, "ReLU")):
+        nodes, wires, names, out = _block_graph("b", "emb.out", pre, 2, 12, act)
+        nodes[6]["params"]["out_features"] = e
+        g = {"nodes": [{"id": "x", "type": "Input", "params": {"shape": [5]}},
+                       {"id": "emb", "type": "Embedding", "params": {"num_embeddings": 15, "embedding_dim": e}}]
+             + nodes + [{"id": "net", "type": "Network"}],
+             "connections": [{"from": "x.out", "to": "emb.in"}] + wires + [{"from": out, "to": "net.out"}]}
+        drawn = GraphNet(g)
+        with torch.no_grad():
+            for prm in drawn.parameters():
+                prm.normal_(0, 0.5)
+        ref = EncoderLayerRef({"vocab": 15, "d_model": e, "nhead": 2, "dim_feedforward": 12, "norm_first": pre,
+                               "activation": act.lower()})
+        state = drawn.state_dict()
+        assert load_mapped(ref, state, {"embedding.weight": "emb.weight",
+                                        **{"layer." + k: v for k, v in names.items()}}) == []
+        x5 = torch.randint(0, 15, (3, 5)).float()
+        for m in (drawn, ref):
+            m.train()
+        a, b = drawn(x5), ref(x5)
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5), (pre, (a - b).abs().max())
+        _expect_error(lambda: load_mapped(ref, state, {"embedding.weight": "emb.weight"}), "leaves out")
+    vit, vit_names = _vit_graph(e=8, heads=2, ff=16, blocks=2)
+    drawn = GraphNet(vit)
+    with torch.no_grad():
+        for prm in drawn.parameters():
+            prm.normal_(0, 0.3)
+    ref = ViTRef({"channels": 1, "image_size": 28, "patch": 4, "d_model": 8, "nhead": 2, "dim_feedforward": 16,
+                  "blocks": 2, "classes": 10})
+    assert sorted(load_mapped(ref, drawn.state_dict(), vit_names)) == ["cls_token", "pos_embedding"]
+    img = torch.randn(2, 1, 28, 28)
+    drawn.eval(), ref.eval()
+    with torch.no_grad():
+        a, b = drawn(img), ref(img)
+    assert a.shape == (2, 10) and torch.allclose(a, b, rtol=1e-5, atol=1e-5), (a - b).abs().max()
+
+    # The reference command through files: its output and gradients are autograd's.
+    with tempfile.TemporaryDirectory() as tmp:
+        gpath, wpath = os.path.join(tmp, "g.json"), os.path.join(tmp, "w.safetensors")
+        with open(gpath, "w", encoding="utf-8") as f:
+            json.dump(graph, f)
+        write_safetensors(wpath, net.state_dict(), {"format": "pt"})
+        ids.numpy().astype("<f4").tofile(os.path.join(tmp, "x.f32"))
+        dy = torch.randn(4, 3)
+        dy.numpy().astype("<f4").tofile(os.path.join(tmp, "dy.f32"))
+        job = {"model": gpath, "weights": wpath, "x": os.path.join(tmp, "x.f32"), "n": 4,
+               "dy": os.path.join(tmp, "dy.f32"), "out": os.path.join(tmp, "out.f64")}
+        with open(os.path.join(tmp, "job.json"), "w", encoding="utf-8") as f:
+            json.dump(job, f)
+        got = cmd_reference(os.path.join(tmp, "job.json"))
+        assert got["out_shape"] == [4, 3] and [g[0] for g in got["grads"]] == keys and got["file_keys"] == keys
+        values = np.fromfile(job["out"], dtype="<f8")
+        double = copy.deepcopy(net).double().train()
+        yd = double(ids.double())
+        yd.backward(dy.double())
+        want = torch.cat([yd.detach().reshape(-1)] + [p.grad.reshape(-1) for p in double.parameters()])
+        assert values.shape == tuple(want.shape) and np.allclose(values, want.numpy(), rtol=1e-12, atol=1e-12)
+        assert np.abs(want.numpy()[12:]).max() > 0
+
+    # Graphs the builder refuses, as gpunodes does.
+    def rewired(changes):
+        g = copy.deepcopy(graph)
+        g["connections"] = [{"from": changes[c["to"]][0], "to": changes[c["to"]][1]} if c["to"] in changes else c
+                            for c in g["connections"]]
+        return g
+
+    bad = rewired({"cross.k": ("t2.out", "cross.v")})
+    _expect_error(lambda: GraphNet(bad), "has v wired but not k")
+    bad = rewired({"cross.q": ("t2.out", "cross.q"), "cross.k": ("mha.out", "cross.k")})
+    _expect_error(lambda: GraphNet(bad), "needs as many keys as queries")
+    bad = copy.deepcopy(graph)
+    bad["nodes"][4]["params"]["num_heads"] = 3
+    _expect_error(lambda: GraphNet(bad), "must divide E=8")
+    bad = copy.deepcopy(graph)
+    bad["nodes"][11]["params"]["transpose_b"] = False
+    _expect_error(lambda: GraphNet(bad), "cannot multiply")
+
+
+def _vit_graph(e, heads, ff, blocks, patch=4, classes=10):
+    """d2l 11.8's ViT drawn from layers on a [1, 28, 28] image, and the map from ViTRef's names to the drawn
+    ones."""
+    nodes = [{"id": "x", "type": "Input", "params": {"shape": [1, 28, 28]}},
+             {"id": "patch", "type": "Conv2d", "params": {"out_channels": e, "kernel_size": patch, "stride": patch}},
+             {"id": "flat", "type": "Reshape", "params": {"shape": [e, -1]}},
+             {"id": "rows", "type": "Transpose", "params": {"dim0": 0, "dim1": 1}},
+             {"id": "cls", "type": "ClassToken"}, {"id": "pos", "type": "PositionEmbedding"}]
+    wires = [{"from": a, "to": b} for a, b in [("x.out", "patch.in"), ("patch.out", "flat.in"), ("flat.out", "rows.in"),
+                                                ("rows.out", "cls.in"), ("cls.out", "pos.in")]]
+    names = {"patch_embedding.weight": "patch.weight", "patch_embedding.bias": "patch.bias",
+             "cls_token": "cls.weight", "pos_embedding": "pos.weight", "head.0.weight": "norm.weight",
+             "head.0.bias": "norm.bias", "head.1.weight": "head.weight", "head.1.bias": "head.bias"}
+    src = "pos.out"
+    for b in range(blocks):
+        n, w, m, src = _block_graph(f"blk{b}", src, True, heads, ff, "GELU")
+        n[6]["params"]["out_features"] = e
+        nodes += n
+        wires += w
+        names.update({f"blks.{b}.{k}": v for k, v in m.items()})
+    nodes += [{"id": "norm", "type": "LayerNorm"}, {"id": "first", "type": "FirstStep"},
+              {"id": "head", "type": "Linear", "params": {"out_features": classes}}, {"id": "net", "type": "Network"}]
+    wires += [{"from": a, "to": b} for a, b in [(src, "norm.in"), ("norm.out", "first.in"), ("first.out", "head.in"),
+                                                 ("head.out", "net.out")]]
+    return {"nodes": nodes, "connections": wires}, names
+
+
 def _expect_error(fn, needle):
     try:
         fn()
@@ -833,6 +1410,7 @@ def selftest():
     lk = list(builtin_model("lenet classes=10 in_channels=1 image_size=28")[0].state_dict().keys())
     assert lk == [f"{i}.{w}" for i in (0, 3, 7, 9, 11) for w in ("weight", "bias")], lk
     _sequence_selftest()
+    _attention_selftest()
     return {"selftest": "ok"}
 
 
