@@ -222,6 +222,36 @@ void NodeCheck::checkData(const Known& model, const Known& data, std::optional<n
     why = dataMismatch(*model.model, *data.data);
   if (why.isEmpty() && loss && data.data) why = targetMismatch(*model.model, *data.data, *loss);
   if (!why.isEmpty()) error("inputs.data", why);
+  if (why.isEmpty()) checkAttentionFits(model, data);
+}
+
+// Each MultiheadAttention layer holds its weights, queries x keys per head and sample, for a batch at once:
+// refused before the run where that alone could never fit the model's device.
+void NodeCheck::checkAttentionFits(const Known& model, const Known& data) {
+  if (!model.model->network || !data.batch || model.devices.empty()) return;
+  const nn::NetworkSpec& net = *model.model->network;
+  std::vector<nn::LayerInfo> infos;
+  try {
+    infos = net.infer();
+  } catch (const Error&) {
+    return;  // the Network node reports it
+  }
+  for (size_t i = 0; i < net.layers.size(); ++i) {
+    const nn::LayerSpec& l = net.layers[i];
+    if (l.kind != nn::LayerKind::MultiheadAttention) continue;
+    const Shape& q = infos[static_cast<size_t>(l.inputs[0])].out;
+    const Shape& k = infos[static_cast<size_t>(l.inputs.size() > 1 ? l.inputs[1] : l.inputs[0])].out;
+    const double bytes = static_cast<double>(q[0]) * static_cast<double>(k[0]) * static_cast<double>(l.heads) *
+                         static_cast<double>(*data.batch) * sizeof(float);
+    if (!checkFits("inputs.data", model.devices.front(), bytes,
+                   QString("%1's attention weights, %2 x %3 steps x %4 heads x a batch of %5 x 4 bytes")
+                       .arg(qs(l.id))
+                       .arg(q[0])
+                       .arg(k[0])
+                       .arg(l.heads)
+                       .arg(*data.batch)))
+      return;
+  }
 }
 
 void checkGraph(const core::GraphDocument& doc, const core::NodeTypeRegistry& registry,

@@ -114,6 +114,9 @@ class NodeCheck {
   // That the model takes the dataset's samples and, under `loss` (when the node trains), gives what its
   // targets need: errors on inputs.data.
   void checkData(const Known& model, const Known& data, std::optional<nn::LossKind> loss = std::nullopt);
+  // Errors on inputs.data where a MultiheadAttention layer's weights for one batch cannot fit the model's
+  // device (part of checkData).
+  void checkAttentionFits(const Known& model, const Known& data);
   // Where a model built by this node lives: the one device wired into `port` (the first of a list), the CPU
   // when the port is open, unknown otherwise; with the Device output that put it there, for fixes.
   Known modelDevice(const QString& port) const;
