@@ -1,19 +1,11 @@
 // Recurrent training on the CPU against PyTorch, measured in the same run: see sequence_bench.h.
 #include "sequence_bench.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <memory>
-#include <random>
 #include <string>
-#include <thread>
-#include <vector>
+#include <utility>
 
 #include "bench_util.h"
-#include "gpunodes/nn/trainer.h"
 
 namespace gn::bench {
 namespace {
@@ -22,14 +14,6 @@ using namespace gn::nn;
 
 constexpr int64_t kVocab = 28, kSteps = 35, kHidden = 256, kLmBatch = 32;
 constexpr int64_t kRowsBatch = 256, kRowsHidden = 128;
-
-LayerSpec layer(const std::string& id, LayerKind kind, std::vector<int> inputs) {
-  LayerSpec l;
-  l.id = id;
-  l.kind = kind;
-  l.inputs = std::move(inputs);
-  return l;
-}
 
 // d2l 9.6 / 10.2's language model: one-hot tokens, a GRU, a Linear on every step.
 std::shared_ptr<const NetworkSpec> gru_language_model() {
@@ -58,77 +42,6 @@ std::shared_ptr<const NetworkSpec> lstm_rows() {
   n.layers.push_back(layer("fc", LayerKind::Linear, {3}));
   n.layers.back().features = 10;
   return std::make_shared<const NetworkSpec>(n);
-}
-
-// A batch as the loader hands it over: token windows and their next tokens, or images and labels.
-HostBatchPtr batch_of(int64_t n, const Shape& sample, const Shape& target, int64_t classes, bool tokens) {
-  auto b = std::make_shared<HostBatch>();
-  int64_t per_sample = 1, per_target = 1;
-  for (int64_t d : sample) per_sample *= d;
-  for (int64_t d : target) per_target *= d;
-  auto* mem = new float[static_cast<size_t>(n * (per_sample + per_target))];
-  b->storage = std::shared_ptr<void>(mem, [](void* p) { delete[] static_cast<float*>(p); });
-  std::mt19937 g(7);
-  for (int64_t i = 0; i < n * per_sample; ++i)
-    mem[i] = tokens ? static_cast<float>(g() % classes) : std::uniform_real_distribution<float>(0, 1)(g);
-  for (int64_t i = 0; i < n * per_target; ++i) mem[n * per_sample + i] = static_cast<float>(g() % classes);
-  b->size = n;
-  b->sample_shape = sample;
-  b->target_shape = target;
-  b->images = mem;
-  b->labels = mem + n * per_sample;
-  return b;
-}
-
-struct Measured {
-  double step_seconds = 0;
-  double live_mib = 0, peak_mib = 0;
-};
-
-// The best window of training steps (d2l's SGD with clipping for the language model, Adam for the rows), and
-// the memory a step peaks at against what its forward keeps for backward.
-Measured our_steps(const std::shared_ptr<const NetworkSpec>& net, const HostBatchPtr& b, bool adam, int windows,
-                   int steps, int threads) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  Runtime rt(RuntimeOptions{.cpu_devices = std::max(1, cores / std::max(1, threads))});
-  ModelOptions o;
-  o.arch = Arch::Network;
-  o.network = net;
-  auto model = Model::create(rt, o, Device::cpu());
-  TrainOptions to;
-  to.batch_size = b->size;
-  if (adam) {
-    to.optimizer.kind = OptimizerKind::Adam;
-    to.optimizer.lr = 1e-3;
-  } else {
-    to.optimizer.lr = 1;
-    to.clip_grad_norm = 1;
-  }
-  Trainer trainer(*model, {Device::cpu()}, to);
-  for (int i = 0; i < 3; ++i) trainer.step(b);
-  trainer.synchronize();
-  Measured m;
-  m.step_seconds = 1e30;
-  for (int w = 0; w < windows; ++w) {
-    const auto t0 = Clock::now();
-    for (int i = 0; i < steps; ++i) trainer.step(b);
-    trainer.synchronize();
-    m.step_seconds = std::min(m.step_seconds, seconds_since(t0) / steps);
-  }
-  constexpr double kMiB = 1 << 20;
-  {
-    DeviceBatch db = to_device(rt, b, 0, b->size, Device::cpu());
-    Tensor out = model->forward(db.images, Mode::Train);
-    rt.engine().wait_all();
-    m.live_mib = static_cast<double>(rt.memory_stats(Device::cpu()).allocated_bytes.current) / kMiB;
-    model->clear_cache();
-  }
-  rt.engine().wait_all();
-  rt.reset_peak_memory();
-  for (int i = 0; i < 3; ++i) trainer.step(b);
-  trainer.synchronize();
-  m.peak_mib = static_cast<double>(rt.memory_stats(Device::cpu()).allocated_bytes.peak) / kMiB;
-  return m;
 }
 
 // torch's seconds per step for the same two models, or negative without torch.
@@ -167,22 +80,9 @@ a = bench(lm, torch.randint(0, 28, (32, 35)), torch.randint(0, 28, (32, 35)), to
 b = bench(rows, torch.rand(256, 1, 28, 28), torch.randint(0, 10, (256,)), torch.optim.Adam(rows.parameters(), lr=1e-3), False)
 print(a, b)
 )PY";
-  const std::string path = "/tmp/gn_sequence_bench_" + std::to_string(getpid()) + ".py";
-  if (FILE* f = std::fopen(path.c_str(), "w")) {
-    std::fputs(script.c_str(), f);
-    std::fclose(f);
-  } else {
-    return {-1, -1};
-  }
-  const std::string cmd = "/usr/bin/python3 " + path + " " + std::to_string(threads) + " " + std::to_string(windows) +
-                          " " + std::to_string(steps) + " 2>/dev/null";
-  std::pair<double, double> out{-1, -1};
-  {
-    std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-    if (!p || std::fscanf(p.get(), "%lf %lf", &out.first, &out.second) != 2) out = {-1, -1};
-  }
-  std::remove(path.c_str());
-  return out;
+  const auto t = python_peer("sequence_bench", script,
+                             {std::to_string(threads), std::to_string(windows), std::to_string(steps)}, 2);
+  return {t[0], t[1]};
 }
 
 }  // namespace
@@ -201,8 +101,8 @@ void sequence_rows(int threads, int steps) {
     const Measured l = our_steps(lstm_rows(), rows_batch, true, windows, window_steps, threads);
     if (l.step_seconds < lstm.step_seconds) lstm = l;
     const auto t = torch_steps(threads, windows, window_steps);
-    if (t.first > 0) torch.first = torch.first > 0 ? std::min(torch.first, t.first) : t.first;
-    if (t.second > 0) torch.second = torch.second > 0 ? std::min(torch.second, t.second) : t.second;
+    torch.first = best_of(torch.first, t.first);
+    torch.second = best_of(torch.second, t.second);
   }
   auto per_second = [](double s, double n) { return s > 0 ? n / s : -1.0; };
   auto cell = [](double v) { return v > 0 ? fmt("%.0f", v) : std::string("n/a"); };

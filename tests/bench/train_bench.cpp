@@ -4,9 +4,12 @@
 //      python3-torch for /usr/bin/python3) with the same model, batch and thread count.
 //   2. Recurrent training (sequence_bench.h): a GRU language model's tokens/s and an LSTM on Fashion-MNIST rows,
 //      vs torch's nn.GRU / nn.LSTM, and their steps' peak memory against the live set.
-//   3. The convolution choice: oneDNN (what the CPU kernels use) vs im2col + OpenBLAS sgemm, forward plus
+//   3. Attention (attention_bench.h): d2l 11.8's ViT at the quick settings (28x28, patch 4, width 64, 4
+//      heads, 2 blocks, batch 128), images/s vs torch's nn.TransformerEncoderLayer, and its step's peak
+//      memory against the live set.
+//   4. The convolution choice: oneDNN (what the CPU kernels use) vs im2col + OpenBLAS sgemm, forward plus
 //      backward, for the LeNet and ResNet-18 shapes.
-//   4. With --gpu, where CUDA devices exist: one ResNet-18 epoch on Fashion-MNIST resized to 96 (the seed's
+//   5. With --gpu, where CUDA devices exist: one ResNet-18 epoch on Fashion-MNIST resized to 96 (the seed's
 //      setting: batch 256, lr 0.1; and batch 512, lr 0.2 on two GPUs), seconds and test accuracy, next to
 //      PyTorch on the same GPU when a CUDA build of torch is installed. The 1-GPU epoch runs once per
 //      --precision, PyTorch with the matching setting (fp32: no TF32 anywhere; tf32: allow_tf32 for matmuls
@@ -18,7 +21,8 @@
 //      run); the test accuracy is always over the whole test set.
 // Options: --threads N (default: all cores), --steps N (timed steps per model, default 40), --gpu, --no-cpu,
 //          --data DIR, --precision LIST (comma separated fp32, tf32, bf16, fp16; default fp32),
-//          --gpu-images N (default: all 60000).
+//          --gpu-images N (default: all 60000), --only SECTION (one CPU section: cnn, memory, sequence,
+//          attention or conv), --profile (the attention rows also print a ViT step's time by op).
 #include <cblas.h>
 #include <omp.h>
 
@@ -33,16 +37,18 @@
 #include <thread>
 #include <vector>
 
+#include "attention_bench.h"
+#include "bench_util.h"
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/trainer.h"
 #include "gpunodes/precision.h"
-#include "bench_util.h"
 #include "sequence_bench.h"
 
 using namespace gn;
 using namespace gn::nn;
 using gn::bench::Clock;
 using gn::bench::fmt;
+using gn::bench::python_peer;
 using gn::bench::row;
 using gn::bench::seconds_since;
 
@@ -188,23 +194,10 @@ def bench(net, n, windows, steps):
     return best
 print(bench(mlp, 256, windows, steps), bench(lenet, 256, windows, steps), bench(resnet, 32, 3, rsteps))
 )PY";
-  const std::string path = "/tmp/gn_train_bench_" + std::to_string(getpid()) + ".py";
-  if (FILE* f = std::fopen(path.c_str(), "w")) {
-    std::fputs(script.c_str(), f);
-    std::fclose(f);
-  } else {
-    return {-1, -1, -1};
-  }
-  const std::string cmd = "/usr/bin/python3 " + path + " " + std::to_string(threads) + " " +
-                          std::to_string(windows) + " " + std::to_string(steps) + " " +
-                          std::to_string(resnet_steps) + " 2>/dev/null";
-  std::vector<double> out(3, -1);
-  {
-    std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-    if (!p || std::fscanf(p.get(), "%lf %lf %lf", &out[0], &out[1], &out[2]) != 3) out.assign(3, -1);
-  }
-  std::remove(path.c_str());
-  return out;
+  return python_peer(
+      "train_bench", script,
+      {std::to_string(threads), std::to_string(windows), std::to_string(steps), std::to_string(resnet_steps)},
+      3);
 }
 
 // --- the convolution choice --------------------------------------------------------------------------------
@@ -473,6 +466,8 @@ int main(int argc, char** argv) {
   std::string data_dir;
   std::vector<Precision> precisions{Precision::Fp32};
   int64_t gpu_images = 0;  // all
+  std::string only;        // every CPU section
+  bool profile = false;
   for (int i = 1; i < argc; ++i) {
     bool usage = false;
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
@@ -489,12 +484,18 @@ int main(int argc, char** argv) {
       usage = !parse_precisions(argv[++i], precisions);
     else if (!std::strcmp(argv[i], "--gpu-images") && i + 1 < argc)
       gpu_images = std::atoll(argv[++i]), usage = gpu_images <= 0;
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
+      only = argv[++i], usage = only != "cnn" && only != "memory" && only != "sequence" &&
+                                only != "attention" && only != "conv";
+    else if (!std::strcmp(argv[i], "--profile"))
+      profile = true;
     else
       usage = true;
     if (usage) {
       std::fprintf(stderr,
                    "usage: train_bench [--threads N] [--steps N] [--gpu] [--no-cpu] [--data DIR]\n"
-                   "                   [--precision fp32,tf32,bf16,fp16] [--gpu-images N]\n");
+                   "                   [--precision fp32,tf32,bf16,fp16] [--gpu-images N]\n"
+                   "                   [--only cnn|memory|sequence|attention|conv] [--profile]\n");
       return 2;
     }
   }
@@ -502,77 +503,89 @@ int main(int argc, char** argv) {
   // Our cpu:0 gets `threads` cores (its worker's OpenMP count), PyTorch set_num_threads(threads), and the
   // im2col peer runs on this thread with omp_set_num_threads(threads).
   const int resnet_steps = std::max(2, steps / 16);
-  std::printf("gpunodes training benchmark (CPU, %d threads, batch 256; ResNet-18 batch 32 at 28x28)\n\n",
+  std::printf("gpunodes training benchmark (CPU, %d threads, batch 256; ResNet-18 batch 32 at 28x28)\n",
               threads);
-  row("measure", "gpunodes", "PyTorch", "ratio", "goal");
-  rule();
-  // Two rounds, ours then PyTorch's, keeping the best of each: the other processes of a shared machine come
-  // and go, and neither side should get only the busy moments.
-  const int windows = 8, window_steps = std::max(2, steps / 4);
-  double mlp = 1e30, lenet = 1e30, resnet = 1e30, mlp_captured = 1e30, lenet_captured = 1e30;
-  std::vector<double> torch(3, -1);
-  for (int round = 0; round < 2; ++round) {
-    mlp = std::min(mlp, our_step_seconds(Arch::Mlp, 256, windows, window_steps, threads));
-    mlp_captured =
-        std::min(mlp_captured, our_step_seconds(Arch::Mlp, 256, windows, window_steps, threads, StepCapture::On));
-    lenet = std::min(lenet, our_step_seconds(Arch::LeNet, 256, windows, window_steps, threads));
-    lenet_captured = std::min(
-        lenet_captured, our_step_seconds(Arch::LeNet, 256, windows, window_steps, threads, StepCapture::On));
-    resnet = std::min(resnet, our_step_seconds(Arch::ResNet18, 32, 3, resnet_steps, threads));
-    const auto t = torch_step_seconds(threads, windows, window_steps, resnet_steps);
-    for (int i = 0; i < 3; ++i)
-      if (t[i] > 0) torch[i] = torch[i] > 0 ? std::min(torch[i], t[i]) : t[i];
+  auto section = [&](const char* name) { return only.empty() || only == name; };
+  if (section("cnn")) {
+    std::printf("\n");
+    row("measure", "gpunodes", "PyTorch", "ratio", "goal");
+    rule();
+    // Two rounds, ours then PyTorch's, keeping the best of each: the other processes of a shared machine come
+    // and go, and neither side should get only the busy moments.
+    const int windows = 8, window_steps = std::max(2, steps / 4);
+    double mlp = 1e30, lenet = 1e30, resnet = 1e30, mlp_captured = 1e30, lenet_captured = 1e30;
+    std::vector<double> torch(3, -1);
+    for (int round = 0; round < 2; ++round) {
+      mlp = std::min(mlp, our_step_seconds(Arch::Mlp, 256, windows, window_steps, threads));
+      mlp_captured = std::min(
+          mlp_captured, our_step_seconds(Arch::Mlp, 256, windows, window_steps, threads, StepCapture::On));
+      lenet = std::min(lenet, our_step_seconds(Arch::LeNet, 256, windows, window_steps, threads));
+      lenet_captured = std::min(lenet_captured, our_step_seconds(Arch::LeNet, 256, windows, window_steps,
+                                                                 threads, StepCapture::On));
+      resnet = std::min(resnet, our_step_seconds(Arch::ResNet18, 32, 3, resnet_steps, threads));
+      const auto t = torch_step_seconds(threads, windows, window_steps, resnet_steps);
+      for (int i = 0; i < 3; ++i) torch[i] = gn::bench::best_of(torch[i], t[i]);
+    }
+    auto ips = [](double s, int64_t n) { return s > 0 ? static_cast<double>(n) / s : -1.0; };
+    auto cell = [](double v, const char* f) { return v > 0 ? fmt(f, v) : std::string("n/a"); };
+    auto ratio = [](double ours, double peer) {
+      return ours > 0 && peer > 0 ? fmt("%.2f", ours / peer) : std::string("-");
+    };
+    row("MLP training, images/s", cell(ips(mlp, 256), "%.0f"), cell(ips(torch[0], 256), "%.0f"),
+        ratio(ips(mlp, 256), ips(torch[0], 256)), ">= 2.0");
+    row("LeNet training, images/s", cell(ips(lenet, 256), "%.0f"), cell(ips(torch[1], 256), "%.0f"),
+        ratio(ips(lenet, 256), ips(torch[1], 256)), ">= 2.0");
+    // The same steps replaying a captured one (capture on): what the engine's per-op work costs them.
+    row("MLP, captured steps, images/s", cell(ips(mlp_captured, 256), "%.0f"),
+        cell(ips(torch[0], 256), "%.0f"), ratio(ips(mlp_captured, 256), ips(torch[0], 256)), "-");
+    row("LeNet, captured steps, images/s", cell(ips(lenet_captured, 256), "%.0f"),
+        cell(ips(torch[1], 256), "%.0f"), ratio(ips(lenet_captured, 256), ips(torch[1], 256)), "-");
+    // For step time lower is better: the ratio is PyTorch's time over ours, so >= 1 means at least as fast.
+    row("ResNet-18 step (batch 32), ms", cell(resnet * 1e3, "%.1f"), cell(torch[2] * 1e3, "%.1f"),
+        ratio(torch[2], resnet), ">= 1.5");
+    if (torch[0] < 0)
+      std::printf("\n(PyTorch not found for /usr/bin/python3: apt-get install python3-torch)\n");
   }
-  auto ips = [](double s, int64_t n) { return s > 0 ? static_cast<double>(n) / s : -1.0; };
-  auto cell = [](double v, const char* f) { return v > 0 ? fmt(f, v) : std::string("n/a"); };
-  auto ratio = [](double ours, double peer) {
-    return ours > 0 && peer > 0 ? fmt("%.2f", ours / peer) : std::string("-");
-  };
-  row("MLP training, images/s", cell(ips(mlp, 256), "%.0f"), cell(ips(torch[0], 256), "%.0f"),
-      ratio(ips(mlp, 256), ips(torch[0], 256)), ">= 2.0");
-  row("LeNet training, images/s", cell(ips(lenet, 256), "%.0f"), cell(ips(torch[1], 256), "%.0f"),
-      ratio(ips(lenet, 256), ips(torch[1], 256)), ">= 2.0");
-  // The same steps replaying a captured one (capture on): what the engine's per-op work costs them.
-  row("MLP, captured steps, images/s", cell(ips(mlp_captured, 256), "%.0f"), cell(ips(torch[0], 256), "%.0f"),
-      ratio(ips(mlp_captured, 256), ips(torch[0], 256)), "-");
-  row("LeNet, captured steps, images/s", cell(ips(lenet_captured, 256), "%.0f"),
-      cell(ips(torch[1], 256), "%.0f"), ratio(ips(lenet_captured, 256), ips(torch[1], 256)), "-");
-  // For step time lower is better: the ratio is PyTorch's time over ours, so >= 1 means at least as fast.
-  row("ResNet-18 step (batch 32), ms", cell(resnet * 1e3, "%.1f"), cell(torch[2] * 1e3, "%.1f"),
-      ratio(torch[2], resnet), ">= 1.5");
-  if (torch[0] < 0)
-    std::printf("\n(PyTorch not found for /usr/bin/python3: apt-get install python3-torch)\n");
-
-  std::printf(
-      "\nResNet-18 training steps (batch 32) on cpu:0: peak memory against the live set they need\n\n");
-  row("measure", "peak MiB", "live MiB", "ratio", "goal");
-  rule();
-  const StepMemory mem = resnet_step_memory(threads, 3);
-  row("allocated bytes, peak over 3 steps", fmt("%.1f", mem.peak_mib), fmt("%.1f", mem.live_mib),
-      fmt("%.2f", mem.peak_mib / mem.live_mib), "<= 1.2");
-
-  std::printf("\nRecurrent training on cpu:0 vs PyTorch (same models, batches and threads)\n\n");
-  row("measure", "gpunodes", "PyTorch", "ratio", "goal");
-  rule();
-  gn::bench::sequence_rows(threads, steps);
-
-  std::printf("\nConvolution, forward + backward (ms): oneDNN (used) vs im2col + OpenBLAS sgemm\n\n");
-  row("shape", "oneDNN", "im2col+gemm", "speedup", "");
-  rule();
-  omp_set_num_threads(threads);
-  Runtime rt(with_threads(threads));
-  const ConvCase cases[] = {
-      {"LeNet conv1 1->6 5x5 p2 28^2 (no dx)", 256, 1, 28, 6, 5, 1, 2, false},
-      {"LeNet conv2 6->16 5x5 14^2", 256, 6, 14, 16, 5, 1, 0, true},
-      {"ResNet stem 1->64 3x3 28^2 (no dx)", 32, 1, 28, 64, 3, 1, 1, false},
-      {"ResNet 64->64 3x3 28^2", 32, 64, 28, 64, 3, 1, 1, true},
-      {"ResNet 64->128 3x3 s2 28^2", 32, 64, 28, 128, 3, 2, 1, true},
-      {"ResNet 256->256 3x3 7^2", 32, 256, 7, 256, 3, 1, 1, true},
-      {"ResNet 64->128 1x1 s2 (projection)", 32, 64, 28, 128, 1, 2, 0, true},
-  };
-  for (const ConvCase& cc : cases) {
-    const double a = onednn_seconds(rt, cc, 5), b = im2col_seconds(cc, 5);
-    row(cc.name, fmt("%.2f", a * 1e3), fmt("%.2f", b * 1e3), fmt("%.2f", b / a), "");
+  if (section("memory")) {
+    std::printf(
+        "\nResNet-18 training steps (batch 32) on cpu:0: peak memory against the live set they need\n\n");
+    row("measure", "peak MiB", "live MiB", "ratio", "goal");
+    rule();
+    const StepMemory mem = resnet_step_memory(threads, 3);
+    row("allocated bytes, peak over 3 steps", fmt("%.1f", mem.peak_mib), fmt("%.1f", mem.live_mib),
+        fmt("%.2f", mem.peak_mib / mem.live_mib), "<= 1.2");
+  }
+  if (section("sequence")) {
+    std::printf("\nRecurrent training on cpu:0 vs PyTorch (same models, batches and threads)\n\n");
+    row("measure", "gpunodes", "PyTorch", "ratio", "goal");
+    rule();
+    gn::bench::sequence_rows(threads, steps);
+  }
+  if (section("attention")) {
+    std::printf("\nAttention: a ViT's training on cpu:0 vs PyTorch (same model, batch and threads)\n\n");
+    row("measure", "gpunodes", "PyTorch", "ratio", "goal");
+    rule();
+    gn::bench::attention_rows(threads, steps, profile);
+  }
+  if (section("conv")) {
+    std::printf("\nConvolution, forward + backward (ms): oneDNN (used) vs im2col + OpenBLAS sgemm\n\n");
+    row("shape", "oneDNN", "im2col+gemm", "speedup", "");
+    rule();
+    omp_set_num_threads(threads);
+    Runtime rt(with_threads(threads));
+    const ConvCase cases[] = {
+        {"LeNet conv1 1->6 5x5 p2 28^2 (no dx)", 256, 1, 28, 6, 5, 1, 2, false},
+        {"LeNet conv2 6->16 5x5 14^2", 256, 6, 14, 16, 5, 1, 0, true},
+        {"ResNet stem 1->64 3x3 28^2 (no dx)", 32, 1, 28, 64, 3, 1, 1, false},
+        {"ResNet 64->64 3x3 28^2", 32, 64, 28, 64, 3, 1, 1, true},
+        {"ResNet 64->128 3x3 s2 28^2", 32, 64, 28, 128, 3, 2, 1, true},
+        {"ResNet 256->256 3x3 7^2", 32, 256, 7, 256, 3, 1, 1, true},
+        {"ResNet 64->128 1x1 s2 (projection)", 32, 64, 28, 128, 1, 2, 0, true},
+    };
+    for (const ConvCase& cc : cases) {
+      const double a = onednn_seconds(rt, cc, 5), b = im2col_seconds(cc, 5);
+      row(cc.name, fmt("%.2f", a * 1e3), fmt("%.2f", b * 1e3), fmt("%.2f", b / a), "");
+    }
   }
   return gpu && !gpu_section(data_dir, precisions, gpu_images) ? 1 : 0;
 }
