@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_vector_math.h"
 #include "gpunodes/errors.h"
 #include "gpunodes/random.h"
 #include "recurrent_kernels.h"
@@ -58,26 +59,7 @@ float* discarded(int64_t count) {
   return buffer.data();
 }
 
-// e^x within 2 ulp (Cephes' expf): x = n ln 2 + r with |r| <= ln 2 / 2, a degree-6 polynomial for e^r, and
-// 2^n through the exponent bits. x is clamped to [-87, 88] (NaN passes: comparisons with NaN are false), so
-// e^x saturates at 1.7e38 and 1.6e-38, which is exact enough for the gates.
-inline float exp_poly(float x) {
-  x = std::max(x, -87.0f);
-  x = std::min(x, 88.0f);
-  // Round to nearest by the 1.5 * 2^23 trick: a float add, which vectorises where nearbyint does not.
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  // ln 2 in two parts, so that r is exact.
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-}
-
+// exp_poly (cpu_vector_math.h) saturates at 1.7e38 and 1.6e-38, which is exact enough for the gates.
 inline float sigmoid(float v) {
   return 1.0f / (1.0f + exp_poly(-v));
 }
@@ -94,12 +76,6 @@ inline float tanh_poly(float x) {
   const float large = std::copysign(1.0f - 2.0f / (exp_poly(2.0f * a) + 1.0f), x);
   return a < 0.625f ? small : large;
 }
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define GN_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define GN_VECTOR_CLONES
-#endif
 
 // --- one row (sample) of each gate pass; the kernels below run them over the batch ----------------------
 
