@@ -82,7 +82,11 @@ void showPlotTab(gn::editor::MainWindow& w) {
   if (dock) {
     dock->raise();
     w.resizeDocks({dock}, {w.height() / 2}, Qt::Vertical);
-    if (timeline) w.resizeDocks({timeline, dock}, {w.width() / 5, w.width() * 4 / 5}, Qt::Horizontal);
+    // The Attention tab's heads side by side want the width more than the timeline does.
+    const int timelineShare = tab.compare("Attention", Qt::CaseInsensitive) == 0 ? 8 : 5;
+    if (timeline)
+      w.resizeDocks({timeline, dock}, {w.width() / timelineShare, w.width() - w.width() / timelineShare},
+                    Qt::Horizontal);
     // The canvas is smaller now: once the docks have their new sizes, centre it again on the selection (at
     // the zoom GPUNODES_EDITOR_VIEW asked for), or frame the whole graph.
     if (qEnvironmentVariable("GPUNODES_EDITOR_VIEW").split(',').size() != 3)

@@ -7,6 +7,7 @@
 //   GPUNODES_EDITOR_RUN=1               run the graph first and grab after it finishes (a list runs it under
 //                                       each schedule, or with each set of params: "train.lr=0.3,train.lr=0.1")
 //   GPUNODES_EDITOR_PLOT=Confusion      before the grab, show that tab of the Plots dock, enlarged
+//                                       (Attention: the attention of the node GPUNODES_EDITOR_SELECT selects)
 //   GPUNODES_EDITOR_MISTAKE=N           and show mistake N of the Mistakes tab (its top 5)
 //   GPUNODES_EDITOR_OVERLAY=1           and overlay every earlier run's series on the Training panes
 // (docs/cli.md lists these with the others.)

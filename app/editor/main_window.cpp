@@ -34,6 +34,7 @@
 #include <QUndoStack>
 #include <QVBoxLayout>
 
+#include "attention_view.h"
 #include "canvas/graph_view.h"
 #include "gpunodes/core/executor.h"
 #include "gpunodes/core/plugin.h"
@@ -1101,7 +1102,8 @@ void MainWindow::onRunFinished(bool ok, bool cancelled, const QString& message) 
   updateCacheLabel();
   plots_->setEvaluations(nodes, finishedOrder_);
   showSelectedEvaluation();
-  navigator_->setPreviews(report);
+  // An attention layer's node (and a block holding one) previews the weights an Evaluate node recorded.
+  navigator_->setPreviews(withAttentionOnLayers(report));
   wallLabel_->setText("wall " + style::formatMs(wall));
   QStringList devs;
   for (const QJsonValue& d : report.value("devices").toArray())
@@ -1281,8 +1283,11 @@ void MainWindow::onSelectionChanged() {
 
 void MainWindow::showSelectedEvaluation() {
   const QString prefix = navigator_->prefix(navigator_->depth());
-  for (const QString& id : navigator_->currentScene()->selectedNodeIds())
-    if (plots_->showEvaluation(prefix + id)) return;
+  QStringList paths;
+  for (const QString& id : navigator_->currentScene()->selectedNodeIds()) paths << prefix + id;
+  for (const QString& path : paths)
+    if (plots_->showEvaluation(path)) break;
+  plots_->showAttention(paths);
 }
 
 // ---------------------------------------------------------------------------------------------- exports

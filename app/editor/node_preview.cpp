@@ -2,6 +2,7 @@
 
 #include <QApplication>
 #include <QFontMetricsF>
+#include <QImage>
 #include <QJsonArray>
 #include <QPainter>
 #include <QPainterPath>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <limits>
 
+#include "attention_view.h"
 #include "style.h"
 
 namespace gn::editor {
@@ -18,6 +20,7 @@ namespace {
 
 constexpr qreal kLine = 14, kHeatmapSide = 64, kSparkline = 30, kBar = 6;
 constexpr int kShownValues = 8;
+constexpr int kHeatmapCells = 64;  // an attention map with more steps is averaged down to this many a side
 
 double number(const QJsonValue& v) {
   // The report writes a value that is not a number (NaN, inf) as null.
@@ -168,6 +171,36 @@ NodePreview NodePreview::fromReport(const QString& nodeId, const QJsonObject& en
                     .arg(entry.value("split").toString());
     return p;
   }
+  if (entry.value("attention").toObject().value("layers").isArray()) {
+    const std::optional<AttentionResults> a = AttentionResults::fromReport(nodeId, entry);
+    if (!a) return p;
+    const AttentionLayer& l = a->layers.first();
+    const QVector<double> mean = l.meanOverHeads();
+    // Wider than the preview has pixels: each cell the mean of a block of f x f weights.
+    const int f = std::max((l.queries + kHeatmapCells - 1) / kHeatmapCells,
+                           (l.keys + kHeatmapCells - 1) / kHeatmapCells);
+    p.kind = Kind::Heatmap;
+    p.rows = (l.queries + f - 1) / f;
+    p.cols = (l.keys + f - 1) / f;
+    for (int i = 0; i < p.rows; ++i)
+      for (int j = 0; j < p.cols; ++j) {
+        double sum = 0;
+        int n = 0;
+        for (int q = i * f; q < std::min(l.queries, (i + 1) * f); ++q)
+          for (int k = j * f; k < std::min(l.keys, (j + 1) * f); ++k, ++n) sum += mean[q * l.keys + k];
+        p.values << sum / n;
+      }
+    const QString name = l.layer.section(QChar('/'), -1);
+    p.caption = QString("%1 %2×%3%4 · mean of %5 head%6%7")
+                    .arg(name)
+                    .arg(l.queries)
+                    .arg(l.keys)
+                    .arg(f > 1 ? QString(" (%1×%2)").arg(p.rows).arg(p.cols) : QString())
+                    .arg(l.heads)
+                    .arg(l.heads == 1 ? "" : "s")
+                    .arg(a->layers.size() > 1 ? QString(" · 1 of %1").arg(a->layers.size()) : QString());
+    return p;
+  }
   // The live series has a point every few batches; the epochs only one per epoch.
   const QJsonArray series = metrics.value(nodeId + ".loss").toArray();
   for (const QJsonValue& point : series) p.values << number(point.toArray().at(1));
@@ -250,13 +283,18 @@ void NodePreview::paint(QPainter* p, const QRectF& r) const {
     }
     case Kind::Heatmap: {
       const auto [lo, hi] = range();
-      const qreal cell = std::floor(std::min(kHeatmapSide / rows, kHeatmapSide / cols));
-      const QRectF grid(body.left(), body.top(), cell * cols, cell * rows);
-      p->setPen(Qt::NoPen);
+      // Whole pixels per cell where the grid is small; a grid of more cells than the side has pixels over two
+      // (a 35-step attention map) fills the side, each cell a pixel or two.
+      const qreal fit = std::min(kHeatmapSide / rows, kHeatmapSide / cols);
+      const qreal cell = fit >= 2 ? std::floor(fit) : fit;
+      const QRectF grid(body.left(), body.top(), std::round(cell * cols), std::round(cell * rows));
+      QImage cells(cols, rows, QImage::Format_RGB32);
       for (int i = 0; i < rows; ++i)
-        for (int j = 0; j < cols; ++j)
-          p->fillRect(QRectF(grid.left() + j * cell, grid.top() + i * cell, cell, cell),
-                      heatColor(values[i * cols + j], lo, hi));
+        for (int j = 0; j < cols; ++j) cells.setPixel(j, i, heatColor(values[i * cols + j], lo, hi).rgb());
+      p->save();
+      p->setRenderHint(QPainter::SmoothPixmapTransform, false);
+      p->drawImage(grid, cells);
+      p->restore();
       p->setPen(QPen(QColor(0x15, 0x16, 0x18), 0));
       p->setBrush(Qt::NoBrush);
       p->drawRect(grid);

@@ -9,6 +9,9 @@
 // - "task": "language_model" with "samples" (the Evaluate node of a language model): "perplexity 3.21 ·
 //   accuracy 0.48" from "perplexity" and "accuracy";
 // - "accuracy" with "samples" (the Evaluate node of a classifier): the accuracy as a number and a bar;
+// - "attention" with "layers" (an attention layer's node, or a block holding one, once
+//   withAttentionOnLayers() of attention_view.h has put the weights an Evaluate node recorded there): a
+//   heatmap of the first layer's weights averaged over its heads, query against key;
 // - a metric series "<node id>.loss" (the Train node), else "epochs"[].loss: a sparkline of the loss.
 #pragma once
 #include <QFont>

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <memory>
 
+#include "attention_view.h"
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/report_format.h"
 #include "predictions_view.h"
@@ -227,8 +228,10 @@ PlotsPanel::PlotsPanel(QWidget* parent) : QTabWidget(parent) {
   addTab(confusion_, "Confusion");
   addTab(mistakes_, "Mistakes");
   addTab(predictions_, "Predictions");
+  attention_ = new AttentionView(this);
+  addTab(attention_, "Attention");
   for (QWidget* page : {static_cast<QWidget*>(confusion_), static_cast<QWidget*>(mistakes_),
-                        static_cast<QWidget*>(predictions_)}) {
+                        static_cast<QWidget*>(predictions_), static_cast<QWidget*>(attention_)}) {
     page->setContextMenuPolicy(Qt::CustomContextMenu);
     connect(page, &QWidget::customContextMenuRequested, this, [this, page](const QPoint& pos) {
       std::unique_ptr<QMenu> menu(contextMenuFor(page));
@@ -360,6 +363,8 @@ void PlotsPanel::beginRun(const QString& label, const QStringList& nodeOrder,
   confusion_->clear("Running: the confusion matrix shows when an Evaluate node has finished.");
   mistakes_->clear("Running: the mistakes show when an Evaluate node has finished.");
   predictions_->clear("Running: a regression's predictions show when an Evaluate node has finished.");
+  attention_->clear(
+      "Running: attention weights show when an Evaluate node with its attention param on has finished.");
   timingDirty_ = memoryDirty_ = metricsDirty_ = trainingLayoutDirty_ = true;
   refreshCompareButton();
 }
@@ -928,6 +933,26 @@ void PlotsPanel::setEvaluations(const QJsonObject& nodes, const QStringList& fin
   for (const QString& n : finishedOrder)
     if (!evaluationOrder_.contains(n) && readable(n)) evaluationOrder_ << n;
   shownEvaluation_.clear();
+  // The attention of the last evaluation to finish that recorded some.
+  std::optional<AttentionResults> attention;
+  for (const QString& n : finishedOrder)
+    if (auto r = AttentionResults::fromReport(n, nodes.value(n).toObject())) attention = r;
+  if (attention) {
+    attention_->setResults(*attention);
+  } else if (evaluationOrder_.isEmpty()) {
+    attention_->clear(
+        "No Evaluate node finished in the last run. An Evaluate node whose attention param is on records "
+        "what "
+        "each MultiheadAttention layer attends to for one sample (attention_sample) of its split.");
+  } else {
+    const QStringList& named = evaluationOrder_;
+    attention_->clear(
+        QString(
+            "Evaluate node%1 %2 recorded no attention weights: turn on %3 attention param (attention_sample "
+            "picks the sample of the split) and run again, then select a MultiheadAttention node or a "
+            "block holding one.")
+            .arg(named.size() > 1 ? "s" : "", named.join(", "), named.size() > 1 ? "one's" : "its"));
+  }
   if (evaluationOrder_.isEmpty()) {
     confusion_->clear("No Evaluate node finished in the last run: its confusion matrix would show here.");
     mistakes_->clear("No Evaluate node finished in the last run: the images it got wrong would show here.");
@@ -969,6 +994,23 @@ bool PlotsPanel::showEvaluation(const QString& node) {
   }
   shownEvaluation_ = node;
   return true;
+}
+
+bool PlotsPanel::showAttention(const QStringList& paths) {
+  if (paths.isEmpty()) return false;
+  // An Evaluate node that recorded attention shows its own, all its layers.
+  for (const QString& p : paths) {
+    std::optional<AttentionResults> own =
+        AttentionResults::fromReport(p, evaluationNodes_.value(p).toObject());
+    if (!own) continue;
+    if (!attention_->results() || attention_->results()->node != p) attention_->setResults(*own);
+    return attention_->showNode(p);
+  }
+  if (!attention_->hasResults()) return false;
+  for (const QString& p : paths)
+    if (!attention_->results()->layersOf(p).isEmpty()) return attention_->showNode(p);
+  attention_->showNode(paths.first());
+  return false;
 }
 
 int PlotsPanel::metricPoints() const {

@@ -5,7 +5,8 @@
 // test accuracy on 0-1; a regression's errors with R² on a second axis; images/s; the learning rate where it
 // varies), each epoch marked, with the same series of earlier runs overlaid on request; and after a run, an
 // evaluation's confusion matrix and mistakes (results_views.h), or a regression's predictions against the
-// truth (predictions_view.h). Every plot exports as PNG and SVG.
+// truth (predictions_view.h), and what the selected attention layer attends to (attention_view.h). Every plot
+// exports as PNG and SVG.
 #pragma once
 #include <QHash>
 #include <QJsonObject>
@@ -36,6 +37,7 @@ class GraphDocument;
 
 namespace gn::editor {
 
+class AttentionView;
 class ConfusionView;
 class MistakesView;
 class PredictionsView;
@@ -118,6 +120,7 @@ class PlotsPanel : public QTabWidget {
   ConfusionView* confusionView() const { return confusion_; }
   MistakesView* mistakesView() const { return mistakes_; }
   PredictionsView* predictionsView() const { return predictions_; }
+  AttentionView* attentionView() const { return attention_; }
 
   // After a run: the node entries of its report and the order its nodes finished in. The Confusion,
   // Mistakes and Predictions tabs show the evaluation of the last node to finish that has one: a classifier's
@@ -128,6 +131,11 @@ class PlotsPanel : public QTabWidget {
   bool showEvaluation(const QString& node);
   QString shownEvaluation() const { return shownEvaluation_; }
   QStringList evaluations() const { return evaluationOrder_; }
+  // The Attention tab follows the selection (node paths): the first selected node that is, or holds, a layer
+  // whose attention the last run recorded shows it; else the first says it has none. An Evaluate node that
+  // recorded attention shows its own. False when none of them has attention to show (nothing changes when
+  // the run recorded none, whose message stays).
+  bool showAttention(const QStringList& paths);
   int runCount() const { return int(runs_.size()); }
   int timingBars() const;  // bars with data in the current run
   int memoryPoints() const;
@@ -194,6 +202,7 @@ class PlotsPanel : public QTabWidget {
   ConfusionView* confusion_;
   MistakesView* mistakes_;
   PredictionsView* predictions_;
+  AttentionView* attention_;
   QJsonObject evaluationNodes_;
   QStringList evaluationOrder_;  // nodes with an evaluation, in the order they finished
   QString shownEvaluation_;

@@ -2,13 +2,19 @@
 // Predictions (the scatter's points, the line y = x, the scores in its title; a time series' picture with its
 // three curves, their points and the marker at the test split's start), a language model's accuracy and
 // perplexity without a confusion matrix, which tab holds which evaluation, and the Predictions tab's PNG and
-// SVG exports. Then after a run of a shrunk mlp-fashion-mnist (two Evaluate nodes: the trained model and the
+// SVG exports; the Attention tab (a heatmap per head whose cells hold the weights, a block that finds the
+// layers inside it, the class token's attention over an image's patches, a text sample's tokens on the axes,
+// the message that names the param to turn on) and an attention layer's node preview. Then after a run of a
+// shrunk mlp-fashion-mnist (two Evaluate nodes: the trained model and the
 // untrained one), with the real GPU node set on the CPU: the heatmap's cells, counts and axis names against
 // the report, which evaluation shows (the last to finish, or the selected one), the grid of mistakes in the
-// report's order, a click that shows the top 5; and the Training panes' epoch marks and learning-rate pane (a
+// report's order, a click that shows the top 5; the Attention tab's message for a run that recorded no
+// attention, whatever is selected; and the Training panes' epoch marks and learning-rate pane (a
 // cosine schedule).
 #include <qcustomplot.h>
 
+#include <QBuffer>
+#include <QComboBox>
 #include <QDockWidget>
 #include <QFile>
 #include <QFileInfo>
@@ -20,9 +26,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "attention_view.h"
 #include "editor_test_util.h"
 #include "gpunodes/core/registry.h"
 #include "main_window.h"
+#include "node_preview.h"
 #include "plots.h"
 #include "predictions_view.h"
 #include "results_views.h"
@@ -104,6 +112,54 @@ QJsonObject classifierEntry() {
                      {"per_class", QJsonArray{0.75, 0.75}},
                      {"class_names", QJsonArray{"cat", "dog"}},
                      {"mistakes_total", 2}};
+}
+
+// An attention layer's weights: `heads` x `queries` x `keys`, each row a softmax of made-up scores (distinct
+// per head, query and key), the keys after the query masked to 0 when `causal`.
+QJsonObject attentionLayer(const QString& id, int heads, int queries, int keys, bool causal = false) {
+  QJsonArray weights;
+  for (int h = 0; h < heads; ++h)
+    for (int q = 0; q < queries; ++q) {
+      QVector<double> row(keys);
+      double sum = 0;
+      for (int k = 0; k < keys; ++k) {
+        row[k] = causal && k > q ? 0.0 : std::exp(std::sin(1.0 + h + 0.7 * q + 1.3 * k));
+        sum += row[k];
+      }
+      for (double v : row) weights.append(v / sum);
+    }
+  return QJsonObject{
+      {"layer", id}, {"heads", heads}, {"queries", queries}, {"keys", keys}, {"weights", weights}};
+}
+
+double weightOf(const QJsonObject& layer, int h, int q, int k) {
+  const int queries = layer["queries"].toInt(), keys = layer["keys"].toInt();
+  return layer["weights"].toArray()[(h * queries + q) * keys + k].toDouble();
+}
+
+QString pngBase64(const QImage& img) {
+  QByteArray bytes;
+  QBuffer buffer(&bytes);
+  buffer.open(QIODevice::WriteOnly);
+  img.save(&buffer, "PNG");
+  return QString::fromLatin1(bytes.toBase64());
+}
+
+// A ViT's evaluation: a classifier's entry whose attention field holds block1/attn (2 heads, the class token
+// and 2 x 2 patches), and block2's two layers, for sample 3, a dog, with its 8 x 8 image.
+QJsonObject vitEntry() {
+  // Black, so that a patch's tint alone says how much weight it has.
+  QImage img(8, 8, QImage::Format_Grayscale8);
+  img.fill(0);
+  QJsonObject entry = classifierEntry();
+  entry.insert("attention",
+               QJsonObject{{"sample", 3},
+                           {"label", 1},
+                           {"image", pngBase64(img)},
+                           {"layers", QJsonArray{attentionLayer("block1/attn", 2, 5, 5),
+                                                 attentionLayer("block2/attn", 3, 5, 5),
+                                                 attentionLayer("block2/inner/attn", 1, 5, 5)}}});
+  return entry;
 }
 
 }  // namespace
@@ -264,6 +320,182 @@ class TestEvaluationKinds : public QObject {
     QVERIFY(p_->predictionsView()->seriesPlot()->isHidden());
   }
 
+  void anAttentionLayerShowsAHeatmapPerHead() {
+    const QJsonObject entry = vitEntry();
+    const QJsonObject layer = entry["attention"]["layers"][0].toObject();
+    p_->setEvaluations({{"test", entry}}, {"test"});
+    editor::AttentionView* view = p_->attentionView();
+    QCOMPARE(p_->widget(tabOf(p_.get(), "Attention")), static_cast<QWidget*>(view));
+    p_->setCurrentWidget(view);
+    // Before a layer is selected: which layers the run recorded.
+    QVERIFY2(view->headerText().contains("block1/attn, block2/attn, block2/inner/attn"),
+             qPrintable(view->headerText()));
+    QVERIFY(view->plot()->isHidden());
+
+    QVERIFY(p_->showAttention({"block1/attn"}));
+    QCOMPARE(view->shownLayer(), QString("block1/attn"));
+    QCOMPARE(view->headTitles(), (QStringList{"head 1", "head 2"}));
+    QCOMPARE(view->headMaps().size(), 2);
+    QTRY_VERIFY(view->plot()->isVisible());
+    double top = 0;
+    for (int h = 0; h < 2; ++h) {
+      QCPColorMap* map = view->headMaps()[h];
+      QCOMPARE(map->keyAxis()->label(), QString("key"));
+      QCOMPARE(map->valueAxis()->label(), QString("query"));
+      QCOMPARE(map->data()->keySize(), 5);
+      QCOMPARE(map->data()->valueSize(), 5);
+      for (int q = 0; q < 5; ++q)
+        for (int k = 0; k < 5; ++k) {
+          QCOMPARE(map->data()->cell(k, q), weightOf(layer, h, q, k));
+          top = std::max(top, weightOf(layer, h, q, k));
+        }
+      QCOMPARE(map->colorScale(), view->colorScale());
+    }
+    // One scale for every head, from 0 to the layer's largest weight.
+    QCOMPARE(view->colorScale()->dataRange().lower, 0.0);
+    QCOMPARE(view->colorScale()->dataRange().upper, top);
+    QVERIFY(view->headerText().contains("2 heads, 5 queries × 5 keys"));
+    QVERIFY2(view->headerText().contains("sample 3 · dog of the test split"), qPrintable(view->headerText()));
+    QVERIFY(!view->layerSelector()->isVisibleTo(view));  // one layer: nothing to choose
+
+    // Five keys are the class token and 2 x 2 patches: its attention over them, laid over the image.
+    QVERIFY(view->overlay()->isVisible());
+    QCOMPARE(view->overlayTitle(), QString("sample 3 · dog (label 1)"));
+    QCOMPARE(view->overlayImage().size(), QSize(224, 224));  // 8 x 8 scaled up 28 times
+    const editor::AttentionLayer& shown = view->results()->layers[0];
+    const QVector<double> cls = shown.classTokenAttention();
+    QCOMPARE(cls.size(), 4);
+    for (int k = 1; k < 5; ++k)
+      QVERIFY(std::abs(cls[k - 1] - (weightOf(layer, 0, 0, k) + weightOf(layer, 1, 0, k)) / 2) < 1e-12);
+    // The patch the class token attends to most is tinted brighter than the one it attends to least.
+    const auto most = std::max_element(cls.begin(), cls.end()) - cls.begin();
+    const auto least = std::min_element(cls.begin(), cls.end()) - cls.begin();
+    const auto tint = [&](qsizetype patch) {
+      // Each patch is 112 pixels a side: the pixel at its centre.
+      const QPoint at(int(patch % 2) * 112 + 56, int(patch / 2) * 112 + 56);
+      return QColor(view->overlayImage().pixel(at)).value();
+    };
+    QVERIFY2(tint(most) > tint(least) || most == least,
+             qPrintable(QString("%1 %2").arg(tint(most)).arg(tint(least))));
+  }
+
+  void aBlockShowsTheLayersInsideIt() {
+    p_->setEvaluations({{"test", vitEntry()}}, {"test"});
+    editor::AttentionView* view = p_->attentionView();
+    p_->setCurrentWidget(view);
+    // The block's path is a prefix of its layer's: block1 shows block1/attn.
+    QVERIFY(p_->showAttention({"block1"}));
+    QCOMPARE(view->shownLayer(), QString("block1/attn"));
+    QCOMPARE(view->shownNode(), QString("block1"));
+    QVERIFY(!view->layerSelector()->isVisibleTo(view));
+    // A block with two layers (one in a block inside it) offers both; the first shows.
+    QVERIFY(p_->showAttention({"block2"}));
+    QCOMPARE(view->shownLayer(), QString("block2/attn"));
+    QCOMPARE(view->headMaps().size(), 3);
+    QVERIFY(view->layerSelector()->isVisibleTo(view));
+    QCOMPARE(view->layerSelector()->count(), 2);
+    QCOMPARE(view->layerSelector()->itemText(1), QString("block2/inner/attn"));
+    emit view->layerSelector()->activated(1);
+    QCOMPARE(view->shownLayer(), QString("block2/inner/attn"));
+    QCOMPARE(view->headTitles(), QStringList{"head 1"});
+    // Selecting the inner block keeps that layer; a path that only starts like a block's is not inside it.
+    QVERIFY(p_->showAttention({"block2/inner"}));
+    QCOMPARE(view->shownLayer(), QString("block2/inner/attn"));
+    QVERIFY(!p_->showAttention({"block10"}));
+    QVERIFY2(view->headerText().startsWith("block10 has no attention weights in the last run"),
+             qPrintable(view->headerText()));
+    QVERIFY(view->headerText().contains("block1/attn, block2/attn, block2/inner/attn"));
+    QVERIFY(view->shownLayer().isEmpty());
+    QVERIFY(view->plot()->isHidden());
+    // Of several selected nodes, the first with attention; the Evaluate node that recorded it offers all.
+    QVERIFY(p_->showAttention({"train", "block1"}));
+    QCOMPARE(view->shownLayer(), QString("block1/attn"));
+    QVERIFY(p_->showAttention({"test"}));
+    QCOMPARE(view->layerSelector()->count(), 3);
+  }
+
+  void withoutAttentionTheTabSaysWhichParamToTurnOn() {
+    editor::AttentionView* view = p_->attentionView();
+    QVERIFY(view->headerText().contains("attention param"));  // before any run
+    p_->setEvaluations({{"test", classifierEntry()}}, {"test"});
+    QVERIFY2(view->headerText().startsWith("Evaluate node test recorded no attention weights: turn on its "
+                                           "attention param"),
+             qPrintable(view->headerText()));
+    // Selecting a node changes nothing: the message stays, no pane is left empty.
+    QVERIFY(!p_->showAttention({"block1/attn"}));
+    QVERIFY(view->headerText().contains("turn on its attention param"));
+    QVERIFY(view->plot()->isHidden());
+    QVERIFY(!view->hasResults());
+    p_->setEvaluations({{"train", QJsonObject{{"epochs", QJsonArray{}}}}}, {"train"});
+    QVERIFY2(view->headerText().startsWith("No Evaluate node finished in the last run"),
+             qPrintable(view->headerText()));
+    QVERIFY(view->headerText().contains("attention param"));
+    // A run that is under way says so.
+    p_->beginRun("#1", {"test"});
+    QVERIFY(view->headerText().startsWith("Running"));
+  }
+
+  void aTextSampleNamesItsTokensOnTheAxes() {
+    QJsonObject entry = languageModelEntry();
+    const QStringList tokens{"t", "h", "e", " ", "c", "a", "t", "\n"};
+    QJsonArray tokenArray;
+    for (const QString& t : tokens) tokenArray.append(t);
+    entry.insert("attention",
+                 QJsonObject{{"sample", 0},
+                             {"tokens", tokenArray},
+                             {"layers", QJsonArray{attentionLayer("block1/attn", 2, 8, 8, true)}}});
+    p_->setEvaluations({{"test", entry}}, {"test"});
+    editor::AttentionView* view = p_->attentionView();
+    p_->setCurrentWidget(view);
+    QVERIFY(p_->showAttention({"block1/attn"}));
+    QTRY_VERIFY(view->plot()->isVisible());
+    QVERIFY2(view->headerText().contains("causal"), qPrintable(view->headerText()));
+    QVERIFY(view->headerText().contains("The sample: “the cat"));
+    QVERIFY(!view->overlay()->isVisible());  // no image, no patches
+    // Eight steps in a 1200-pixel-wide tab: a token per cell, whitespace made visible.
+    QVERIFY(view->tokenLabelsShown());
+    const QStringList shown{"t", "h", "e", "␣", "c", "a", "t", "↵"};
+    QCOMPARE(tickLabels(view->headMaps()[0]->keyAxis()), shown);
+    QCOMPARE(tickLabels(view->headMaps()[0]->valueAxis()), shown);
+    // A masked key holds no weight.
+    QCOMPARE(view->headMaps()[1]->data()->cell(5, 2), 0.0);
+  }
+
+  void anAttentionLayersNodePreviewsItsWeights() {
+    const QJsonObject entry = vitEntry();
+    const QJsonObject report{
+        {"nodes", QJsonObject{{"test", entry}, {"block1/attn", QJsonObject{{"status", "ok"}}}}}};
+    const QJsonObject nodes = editor::withAttentionOnLayers(report)["nodes"].toObject();
+    // The layer's node and each block holding it carry its weights; the Evaluate node keeps its own field.
+    QCOMPARE(nodes["block1/attn"]["status"].toString(), QString("ok"));
+    QCOMPARE(nodes["block1/attn"]["attention"]["layers"].toArray().size(), 1);
+    QCOMPARE(nodes["block1"]["attention"]["layers"].toArray().size(), 1);
+    QCOMPARE(nodes["block2"]["attention"]["layers"].toArray().size(), 2);
+    QCOMPARE(nodes["block2/inner"]["attention"]["layers"].toArray().size(), 1);
+    QCOMPARE(nodes["test"], QJsonValue(entry));
+
+    using editor::NodePreview;
+    const NodePreview p = NodePreview::fromReport("attn", nodes["block1/attn"].toObject(), {});
+    QCOMPARE(p.kind, NodePreview::Kind::Heatmap);
+    QCOMPARE(p.rows, 5);
+    QCOMPARE(p.cols, 5);
+    const QJsonObject layer = entry["attention"]["layers"][0].toObject();
+    for (int q = 0; q < 5; ++q)
+      for (int k = 0; k < 5; ++k)
+        QVERIFY(std::abs(p.values[q * 5 + k] - (weightOf(layer, 0, q, k) + weightOf(layer, 1, q, k)) / 2) <
+                1e-12);
+    QVERIFY2(p.caption.startsWith("attn 5×5 · mean of 2 heads"), qPrintable(p.caption));
+    QVERIFY(NodePreview::fromReport("block2", nodes["block2"].toObject(), {}).caption.endsWith("1 of 2"));
+    // The Evaluate node still previews its accuracy.
+    QCOMPARE(NodePreview::fromReport("test", entry, {}).kind, NodePreview::Kind::Accuracy);
+    // A long sequence is averaged down to a grid the preview can draw.
+    const QJsonObject longEntry{
+        {"attention", QJsonObject{{"layers", QJsonArray{attentionLayer("attn", 1, 130, 130)}}}}};
+    const NodePreview pooled = NodePreview::fromReport("attn", longEntry, {});
+    QCOMPARE(pooled.rows, 44);  // 130 steps in blocks of 3
+    QVERIFY(pooled.caption.contains("(44×44)"));
+  }
+
   void thePredictionsTabExportsAsPngAndSvg() {
     p_->setEvaluations({{"reg", regressionEntry(200, 400, 4, 300)}}, {"reg"});
     editor::PredictionsView* view = p_->predictionsView();
@@ -345,6 +577,20 @@ class TestResultsViews : public QObject {
     QCOMPARE(plots->shownEvaluation(), evals.last());
     QVERIFY(plots->confusionView()->headerText().contains("Evaluate node " + evals.last()));
     QVERIFY(plots->mistakesView()->headerText().contains("Evaluate node " + evals.last()));
+  }
+
+  void the_attention_tab_says_which_param_to_turn_on() {
+    // Neither Evaluate node records attention here: the tab names them and the param, whatever is selected.
+    editor::AttentionView* view = w_->plots()->attentionView();
+    QVERIFY2(view->headerText().contains("recorded no attention weights: turn on one's attention param"),
+             qPrintable(view->headerText()));
+    QVERIFY(view->headerText().contains("test") && view->headerText().contains("untrained"));
+    w_->scene()->selectNodes({"train"});
+    QVERIFY(view->headerText().contains("attention param"));
+    QVERIFY(view->plot()->isHidden());
+    w_->scene()->selectNodes({"test"});
+    QVERIFY(view->headerText().contains("attention param"));
+    QVERIFY(!view->hasResults());
   }
 
   void the_heatmap_holds_the_confusion_matrix() {
