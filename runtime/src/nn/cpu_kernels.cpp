@@ -36,6 +36,7 @@
 #include "gpunodes/errors.h"
 #include "gpunodes/random.h"
 #include "kernels.h"
+#include "recurrent_kernels.h"
 
 namespace gn::nn {
 namespace {
@@ -449,21 +450,16 @@ class CpuNnKernels final : public NnKernels {
   }
 
   void linear_backward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* dy,
-                       float* dx, float* dw, float* db, KernelContext&) override {
+                       float* dx, float* dw, float* db, KernelContext& kc) override {
     if (dx)  // dx = dy W
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i32(n), i32(in), i32(out), 1.0f, dy, i32(out), w,
                   i32(in), 0.0f, dx, i32(in));
     // dW = dy^T x
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(out), i32(in), i32(n), 1.0f, dy, i32(out), x,
                 i32(in), 0.0f, dw, i32(in));
-    if (!db) return;
-    // db = column sums of dy, accumulated in double
-    std::vector<double> acc(static_cast<size_t>(out), 0.0);
-    for (int64_t i = 0; i < n; ++i) {
-      const float* row = dy + i * out;
-      for (int64_t j = 0; j < out; ++j) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < out; ++j) db[j] = static_cast<float>(acc[j]);
+    // db = column sums of dy: the recurrent kernels' vectorised sums (float groups of rows added in double).
+    // A scalar loop in double took about 2 ms of a ViT training step (6,400 rows per product).
+    if (db) cpu_recurrent_kernels().column_sums(n, out, dy, db, kc);
   }
 
   void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* b, float* y,
