@@ -552,7 +552,7 @@ class TorchAttentionTest : public QObject {
     if (c.shorter > 0)
       for (int64_t n = 0; n < kBatch; ++n)
         xShort.insert(xShort.end(), x.begin() + n * steps, x.begin() + n * steps + c.shorter);
-    std::vector<float> dyShort(dy.size() / size_t(steps) * size_t(c.shorter > 0 ? c.shorter : 0));
+    std::vector<float> dyShort(c.shorter > 0 ? dy.size() / size_t(steps) * size_t(c.shorter) : 0);
     for (float& v : dyShort) v = normal(gen);
     const QString xShortFile = path(tag + ".xshort.f32"), dyShortFile = path(tag + ".dyshort.f32");
     interop::write_floats(xShortFile, xShort);
