@@ -736,9 +736,13 @@ int commandDevices(const QStringList& args) {
     err(QStringLiteral("gpunodes: no loaded node set reports devices\n"));
     return kFailed;
   }
+  // What libgomp read at load: passive unless the user set OMP_WAIT_POLICY (main.cpp sets passive otherwise).
+  const QString waits = qEnvironmentVariable("OMP_WAIT_POLICY", QStringLiteral("libgomp's default"));
+  text += QStringLiteral("OpenMP waits: %1 (OMP_WAIT_POLICY)\n").arg(waits);
   QString shown =
       parser.isSet(json)
-          ? QString::fromUtf8(QJsonDocument(QJsonObject{{"devices", devices}, {"node_sets", sets}})
+          ? QString::fromUtf8(QJsonDocument(QJsonObject{{"devices", devices}, {"node_sets", sets},
+                                                        {"openmp_wait_policy", waits}})
                                   .toJson(QJsonDocument::Indented))
           : text;
   if (world && world->distributed()) {

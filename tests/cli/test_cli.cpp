@@ -568,6 +568,22 @@ class CliTest : public QObject {
     EXPECT_EXIT(gpunodes({"devices"}, QProcessEnvironment::systemEnvironment()), 0);
   }
 
+  // libgomp reads OMP_WAIT_POLICY when it loads: gpunodes starts itself again with passive waits unless the
+  // user chose a policy, which it keeps.
+  void openMpWaitsArePassiveUnlessTheUserChose() {
+    QProcessEnvironment env = environment();
+    env.remove("OMP_WAIT_POLICY");
+    Result r = gpunodes({"devices"}, env);
+    EXPECT_EXIT(r, 0);
+    QVERIFY2(r.out.contains("OpenMP waits: passive (OMP_WAIT_POLICY)"), qPrintable(describe(r)));
+    r = gpunodes({"devices", "--json"}, env);
+    QCOMPARE(QJsonDocument::fromJson(r.out.toUtf8()).object().value("openmp_wait_policy").toString(),
+             QStringLiteral("passive"));
+    env.insert("OMP_WAIT_POLICY", "active");
+    r = gpunodes({"devices"}, env);
+    QVERIFY2(r.out.contains("OpenMP waits: active (OMP_WAIT_POLICY)"), qPrintable(describe(r)));
+  }
+
   void anExampleRunsHeadlessWithEveryOutput() {
     const QString report = dir_.filePath("qs.json"), trace = dir_.filePath("qs-trace.json"),
                   csv = dir_.filePath("qs.csv");
