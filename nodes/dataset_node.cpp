@@ -127,12 +127,15 @@ class DatasetNode final : public GpuNode {
                                 "reports test accuracy on the test split.")},
             .params =
                 {
-                    enumParam("name", {"fashion-mnist", "synthetic", "image_folder", "text", "series", "table"},
+                    enumParam("name", {"fashion-mnist", "synthetic", "image_folder", "text", "series", "table",
+                                       "attention_pooling"},
                               "fashion-mnist",
                               "fashion-mnist: 60,000 training and 10,000 test images, 28x28 grey. synthetic: "
                               "2,048 training and 512 test samples of the same shape, made in memory. "
                               "image_folder: the images under path, decoded into memory. text: token windows "
-                              "of a text file. series: a time series. table: rows of a CSV file."),
+                              "of a text file. series: a time series. table: rows of a CSV file. attention_pooling: d2l 11.2's "
+                              "data for Nadaraya-Watson regression, made in memory (one sample per split: "
+                              "rows of query, key and value)."),
                     stringParam(
                         "path", nn::default_fashion_mnist_dir(),
                         "fashion-mnist: the directory holding train-images-idx3-ubyte.gz, "
@@ -172,6 +175,9 @@ class DatasetNode final : public GpuNode {
                                 "series: the column to read, by its header name; empty: the file's only "
                                 "numeric column."),
                     intParam("tau", 4, 1, 100000, "series: how many previous values predict the next."),
+                    intParam("points", 50, 2, 100000,
+                             "attention_pooling: training points (x from U(0, 5), y = 2 sin x + x^0.8 + "
+                             "noise) and as many evenly spaced test points (d2l: 50)."),
                     stringParam("target", "", "table: the column to predict."),
                     stringParam("features", "",
                                 "table: the columns to predict it from, separated by commas; empty: every "
@@ -228,7 +234,8 @@ class DatasetNode final : public GpuNode {
   QByteArray cacheIdentity(const QJsonObject& p, core::RunSession* session) const override {
     Q_UNUSED(session);
     const QString name = p["name"].toString();
-    const bool readsNothing = name == "synthetic" || (name == "series" && p["path"].toString().isEmpty());
+    const bool readsNothing = name == "synthetic" || name == "attention_pooling" ||
+                              (name == "series" && p["path"].toString().isEmpty());
     return readsNothing ? QByteArray() : fileIdentity(p["path"].toString());
   }
 
@@ -245,10 +252,10 @@ class DatasetNode final : public GpuNode {
     d.side = resize > 0 ? resize : 28;
     d.batch = p["batch_size"].toInteger();
     const QString name = p["name"].toString();
-    if (name == "text" || name == "series" || name == "table") {
+    if (name == "text" || name == "series" || name == "table" || name == "attention_pooling") {
       d.side.reset();
       d.channels.reset();
-      d.hasTest = d.hasTest && p["test_fraction"].toDouble() > 0;
+      d.hasTest = d.hasTest && (name == "attention_pooling" || p["test_fraction"].toDouble() > 0);
       d.data = checkValues(check, name);
       return {{"data", d}};
     }
@@ -283,6 +290,14 @@ class DatasetNode final : public GpuNode {
     const QString path = p["path"].toString();
     DataShape d;
     d.kind = name;
+    if (name == "attention_pooling") {
+      const int64_t points = p["points"].toInteger();
+      d.sample = {points, 3};
+      d.target = {points};
+      d.regression = true;
+      d.classes = 1;
+      return d;
+    }
     if (!(name == "series" && path.isEmpty())) {
       const QFileInfo info(path);
       if (path.isEmpty() || !info.exists()) {
@@ -349,13 +364,17 @@ class DatasetNode final : public GpuNode {
     return true;
   }
 
-  // A text, series or table, with what the report says about it.
+  // A text, series, table or d2l 11.2's data, with what the report says about it.
   static void loadValues(core::NodeContext& ctx, const QString& name, nn::DatasetPtr& train, nn::DatasetPtr& test) {
     const QJsonObject& p = ctx.params();
     const std::string path = p["path"].toString().toStdString();
     const double fraction = p["test_fraction"].toDouble();
     const auto seed = static_cast<uint64_t>(p["shuffle_seed"].toInteger());
-    if (name == "text") {
+    if (name == "attention_pooling") {
+      nn::AttentionPoolingData a = nn::make_attention_pooling(p["points"].toInteger(), seed);
+      train = a.train, test = a.test;
+      ctx.reportField("points", static_cast<double>(a.train->sample_shape[0]));
+    } else if (name == "text") {
       nn::TextOptions o;
       o.path = path;
       o.tokens = p["tokens"].toString() == "word" ? nn::TokenUnit::Word : nn::TokenUnit::Char;
@@ -506,7 +525,8 @@ class DatasetNode final : public GpuNode {
                         .arg(one ? QString() : QString("s"), p["path"].toString(),
                              one ? QString("was") : QString("were"), shown.join(", ")));
       }
-    } else if (spec.name == "text" || spec.name == "series" || spec.name == "table") {
+    } else if (spec.name == "text" || spec.name == "series" || spec.name == "table" ||
+               spec.name == "attention_pooling") {
       loadValues(ctx, spec.name, train, test);
       if (!wantTrain) train.reset();
       if (!wantTest) test.reset();

@@ -474,6 +474,12 @@ QList<core::NodeTypePtr> makeLayerNodes() {
       layer(LayerKind::ClassToken,
             "Prepends a learned token <id>.weight [1, E] (zeros at first) to a [T, E] sequence: [T + 1, E], d2l "
             "11.8's cls_token; FirstStep reads it back after the blocks."),
+      layer(LayerKind::NadarayaWatson,
+            "d2l 11.2's Nadaraya-Watson kernel regression with a learned width (its NWKernelRegression): rows "
+            "(query, key, value) [T, 3] give [T], for each query i the attention pooling sum_j softmax_j(-((q_i - "
+            "k_j) w)^2 / 2) v_j over every row's key and value, with <id>.w [1] from U(0, 1). In training each "
+            "query leaves its own row's key out, as d2l's training does. Its attention weights show in the "
+            "Attention pane (Evaluate's attention param)."),
       std::make_shared<NetworkNode>(),
   };
 }

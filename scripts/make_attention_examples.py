@@ -190,8 +190,39 @@ def lm_example(post):
           graph("Transformer language model", LM_DESCRIPTION, nodes, conns, [600, 0]))
 
 
+POOLING_DESCRIPTION = (
+    "d2l 11.2's attention pooling: Nadaraya-Watson kernel regression with a learned width, trained. The data "
+    "is d2l's: 50 training inputs x from U(0, 5), sorted, with y = 2 sin(x) + x^0.8 + noise, and 50 test inputs "
+    "0, 0.1, ..., 4.9 with the noise-free targets. Each split is one sample of rows (query, key, value): "
+    "training queries are the training inputs themselves, test queries the test inputs, and the keys and "
+    "values are the training pairs. NadarayaWatson predicts each query as sum_j softmax_j(-((q - k_j) w)^2 / 2) "
+    "y_j with one learned w, leaving a training query's own point out as d2l does; trained as d2l trains it "
+    "(SGD lr 0.5, MSE, 5 epochs of the one training sample). Evaluate reports the attention of the test "
+    "sample: select nw to see d2l's heatmap, sorted test inputs against sorted training inputs, in the "
+    "Attention tab; the Predictions tab plots predictions against the true function's values.")
+
+
+def pooling_example():
+    nodes = [
+        node("x", "Input", 0, -200, shape=[50, 3]),
+        node("nw", "NadarayaWatson", 200, -200),
+        node("net", "Network", 400, -200, seed=0),
+        node("dev", "Device", 0, 0, kind="gpu", index=0, fallback=True),
+        node("data", "Dataset", 0, 160, name="attention_pooling", points=50, batch_size=1, shuffle_seed=0),
+        node("train", "Train", 400, 40, epochs=5, optimizer="sgd", lr=0.5, loss="mse", log_every=1),
+        node("test", "Evaluate", 700, 40, split="test", attention=True, attention_sample=0),
+    ]
+    conns = [wire("x.out", "nw.in"), wire("nw.out", "net.out"), wire("dev.device", "net.device"),
+             wire("net.model", "train.model"), wire("data.data", "train.data"), wire("dev.device", "train.devices"),
+             wire("train.model", "test.model"), wire("data.data", "test.data")]
+    write("resources/examples/attention-pooling.json",
+          graph("Attention pooling: Nadaraya-Watson regression", POOLING_DESCRIPTION, nodes, conns, [300, 0],
+                version=1))
+
+
 if __name__ == "__main__":
     os.makedirs(os.path.join(ROOT, "resources/blocks"), exist_ok=True)
     vit_block, post_block = blocks()
     vit_example(vit_block)
     lm_example(post_block)
+    pooling_example()

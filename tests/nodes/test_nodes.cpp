@@ -61,7 +61,7 @@ class NodesTest : public QObject {
         "AvgPool2d", "GlobalAvgPool2d", "Flatten", "Linear", "Dropout", "Add", "Concat", "Embedding", "OneHot",
         "RNN", "GRU", "LSTM", "Reshape", "Transpose", "LastStep", "FirstStep", "LayerNorm", "MultiheadAttention",
         "BatchMatMul", "Softmax", "Mul", "Scale", "PositionalEncoding", "PositionEmbedding", "ClassToken",
-        "Network"};
+        "NadarayaWatson", "Network"};
     QCOMPARE(plugin()->nodeTypes().size(), names.size());
     for (const QString& name : names) {
       NodeTypePtr t = registry().find(name);

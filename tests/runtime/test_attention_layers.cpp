@@ -16,6 +16,8 @@
 #include "gpunodes/nn/attention_layers.h"
 #include "gpunodes/nn/model.h"
 #include "gpunodes/nn/network.h"
+#include "gpunodes/nn/sequence_data.h"
+#include "gpunodes/nn/sequence_layers.h"
 #include "gpunodes/ops.h"
 #include "gpunodes/runtime.h"
 #include "nn_test_util.h"
@@ -1127,6 +1129,84 @@ class AttentionLayersTest : public QObject {
     QCOMPARE(y.shape(), (Shape{1, t, 4}));
     to_host(sum(y));
     alloc.set_limit(0);
+  }
+
+  // d2l 11.2's Nadaraya-Watson pooling against a float64 loop, in evaluation (every key) and in training (each
+  // query's own row left out), and its gradients: w's, and through a Linear before it the rows'.
+  void nadaraya_watson_pools_as_d2l_with_its_gradients() {
+    const int64_t n = 2, t = 5;
+    Net net;
+    net.add("x", LayerKind::Input, [&](LayerSpec& l) { l.shape = {t, 3}; });
+    net.add("mix", LayerKind::Linear, [](LayerSpec& l) { l.features = 3; });
+    net.add("nw", LayerKind::NadarayaWatson);
+    QCOMPARE(net.spec.infer().back().out, (Shape{t}));
+    expect_layer_error([] { infer_layer([] { LayerSpec l; l.id = "nw"; l.kind = LayerKind::NadarayaWatson; return l; }(),
+                                        {{5, 2}}); },
+                       "in", {"NadarayaWatson", "[T, 3]", "5x2"});
+    auto m = Model::create(*rt_, networkOptions(net.spec, 3), device_);
+    QCOMPARE(parameter_names(*m), (std::vector<std::string>{"mix.weight", "mix.bias", "nw.w"}));
+    const float w0 = to_host(m->parameters()[2]->value)[0];
+    QVERIFY2(w0 >= 0 && w0 <= 1, "w starts from U(0, 1)");
+    // mix = identity, w = 1.3: the layer sees the rows themselves.
+    write_values(m->parameters()[0]->value, {1, 0, 0, 0, 1, 0, 0, 0, 1});
+    write_values(m->parameters()[1]->value, {0, 0, 0});
+    write_values(m->parameters()[2]->value, {1.3f});
+    std::vector<float> rows(static_cast<size_t>(n * t * 3));
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = 0.37f * static_cast<float>((i * 5) % 11) - 1.1f;
+    const Tensor xs = dev({n, t, 3}, rows);
+    auto reference = [&](bool train) {
+      std::vector<double> y(static_cast<size_t>(n * t));
+      for (int64_t s = 0; s < n; ++s)
+        for (int64_t i = 0; i < t; ++i) {
+          const double q = rows[static_cast<size_t>((s * t + i) * 3)];
+          double sum = 0, acc = 0;
+          for (int64_t j = 0; j < t; ++j) {
+            if (train && j == i) continue;
+            const double k = rows[static_cast<size_t>((s * t + j) * 3 + 1)];
+            const double v = rows[static_cast<size_t>((s * t + j) * 3 + 2)];
+            const double e = std::exp(-0.5 * (q - k) * 1.3 * (q - k) * 1.3);
+            sum += e, acc += e * v;
+          }
+          y[static_cast<size_t>(s * t + i)] = acc / sum;
+        }
+      return y;
+    };
+    QVERIFY(near(to_host(m->forward(xs, Mode::Eval)), reference(false), 1e-5, "evaluation"));
+    QVERIFY(near(to_host(m->forward(xs, Mode::Train)), reference(true), 1e-5, "training, own key left out"));
+    m->clear_cache();
+    const auto weights = m->attention_weights();
+    QCOMPARE(weights.size(), size_t(1));
+    QCOMPARE(weights[0].second.shape(), (Shape{1, t, t}));
+    // Gradients, in training, of an MSE against targets, with a mixing Linear that is not the identity.
+    write_values(m->parameters()[0]->value, {0.9f, 0.2f, -0.1f, 0.1f, 1.1f, 0.3f, -0.2f, 0.1f, 0.8f});
+    write_values(m->parameters()[1]->value, {0.05f, -0.1f, 0.2f});
+    const Tensor target = normal(*rt_, {n, t}, device_, 4);
+    auto loss = [&] {
+      const double l = double(item(regression_loss(RegressionLoss::Mse, m->forward(xs, Mode::Train), target, false).loss));
+      m->clear_cache();
+      return l;
+    };
+    m->backward(regression_loss(RegressionLoss::Mse, m->forward(xs, Mode::Train), target).dpred);
+    QCOMPARE(check_finite_differences(*m, loss), 3 * 3);
+  }
+
+  // d2l 11.2's data: sorted training inputs in [0, 5), test inputs 0, 0.1, ..., and rows (query, key, value).
+  void attention_pooling_data_is_d2ls() {
+    const AttentionPoolingData d = make_attention_pooling(50, 0);
+    QCOMPARE(d.train->sample_shape, (Shape{50, 3}));
+    QCOMPARE(d.test->target_shape, (Shape{50}));
+    QVERIFY(d.train->regression && d.test->regression);
+    for (int64_t i = 0; i < 50; ++i) {
+      const float* tr = d.train->values.data() + 3 * i;
+      const float* te = d.test->values.data() + 3 * i;
+      QCOMPARE(tr[0], tr[1]);                                  // a training query is its own key
+      QCOMPARE(te[1], tr[1]);                                  // the test split's keys are the training inputs
+      QCOMPARE(te[2], tr[2]);                                  // and its values the training targets
+      QVERIFY(std::fabs(te[0] - 0.1f * static_cast<float>(i)) < 1e-5f);
+      QVERIFY(tr[1] >= 0 && tr[1] < 5 && (i == 0 || tr[1] >= tr[1 - 3]));
+      QVERIFY(std::fabs(d.test->targets[static_cast<size_t>(i)] - (2 * std::sin(te[0]) + std::pow(te[0], 0.8f))) < 1e-5f);
+    }
+    expect_error([] { make_attention_pooling(1, 0); }, {"points", "1"});
   }
 
  private:

@@ -408,6 +408,85 @@ class FirstStepM final : public Module {
   int64_t steps_ = 0;
 };
 
+// d2l 11.2's NWKernelRegression: rows (query, key, value) of x [N, T, 3]; for each query i the pooling
+// sum_j softmax_j(-((q_i - k_j) w)^2 / 2) v_j over every row's key and value, with w [1] from U(0, 1)
+// (torch.rand). In training each query leaves out the key of its own row (its training point), as d2l
+// leaves every training input out of its own estimate. Composed of the attention ops, so it runs wherever
+// they do: the differences q_i - k_j are the product of rows (q_i, 1) and (1, -k_j).
+class NadarayaWatsonM final : public Module {
+ public:
+  // U(0, 1) as U(-1/2, 1/2) moved up by 1/2.
+  explicit NadarayaWatsonM(Builder& b) : w_{} { w_.value = scale_shift(b.uniform_weight({1}, 0.5f), 1, 0.5f); }
+  Tensor forward(const Tensor& x, Mode mode) override {
+    const int64_t n = x.shape()[0], t = x.shape()[1];
+    const Tensor cols = transpose(x, 1, 2);  // [N, 3, T]
+    const Tensor q = select_step(cols, 0).reshaped({n, 1, t}), k = select_step(cols, 1).reshaped({n, 1, t});
+    const Tensor v = select_step(cols, 2).reshaped({n, t, 1});
+    const Tensor ones = full(x.runtime(), {n, 1, t}, x.device(), 1.0f);
+    Saved s;
+    s.a = transpose(concat_channels(q, ones), 1, 2);                          // rows (q_i, 1)
+    s.b = transpose(concat_channels(ones, scale_shift(k, -1, 0)), 1, 2);    // rows (1, -k_j)
+    s.diff = bmm(s.a, s.b, {false, true, 1}).reshaped({n * t * t, 1});      // q_i - k_j
+    s.scaled = linear(s.diff, w_.value.reshaped({1, 1}), Tensor());        // (q_i - k_j) w
+    Tensor scores = scale_shift(mul(s.scaled, s.scaled), -0.5f, 0).reshaped({n, t, t});
+    if (mode == Mode::Train) scores = add_per_sample(scores, own_key_mask(x, t));
+    s.weights = masked_softmax(scores);
+    s.v = v;
+    const Tensor y = bmm(s.weights, v).reshaped({n, t});
+    if (mode == Mode::Train) {
+      saved_ = std::move(s);
+    } else {
+      first_weights_ = select_step(s.weights.reshaped({1, n, t * t}), 0).reshaped({1, t, t});
+    }
+    return y;
+  }
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    Saved s = std::move(saved_);
+    saved_ = Saved();
+    const int64_t n = dy.shape()[0], t = dy.shape()[1];
+    const BmmGrads pooled = bmm_backward(s.weights, s.v, dy.reshaped({n, t, 1}), {}, true, need_dx);
+    const Tensor dscores = softmax_backward(s.weights, pooled.da).reshaped({n * t * t, 1});
+    // d(-e^2 / 2) / de = -e
+    const Tensor dscaled = scale_shift(mul(s.scaled, dscores), -1, 0);
+    LinearGrads lg = linear_backward(s.diff, w_.value.reshaped({1, 1}), dscaled, need_dx, false);
+    w_.grad = lg.dw.reshaped({1});
+    if (!need_dx) return Tensor();
+    const BmmGrads diff = bmm_backward(s.a, s.b, lg.dx.reshaped({n, t, t}), {false, true, 1}, true, true);
+    const Tensor dq = split_channels(transpose(diff.da, 1, 2), 1).first;                    // [N, 1, T]
+    const Tensor dk = scale_shift(split_channels(transpose(diff.db, 1, 2), 1).second, -1, 0);
+    const Tensor dv = pooled.db.reshaped({n, 1, t});
+    return transpose(concat_channels(dq, concat_channels(dk, dv)), 1, 2);
+  }
+  void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
+    push_param(out, prefix, w_, "w");
+  }
+  void collect_attention(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const override {
+    if (first_weights_.defined()) out.emplace_back(prefix, first_weights_);
+  }
+  bool has_params() const override { return true; }
+  void clear() override { saved_ = Saved(); }
+  Shape out_shape(const Shape& in) const override { return {in[0], in[1]}; }
+  std::string describe() const override { return "NadarayaWatson()"; }
+
+ private:
+  struct Saved {
+    Tensor a, b, diff, scaled, weights, v;
+  };
+  // [T, T] with a large negative number on the diagonal: each query's own key gets no weight.
+  const Tensor& own_key_mask(const Tensor& like, int64_t t) {
+    if (!mask_.defined() || mask_.shape()[0] != t || mask_.device() != like.device()) {
+      std::vector<float> m(static_cast<size_t>(t * t), 0.0f);
+      for (int64_t i = 0; i < t; ++i) m[static_cast<size_t>(i * t + i)] = -1e30f;
+      mask_ = from_values(like.runtime(), {t, t}, like.device(), std::move(m));
+    }
+    return mask_;
+  }
+
+  Parameter w_;
+  Saved saved_;
+  Tensor first_weights_, mask_;
+};
+
 }  // namespace
 
 std::unique_ptr<Module> make_attention_module(Builder& b, const LayerSpec& l, const Shape& in, uint64_t seed) {
@@ -432,6 +511,8 @@ std::unique_ptr<Module> make_attention_module(Builder& b, const LayerSpec& l, co
       return std::make_unique<ClassTokenM>(b, in.at(1));
     case LayerKind::FirstStep:
       return std::make_unique<FirstStepM>();
+    case LayerKind::NadarayaWatson:
+      return std::make_unique<NadarayaWatsonM>(b);
     default:
       return nullptr;
   }

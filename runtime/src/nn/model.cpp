@@ -607,6 +607,7 @@ class GraphM final : public Module {
       case LayerKind::PositionEmbedding:
       case LayerKind::ClassToken:
       case LayerKind::FirstStep:
+      case LayerKind::NadarayaWatson:
         return make_attention_module(b, l, in, seed);
     }
     throw Error("unknown layer type");

@@ -50,6 +50,7 @@ constexpr KindName kKinds[] = {
     {LayerKind::PositionEmbedding, "PositionEmbedding"},
     {LayerKind::ClassToken, "ClassToken"},
     {LayerKind::FirstStep, "FirstStep"},
+    {LayerKind::NadarayaWatson, "NadarayaWatson"},
 };
 
 // Far past any real layer, and small enough that products of a few of them stay exact in a double.
@@ -377,6 +378,14 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
     case LayerKind::FirstStep:
       need_sequence(l, in);
       info.out = {in[1]};
+      break;
+    case LayerKind::NadarayaWatson:
+      if (in.size() != 2 || in[1] != 3)
+        throw LayerError("in", "NadarayaWatson reads rows of (query, key, value): [T, 3] per sample, got " +
+                                   dims(in) + " (a Dataset attention_pooling gives them)");
+      info.out = {in[0]};
+      info.params = 1;
+      info.flops = 10 * static_cast<double>(in[0]) * static_cast<double>(in[0]);
       break;
     case LayerKind::LayerNorm:
       if (!(l.eps > 0 && l.eps < 1)) throw LayerError("", "eps must be above 0 and below 1");

@@ -334,4 +334,34 @@ SeriesData load_series(const SeriesOptions& o) {
   return out;
 }
 
+AttentionPoolingData make_attention_pooling(int64_t points, uint64_t seed) {
+  if (points < 2 || points > 100000)
+    throw Error("attention pooling: points must be between 2 and 100,000, not " + std::to_string(points));
+  const auto n = static_cast<size_t>(points);
+  std::vector<float> x(n), y(n);
+  for (size_t i = 0; i < n; ++i) x[i] = philox::uniform_at(seed, i, 0.0f, 5.0f);
+  std::sort(x.begin(), x.end());
+  auto f = [](float v) { return 2.0f * std::sin(v) + std::pow(v, 0.8f); };
+  for (size_t i = 0; i < n; ++i) y[i] = f(x[i]) + philox::normal_at(seed ^ 0x6e77ull, i, 0.0f, 0.5f);
+  auto split = [&](bool train) {
+    auto d = std::make_shared<Dataset>();
+    d->count = 1;
+    d->classes = 1;
+    d->regression = true;
+    d->sample_shape = {points, 3};
+    d->target_shape = {points};
+    d->values.resize(3 * n);
+    d->targets.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const float query = train ? x[i] : 5.0f * static_cast<float>(i) / static_cast<float>(points);
+      d->values[3 * i] = query;
+      d->values[3 * i + 1] = x[i];
+      d->values[3 * i + 2] = y[i];
+      d->targets[i] = train ? y[i] : f(query);
+    }
+    return d;
+  };
+  return {split(true), split(false)};
+}
+
 }  // namespace gn::nn

@@ -55,6 +55,7 @@ enum class LayerKind {
   PositionEmbedding,
   ClassToken,
   FirstStep,
+  NadarayaWatson,  // d2l 11.2's NWKernelRegression: rows (query, key, value) [T, 3] -> [T]
 };
 const char* layer_kind_name(LayerKind kind);  // "Conv2d": also the node type's name
 std::optional<LayerKind> parse_layer_kind(const std::string& name);

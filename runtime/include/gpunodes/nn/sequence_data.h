@@ -92,6 +92,19 @@ struct SeriesData {
 // for one sample per split (tau + 1 values at least).
 SeriesData load_series(const SeriesOptions& options);
 
+// --- attention pooling ------------------------------------------------------------------------------------
+
+// d2l 11.2's data for Nadaraya-Watson kernel regression: `points` training inputs x_i, sorted, from U(0, 5),
+// with y_i = 2 sin(x_i) + x_i^0.8 + N(0, 0.5), and as many test inputs evenly spaced from 0 (0, 0.1, ... for
+// 50) with the noise-free targets. Each split is one sample [points, 3] of rows (query, key, value), with a
+// target [points]: the training split's rows are (x_i, x_i, y_i), so every training point is a query over all
+// of them (a NadarayaWatson layer leaves each query's own key out in training, as d2l does); the test split's
+// are (x_test_i, x_i, y_i), the test inputs as queries over the training pairs. Regression sets.
+struct AttentionPoolingData {
+  DatasetPtr train, test;
+};
+AttentionPoolingData make_attention_pooling(int64_t points, uint64_t seed);
+
 // --- a table -----------------------------------------------------------------------------------------------
 
 struct TableOptions {
