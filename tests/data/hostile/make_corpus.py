@@ -523,6 +523,10 @@ att_variant("att-softmax-causal-flat.json", "a causal Softmax over a flat [16]",
                        rewire(g, "fc.in", "sm.out"),
                        g["connections"].extend([{"from": "attn.out", "to": "last.in"},
                                                 {"from": "last.out", "to": "sm.in"}])))
+att_variant("att-nadaraya-watson-rows.json", "a NadarayaWatson fed [35, 16] instead of rows (query, key, value)",
+            "[T, 3]",
+            lambda g: (add_node(g, "nw", "NadarayaWatson"), rewire(g, "fc.in", "nw.out"),
+                       g["connections"].append({"from": "emb.out", "to": "nw.in"})))
 att_variant("att-weights-too-large.json",
             "self-attention over 30,000 steps with 64 heads: 230 GB of attention weights for one sample",
             "attention weights",
