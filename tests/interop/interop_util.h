@@ -80,6 +80,21 @@ inline QJsonObject graphOf(const QJsonArray& nodes, const QJsonArray& wires) {
   return {{"format", "gpunodes-graph"}, {"version", 1}, {"nodes", nodes}, {"connections", wires}};
 }
 
+// The weights of a Forward graph's Network "net" (on Device "cpu"), into Forward "fwd": saved to `saveTo` as
+// safetensors (gpunodes' own), or, with `loadFrom` set, loaded from that file through LoadParams.
+inline void wireWeights(QJsonArray& nodes, QJsonArray& wires, const QString& saveTo, const QString& loadFrom) {
+  if (loadFrom.isEmpty()) {
+    nodes.append(node("save", "SaveParams", {{"path", saveTo}, {"format", "safetensors"}}));
+    wires.append(wire("net.model", "save.model"));
+    wires.append(wire("net.model", "fwd.model"));
+  } else {
+    nodes.append(node("load", "LoadParams", {{"path", loadFrom}}));
+    wires.append(wire("cpu.device", "load.device"));
+    wires.append(wire("net.model", "load.like"));
+    wires.append(wire("load.model", "fwd.model"));
+  }
+}
+
 struct Process {
   int exitCode = -1;
   QString out, err;
@@ -98,6 +113,15 @@ inline Process run(const QString& program, const QStringList& args) {
   r.out = QString::fromUtf8(p.readAllStandardOutput());
   r.err = QString::fromUtf8(p.readAllStandardError());
   return r;
+}
+
+// Why `python` cannot serve as the torch peer (missing, or torch does not import); empty when it can. The
+// suites skip on it: CI installs python3-torch, so there they run.
+inline QString torchMissing(const QString& python) {
+  if (!QFile::exists(python)) return python + " is missing: install python3-torch to run the interop suite";
+  const Process probe = run(python, {"-c", "import torch"});
+  if (probe.exitCode != 0) return "cannot import torch (apt-get install python3-torch): " + probe.err;
+  return {};
 }
 
 }  // namespace interop

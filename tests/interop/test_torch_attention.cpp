@@ -257,16 +257,7 @@ QJsonObject runGraph(const QJsonObject& graph, const QJsonArray& sample, const s
   wires.append(wire("cpu.device", "batch.device"));
   wires.append(wire("batch.out", "fwd.in"));
   wires.append(wire("fwd.out", "y.in"));
-  if (loadFrom.isEmpty()) {
-    nodes.append(node("save", "SaveParams", {{"path", saveTo}, {"format", "safetensors"}}));
-    wires.append(wire("net.model", "save.model"));
-    wires.append(wire("net.model", "fwd.model"));
-  } else {
-    nodes.append(node("load", "LoadParams", {{"path", loadFrom}}));
-    wires.append(wire("cpu.device", "load.device"));
-    wires.append(wire("net.model", "load.like"));
-    wires.append(wire("load.model", "fwd.model"));
-  }
+  interop::wireWeights(nodes, wires, saveTo, loadFrom);
   return graphOf(nodes, wires);
 }
 
@@ -411,11 +402,7 @@ class TorchAttentionTest : public QObject {
   void initTestCase() {
     QVERIFY(dir_.isValid());
     GN_USE_TEST_DEVICE(rt_, device_);
-    if (!QFile::exists(GN_PYTHON))
-      QSKIP(GN_PYTHON " is missing: install python3-torch to run the interop suite");
-    const Process probe = interop::run(GN_PYTHON, {"-c", "import torch"});
-    if (probe.exitCode != 0)
-      QSKIP(qPrintable("cannot import torch (apt-get install python3-torch): " + probe.err));
+    if (const QString why = interop::torchMissing(GN_PYTHON); !why.isEmpty()) QSKIP(qPrintable(why));
     const Process self = interop::run(GN_PYTHON, {GN_TORCH_PEER, "selftest"});
     QVERIFY2(self.exitCode == 0, qPrintable("torch_peer.py selftest failed:\n" + self.err));
   }

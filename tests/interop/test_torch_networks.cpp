@@ -148,16 +148,7 @@ QJsonObject runGraph(const QJsonObject& graph, const QJsonArray& sampleShape, co
   wires.append(wire("cpu.device", "images.device"));
   wires.append(wire("images.out", "fwd.in"));
   wires.append(wire("fwd.out", "logits.in"));
-  if (loadFrom.isEmpty()) {
-    wires.append(wire("net.model", "fwd.model"));
-    nodes.append(node("save", "SaveParams", {{"path", saveTo}, {"format", "safetensors"}}));
-    wires.append(wire("net.model", "save.model"));
-  } else {
-    nodes.append(node("load", "LoadParams", {{"path", loadFrom}}));
-    wires.append(wire("cpu.device", "load.device"));
-    wires.append(wire("net.model", "load.like"));
-    wires.append(wire("load.model", "fwd.model"));
-  }
+  interop::wireWeights(nodes, wires, saveTo, loadFrom);
   return graphOf(nodes, wires);
 }
 
@@ -186,11 +177,7 @@ class TorchNetworksTest : public QObject {
  private slots:
   void initTestCase() {
     QVERIFY(dir_.isValid());
-    if (!QFile::exists(GN_PYTHON))
-      QSKIP(GN_PYTHON " is missing: install python3-torch to run the interop suite");
-    const Process probe = run(GN_PYTHON, {"-c", "import torch"});
-    if (probe.exitCode != 0)
-      QSKIP(qPrintable("cannot import torch (apt-get install python3-torch): " + probe.err));
+    if (const QString why = interop::torchMissing(GN_PYTHON); !why.isEmpty()) QSKIP(qPrintable(why));
   }
 
   void drawn_networks_round_trip_through_torch_data() {

@@ -154,11 +154,7 @@ class TorchSequencesTest : public QObject {
   void initTestCase() {
     QVERIFY(dir_.isValid());
     GN_USE_TEST_DEVICE(rt_, device_);
-    if (!QFile::exists(GN_PYTHON))
-      QSKIP(GN_PYTHON " is missing: install python3-torch to run the interop suite");
-    const Process probe = interop::run(GN_PYTHON, {"-c", "import torch"});
-    if (probe.exitCode != 0)
-      QSKIP(qPrintable("cannot import torch (apt-get install python3-torch): " + probe.err));
+    if (const QString why = interop::torchMissing(GN_PYTHON); !why.isEmpty()) QSKIP(qPrintable(why));
     textPath_ = path("text.txt");
     QFile f(textPath_);
     QVERIFY(f.open(QIODevice::WriteOnly));

@@ -19,8 +19,9 @@ using namespace gn::nn;
 
 namespace {
 
-// Appends layers to a NetworkSpec; returns each layer's index for the layers that read it.
-struct Net {
+// Appends layers to a NetworkSpec, each with the inputs named (nn_test_util.h's Net wires the one before by
+// default); returns each layer's index for the layers that read it.
+struct WiredNet {
   NetworkSpec spec;
   int add(const std::string& id, LayerKind kind, std::vector<int> inputs = {},
           const std::function<void(LayerSpec&)>& set = {}) {
@@ -50,7 +51,7 @@ auto input(Shape s) {
 
 // d2l's LeNet, as resources/examples/lenet-layers.json draws it.
 NetworkSpec lenet() {
-  Net n;
+  WiredNet n;
   int h = n.add("x", LayerKind::Input, {}, input({1, 28, 28}));
   h = n.add("conv1", LayerKind::Conv2d, {h}, conv(6, 5, 1, 2));
   h = n.add("sig1", LayerKind::Sigmoid, {h});
@@ -81,7 +82,7 @@ std::string drawn_resnet18_name(const std::string& builtin) {
 }
 
 NetworkSpec resnet18(int64_t channels) {
-  Net n;
+  WiredNet n;
   int h = n.add("x", LayerKind::Input, {}, input({channels, 16, 16}));
   h = n.add("conv0", LayerKind::Conv2d, {h}, conv(64, 3, 1, 1));
   h = n.add("bn0", LayerKind::BatchNorm2d, {h});
@@ -106,14 +107,6 @@ NetworkSpec resnet18(int64_t channels) {
   return n.spec;
 }
 
-LayerSpec spec(LayerKind kind, const std::function<void(LayerSpec&)>& set = {}) {
-  LayerSpec l;
-  l.id = "l";
-  l.kind = kind;
-  if (set) set(l);
-  return l;
-}
-
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return INFINITY;
   double m = 0;
@@ -128,11 +121,8 @@ double max_abs(const std::vector<float>& a) {
 }
 
 ModelOptions networkOptions(const NetworkSpec& net, Init init, uint64_t seed) {
-  ModelOptions o;
-  o.arch = Arch::Network;
-  o.network = std::make_shared<const NetworkSpec>(net);
+  ModelOptions o = networkOptions(net, seed);
   o.init = init;
-  o.seed = seed;
   return o;
 }
 
@@ -285,7 +275,7 @@ class NnNetworkTest : public QObject {
       const std::string text = net.text();
       QCOMPARE(NetworkSpec::parse(text).text(), text);
     }
-    Net n;
+    WiredNet n;
     int h = n.add("x", LayerKind::Input, {}, input({8}));
     h = n.add("bn", LayerKind::BatchNorm1d, {h}, [](LayerSpec& l) { l.eps = 1e-3, l.momentum = 0.25; });
     n.add("drop", LayerKind::Dropout, {h}, [](LayerSpec& l) { l.p = 0.3; });
@@ -388,7 +378,7 @@ class NnNetworkTest : public QObject {
   void gradients_through_branches_match_finite_differences() {
     // A stem read by three branches (two of them concatenated, the sum of those and the third): the stem's
     // gradient is the sum of what comes back along each.
-    Net n;
+    WiredNet n;
     const int in = n.add("in", LayerKind::Input, {}, input({2, 5, 5}));
     const int x = n.add("stem", LayerKind::Conv2d, {in}, conv(2, 3, 1, 1));
     int a = n.add("a", LayerKind::Conv2d, {x}, conv(3, 3, 1, 1));
@@ -420,7 +410,7 @@ class NnNetworkTest : public QObject {
   }
 
   void dropout_acts_only_in_training() {
-    Net n;
+    WiredNet n;
     int h = n.add("x", LayerKind::Input, {}, input({1000}));
     n.add("drop", LayerKind::Dropout, {h}, [](LayerSpec& l) { l.p = 0.25; });
     auto m = Model::create(*rt_, networkOptions(n.spec, Init::Normal, 0), device_);
@@ -443,7 +433,7 @@ class NnNetworkTest : public QObject {
     const auto dir = std::filesystem::temp_directory_path() / ("gn_net_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
     const std::string path = (dir / "lenet.params").string();
-    Net extra;
+    WiredNet extra;
     extra.spec = lenet();
     extra.spec.layers[8].bias = false;  // fc1 without bias: the file must say so
     auto m = Model::create(*rt_, networkOptions(extra.spec, Init::Kaiming, 4), device_);

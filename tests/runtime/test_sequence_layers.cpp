@@ -32,38 +32,6 @@ std::vector<float> iota_values(size_t n, float scale = 0.1f) {
   return v;
 }
 
-LayerSpec spec(LayerKind kind, const std::function<void(LayerSpec&)>& set = {}) {
-  LayerSpec l;
-  l.id = "l";
-  l.kind = kind;
-  if (set) set(l);
-  return l;
-}
-
-// Appends layers to a NetworkSpec, each reading the one before (or the ones named).
-struct Net {
-  NetworkSpec spec;
-  int add(const std::string& id, LayerKind kind, const std::function<void(LayerSpec&)>& set = {},
-          std::vector<int> inputs = {-2}) {
-    LayerSpec l;
-    l.id = id;
-    l.kind = kind;
-    if (kind != LayerKind::Input) l.inputs = inputs == std::vector<int>{-2} ? std::vector<int>{last()} : inputs;
-    if (set) set(l);
-    spec.layers.push_back(l);
-    return last();
-  }
-  int last() const { return static_cast<int>(spec.layers.size()) - 1; }
-};
-
-ModelOptions networkOptions(const NetworkSpec& net, uint64_t seed = 1) {
-  ModelOptions o;
-  o.arch = Arch::Network;
-  o.network = std::make_shared<const NetworkSpec>(net);
-  o.init = Init::Xavier;
-  o.seed = seed;
-  return o;
-}
 
 }  // namespace
 

@@ -15,14 +15,6 @@
 namespace gn::nn {
 namespace {
 
-template <class Body>
-void push_attention(const Tensor& like, std::vector<VarPtr> reads, std::vector<VarPtr> writes, OpInfo info,
-                    Body body) {
-  const Device d = like.device();
-  push_with(like.runtime(), d, &attention_kernels(d), std::move(reads), std::move(writes), std::move(info),
-            std::move(body));
-}
-
 void need_defined(const char* op, const char* what, const Tensor& t) {
   if (!t.defined()) throw Error(std::string(op) + ": " + what + " is undefined");
 }
@@ -65,7 +57,7 @@ LayerNormResult layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& b
   std::vector<VarPtr> reads{x.var()};
   if (affine) reads.push_back(gamma.var()), reads.push_back(beta.var());
   const Tensor y = r.y, mean = r.mean, rstd = r.rstd;
-  push_attention(x, reads, {y.var(), mean.var(), rstd.var()}, {"layer norm", "", 2 * x.bytes(), 8 * dbl(x.numel())},
+  push_like(x, attention_kernels, reads, {y.var(), mean.var(), rstd.var()}, {"layer norm", "", 2 * x.bytes(), 8 * dbl(x.numel())},
                  [=](AttentionKernels& k, KernelContext& kc) {
                    k.layer_norm_forward(rows, cols, eps, x.data(), affine ? gamma.data() : nullptr,
                                         affine ? beta.data() : nullptr, y.data(), mean.data(), rstd.data(), kc);
@@ -95,7 +87,7 @@ LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& dy, const Tens
   if (need_dx) g.dx = Tensor(rt, x.shape(), x.device()), writes.push_back(g.dx.var());
   if (writes.empty()) return g;
   const Tensor mean = saved.mean, rstd = saved.rstd, dx = g.dx, dgamma = g.dgamma, dbeta = g.dbeta;
-  push_attention(x, reads, writes, {"layer norm backward", "", 3 * x.bytes(), 12 * dbl(x.numel())},
+  push_like(x, attention_kernels, reads, writes, {"layer norm backward", "", 3 * x.bytes(), 12 * dbl(x.numel())},
                  [=](AttentionKernels& k, KernelContext& kc) {
                    k.layer_norm_backward(rows, cols, x.data(), dy.data(), affine ? gamma.data() : nullptr,
                                          mean.data(), rstd.data(), dx.defined() ? dx.data() : nullptr,
@@ -121,7 +113,7 @@ Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& o) {
                                      : "a's columns " + std::to_string(k) + " against b's rows " + std::to_string(kb)));
   const Precision precision = product_precision_of("bmm", a.device());
   Tensor c(a.runtime(), {batch, m, n}, a.device());
-  push_attention(a, {a.var(), b.var()}, {c.var()},
+  push_like(a, attention_kernels, {a.var(), b.var()}, {c.var()},
                  {"bmm", "", a.bytes() + b.bytes() + c.bytes(), 2.0 * dbl(batch) * dbl(m) * dbl(n) * dbl(k)},
                  [=](AttentionKernels& kern, KernelContext& kc) {
                    kc.precision = precision;
@@ -169,7 +161,7 @@ Tensor masked_softmax(const Tensor& x, const AttentionMask& mask) {
   const Tensor valid = mask.valid_lens;
   const bool causal = mask.causal;
   const int64_t heads = mask.heads;
-  push_attention(x, reads, {y.var()}, {"softmax", "", 2 * x.bytes(), 4 * dbl(x.numel())},
+  push_like(x, attention_kernels, reads, {y.var()}, {"softmax", "", 2 * x.bytes(), 4 * dbl(x.numel())},
                  [=](AttentionKernels& k, KernelContext& kc) {
                    k.masked_softmax(batch, heads, rows, cols, causal, lens ? valid.data() : nullptr, x.data(),
                                     y.data(), kc);
@@ -183,7 +175,7 @@ Tensor softmax_backward(const Tensor& y, const Tensor& dy) {
   need_shape("softmax backward", "the output gradient", dy, y.shape());
   const int64_t cols = last_axis(y), rows = y.numel() / cols;
   Tensor dx(y.runtime(), y.shape(), y.device());
-  push_attention(y, {y.var(), dy.var()}, {dx.var()}, {"softmax backward", "", 3 * y.bytes(), 4 * dbl(y.numel())},
+  push_like(y, attention_kernels, {y.var(), dy.var()}, {dx.var()}, {"softmax backward", "", 3 * y.bytes(), 4 * dbl(y.numel())},
                  [=](AttentionKernels& k, KernelContext& kc) {
                    k.softmax_backward(rows, cols, y.data(), dy.data(), dx.data(), kc);
                  });
@@ -202,7 +194,7 @@ std::vector<Tensor> split_heads(const Tensor& x, int64_t groups, int64_t heads) 
   std::vector<Tensor> parts;
   for (int64_t g = 0; g < groups; ++g) {
     Tensor out(x.runtime(), {n * heads, t, d}, x.device());
-    push_attention(x, {x.var()}, {out.var()}, {"split heads", "", 2 * out.bytes(), 0},
+    push_like(x, attention_kernels, {x.var()}, {out.var()}, {"split heads", "", 2 * out.bytes(), 0},
                    [=](AttentionKernels& k, KernelContext& kc) {
                      k.split_heads(n, t, groups, g, heads, d, x.data(), out.data(), kc);
                    });
@@ -227,7 +219,7 @@ Tensor merge_heads(const std::vector<Tensor>& parts, int64_t heads) {
   Tensor y(parts[0].runtime(), {n, t, groups * heads * d}, parts[0].device());
   for (int64_t g = 0; g < groups; ++g) {
     const Tensor in = parts[static_cast<size_t>(g)];
-    push_attention(in, {in.var()}, {y.var()}, {"merge heads", "", 2 * in.bytes(), 0},
+    push_like(in, attention_kernels, {in.var()}, {y.var()}, {"merge heads", "", 2 * in.bytes(), 0},
                    [=](AttentionKernels& k, KernelContext& kc) {
                      k.merge_heads(n, t, groups, g, heads, d, in.data(), y.data(), kc);
                    });
@@ -247,7 +239,7 @@ Tensor add_per_sample(const Tensor& x, const Tensor& table) {
     throw ShapeError("add_per_sample: the table " + shape_str(table.shape()) + " holds fewer than the " +
                      std::to_string(len) + " values of a sample of " + shape_str(x.shape()));
   Tensor y(x.runtime(), x.shape(), x.device());
-  push_attention(x, {x.var(), table.var()}, {y.var()}, {"add per sample", "", 2 * x.bytes(), dbl(x.numel())},
+  push_like(x, attention_kernels, {x.var(), table.var()}, {y.var()}, {"add per sample", "", 2 * x.bytes(), dbl(x.numel())},
                  [=](AttentionKernels& k, KernelContext& kc) {
                    k.add_broadcast(n, len, x.data(), table.data(), y.data(), kc);
                  });
@@ -263,7 +255,7 @@ Tensor sum_over_batch(const Tensor& dy, const Shape& table_shape) {
     throw ShapeError("sum_over_batch: a sample of " + shape_str(dy.shape()) + " does not fit the table " +
                      shape_str(table_shape));
   const int64_t total = out.numel();
-  push_attention(dy, {dy.var()}, {out.var()}, {"sum over batch", "", dy.bytes() + out.bytes(), dbl(dy.numel())},
+  push_like(dy, attention_kernels, {dy.var()}, {out.var()}, {"sum over batch", "", dy.bytes() + out.bytes(), dbl(dy.numel())},
                  [=](AttentionKernels& k, KernelContext& kc) {
                    if (total > len) sequence_kernels(kc.op.device).zero(out.data() + len, total - len, kc);
                    k.sum_rows(n, len, len, dy.data(), out.data(), kc);
@@ -279,7 +271,7 @@ Tensor prepend_token(const Tensor& x, const Tensor& token) {
     throw ShapeError("prepend_token: the token " + shape_str(token.shape()) + " is not one step of " +
                      shape_str(x.shape()));
   Tensor y(x.runtime(), {n, t + 1, e}, x.device());
-  push_attention(x, {x.var(), token.var()}, {y.var()}, {"prepend token", "", 2 * y.bytes(), 0},
+  push_like(x, attention_kernels, {x.var(), token.var()}, {y.var()}, {"prepend token", "", 2 * y.bytes(), 0},
                  [=](AttentionKernels&, KernelContext& kc) {
                    sequence_kernels(kc.op.device).copy_strided(n, e, token.data(), 0, y.data(), (t + 1) * e, kc);
                    sequence_kernels(kc.op.device).copy_strided(n, t * e, x.data(), t * e, y.data() + e, (t + 1) * e, kc);
@@ -299,7 +291,7 @@ PrependGrads prepend_token_backward(const Tensor& dy, const Shape& token_shape, 
   std::vector<VarPtr> writes{g.dtoken.var()};
   if (need_dx) g.dx = Tensor(dy.runtime(), {n, t, e}, dy.device()), writes.push_back(g.dx.var());
   const Tensor dtoken = g.dtoken, dx = g.dx;
-  push_attention(dy, {dy.var()}, writes, {"prepend token backward", "", 2 * dy.bytes(), dbl(n * e)},
+  push_like(dy, attention_kernels, {dy.var()}, writes, {"prepend token backward", "", 2 * dy.bytes(), dbl(n * e)},
                  [=](AttentionKernels& k, KernelContext& kc) {
                    k.sum_rows(n, e, (t + 1) * e, dy.data(), dtoken.data(), kc);
                    if (dx.defined())

@@ -301,24 +301,12 @@ class ScaleM final : public Module {
 // then dropout. The table of each length met is made once on the device.
 class PositionalEncodingM final : public Module {
  public:
-  PositionalEncodingM(Builder& b, float p, uint64_t seed) : p_(p), seed_(seed), train_forwards_(b.train_forwards()) {}
-  Tensor forward(const Tensor& x, Mode mode) override {
-    const Tensor y = add_per_sample(x, table(x));
-    if (mode != Mode::Train || p_ == 0) return y;
-    DropoutResult r = dropout(y, p_, dropout_seed(seed_, train_forwards_));
-    mask_ = r.mask;
-    return r.y;
-  }
-  Tensor backward(const Tensor& dy, bool need_dx) override {
-    Tensor dx = need_dx ? (mask_.defined() ? dropout_backward(dy, mask_) : dy) : Tensor();
-    clear();
-    return dx;
-  }
-  void clear() override { mask_ = Tensor(); }
+  PositionalEncodingM(Builder& b, float p, uint64_t seed) : dropout_(p, seed, b.train_forwards()) {}
+  Tensor forward(const Tensor& x, Mode mode) override { return dropout_.forward(add_per_sample(x, table(x)), mode); }
+  Tensor backward(const Tensor& dy, bool need_dx) override { return dropout_.backward(dy, need_dx); }
+  void clear() override { dropout_.clear(); }
   Shape out_shape(const Shape& in) const override { return in; }
-  std::string describe() const override {
-    return "PositionalEncoding(dropout=" + std::to_string(p_).substr(0, 4) + ")";
-  }
+  std::string describe() const override { return "PositionalEncoding(dropout=" + dropout_.p_text() + ")"; }
 
  private:
   const Tensor& table(const Tensor& x) {
@@ -339,11 +327,8 @@ class PositionalEncodingM final : public Module {
     return cached;
   }
 
-  float p_;
-  uint64_t seed_;
-  const int64_t& train_forwards_;
+  DropoutM dropout_;
   std::map<std::pair<int64_t, int64_t>, Tensor> tables_;
-  Tensor mask_;
 };
 
 // A learned position embedding (d2l 11.8's pos_embedding), weight [T, E] from N(0, 1); a shorter sequence

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpunodes/errors.h"
+#include "gpunodes/nn/layers.h"
 #include "gpunodes/nn/model.h"
 
 namespace gn::nn {
@@ -64,6 +65,36 @@ inline uint64_t splitmix64(uint64_t x) {
 inline uint64_t dropout_seed(uint64_t layer_seed, int64_t train_forwards) {
   return splitmix64(layer_seed ^ splitmix64(static_cast<uint64_t>(train_forwards)));
 }
+
+// Dropout: a fresh mask per training forward, from a Philox stream of the layer's seed and the model's count
+// of training forwards, so that a run with the same seed drops the same values, and a run resumed from a
+// checkpoint (which restores the count) drops what the uninterrupted run would have.
+class DropoutM final : public Module {
+ public:
+  DropoutM(float p, uint64_t seed, const int64_t& train_forwards)
+      : p_(p), seed_(seed), train_forwards_(train_forwards) {}
+  Tensor forward(const Tensor& x, Mode mode) override {
+    if (mode == Mode::Eval || p_ == 0) return x;
+    DropoutResult r = dropout(x, p_, dropout_seed(seed_, train_forwards_));
+    mask_ = r.mask;
+    return r.y;
+  }
+  Tensor backward(const Tensor& dy, bool need_dx) override {
+    Tensor dx = need_dx ? (mask_.defined() ? dropout_backward(dy, mask_) : dy) : Tensor();
+    clear();
+    return dx;
+  }
+  void clear() override { mask_ = Tensor(); }
+  Shape out_shape(const Shape& in) const override { return in; }
+  std::string describe() const override { return "Dropout(p=" + p_text() + ")"; }
+  std::string p_text() const { return std::to_string(p_).substr(0, 4); }
+
+ private:
+  float p_;
+  uint64_t seed_;
+  const int64_t& train_forwards_;
+  Tensor mask_;
+};
 
 // Hands out initialised tensors in construction order, each weight from its own Philox stream.
 class Builder {

@@ -25,6 +25,15 @@ void push_with(Runtime& rt, Device device, Kernels* kernels, std::vector<VarPtr>
       std::move(reads), std::move(writes), device, StreamKind::Compute, std::move(info));
 }
 
+// Runs `body(kernels, kc)` on the compute stream of `like`'s device with that device's kernel set, as
+// `kernels_of` hands it out (sequence_kernels, attention_kernels, ...): an op that writes on its input's device.
+template <class Kernels, class Body>
+void push_like(const Tensor& like, Kernels& (*kernels_of)(Device), std::vector<VarPtr> reads,
+               std::vector<VarPtr> writes, OpInfo info, Body body) {
+  const Device d = like.device();
+  push_with(like.runtime(), d, &kernels_of(d), std::move(reads), std::move(writes), std::move(info), std::move(body));
+}
+
 // Runs `body` with the layer kernels (NnKernels) of `device` on its compute stream.
 template <class Body>
 void push_kernel(Runtime& rt, Device device, std::vector<VarPtr> reads, std::vector<VarPtr> writes,

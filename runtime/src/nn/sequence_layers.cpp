@@ -13,14 +13,6 @@
 namespace gn::nn {
 namespace {
 
-template <class Body>
-void push_sequence(const Tensor& like, std::vector<VarPtr> reads, std::vector<VarPtr> writes, OpInfo info,
-                   Body body) {
-  const Device d = like.device();
-  push_with(like.runtime(), d, &sequence_kernels(d), std::move(reads), std::move(writes), std::move(info),
-            std::move(body));
-}
-
 // Token ids: [N, T] (also [N], one step).
 void need_ids(const char* op, const Tensor& ids) {
   if (!ids.defined()) throw Error(std::string(op) + ": the ids are undefined");
@@ -48,7 +40,7 @@ Tensor embedding(const Tensor& ids, const Tensor& w) {
     throw ShapeError("embedding: the weight must be [num_embeddings, embedding_dim], got " + shape_str(w.shape()));
   const int64_t n = ids.numel(), steps = steps_of(ids), vocab = w.shape()[0], dim = w.shape()[1];
   Tensor y(ids.runtime(), with_last(ids.shape(), dim), ids.device());
-  push_sequence(ids, {ids.var(), w.var()}, {y.var()}, {"embedding", "", y.bytes() + ids.bytes(), 0},
+  push_like(ids, sequence_kernels, {ids.var(), w.var()}, {y.var()}, {"embedding", "", y.bytes() + ids.bytes(), 0},
                 [=](SequenceKernels& k, KernelContext& kc) {
                   k.embedding_forward(n, steps, dim, vocab, ids.data(), w.data(), y.data(), kc);
                 });
@@ -64,7 +56,7 @@ Tensor embedding_backward(const Tensor& ids, const Tensor& dy, int64_t vocab) {
                      shape_str(ids.shape()));
   const int64_t n = ids.numel(), dim = dy.shape().back();
   Tensor dw(ids.runtime(), {vocab, dim}, ids.device());
-  push_sequence(ids, {ids.var(), dy.var()}, {dw.var()},
+  push_like(ids, sequence_kernels, {ids.var(), dy.var()}, {dw.var()},
                 {"embedding backward", "", dw.bytes() + dy.bytes(), dbl(dy.numel())},
                 [=](SequenceKernels& k, KernelContext& kc) {
                   k.embedding_backward(n, dim, vocab, ids.data(), dy.data(), dw.data(), kc);
@@ -77,7 +69,7 @@ Tensor one_hot(const Tensor& ids, int64_t classes) {
   if (classes < 1) throw Error("one_hot: num_classes must be at least 1, got " + std::to_string(classes));
   const int64_t n = ids.numel(), steps = steps_of(ids);
   Tensor y(ids.runtime(), with_last(ids.shape(), classes), ids.device());
-  push_sequence(ids, {ids.var()}, {y.var()}, {"one-hot", "", y.bytes(), 0},
+  push_like(ids, sequence_kernels, {ids.var()}, {y.var()}, {"one-hot", "", y.bytes(), 0},
                 [=](SequenceKernels& k, KernelContext& kc) {
                   k.one_hot(n, steps, classes, ids.data(), y.data(), kc);
                 });
@@ -105,7 +97,7 @@ Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
   Shape out = s;
   std::swap(out[static_cast<size_t>(lo)], out[static_cast<size_t>(hi)]);
   Tensor y(x.runtime(), out, x.device());
-  push_sequence(x, {x.var()}, {y.var()}, {"transpose", "", 2 * x.bytes(), 0},
+  push_like(x, sequence_kernels, {x.var()}, {y.var()}, {"transpose", "", 2 * x.bytes(), 0},
                 [=](SequenceKernels& k, KernelContext& kc) {
                   k.swap_axes(outer, a, mid, b, inner, x.data(), y.data(), kc);
                 });
@@ -120,7 +112,7 @@ Tensor select_step(const Tensor& x, int64_t step) {
   if (step < 0 || step >= steps)
     throw ShapeError("select_step: step " + std::to_string(step) + " of " + std::to_string(steps));
   Tensor y(x.runtime(), {n, f}, x.device());
-  push_sequence(x, {x.var()}, {y.var()}, {"select step", "", 2 * y.bytes(), 0},
+  push_like(x, sequence_kernels, {x.var()}, {y.var()}, {"select step", "", 2 * y.bytes(), 0},
                 [=](SequenceKernels& k, KernelContext& kc) {
                   k.copy_strided(n, f, x.data() + step * f, steps * f, y.data(), f, kc);
                 });
@@ -134,7 +126,7 @@ Tensor select_step_backward(const Tensor& dy, int64_t steps, int64_t step) {
     throw ShapeError("select_step_backward: step " + std::to_string(step) + " of " + std::to_string(steps));
   const int64_t n = dy.shape()[0], f = dy.shape()[1];
   Tensor dx(dy.runtime(), {n, steps, f}, dy.device());
-  push_sequence(dy, {dy.var()}, {dx.var()}, {"select step backward", "", dx.bytes() + dy.bytes(), 0},
+  push_like(dy, sequence_kernels, {dy.var()}, {dx.var()}, {"select step backward", "", dx.bytes() + dy.bytes(), 0},
                 [=](SequenceKernels& k, KernelContext& kc) {
                   k.zero(dx.data(), dx.numel(), kc);
                   k.copy_strided(n, f, dy.data(), f, dx.data() + step * f, steps * f, kc);
@@ -164,7 +156,7 @@ RegressionLossResult regression_loss(RegressionLoss kind, const Tensor& pred, co
   const int64_t n = pred.numel();
   const float scale = grad_scale != 0 ? grad_scale : 1.0f / static_cast<float>(n);
   Tensor loss = r.loss, stats = r.stats, d = r.dpred;
-  push_sequence(pred, {pred.var(), target.var()}, writes,
+  push_like(pred, sequence_kernels, {pred.var(), target.var()}, writes,
                 {"regression loss", "", (want_grad ? 3 : 2) * pred.bytes(), 4.0 * dbl(n)},
                 [=](SequenceKernels& k, KernelContext& kc) {
                   k.regression_loss(kind, n, pred.data(), target.data(), huber_delta, loss.data(), stats.data(),
