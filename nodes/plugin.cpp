@@ -3,6 +3,7 @@
 #include "gpunodes/errors.h"
 #include "gpunodes/runtime.h"
 #include "node_util.h"
+#include "onnx/onnx_converter.h"
 #include "session.h"
 
 namespace gn::nodes {
@@ -71,6 +72,11 @@ void GpuNodesPlugin::validateGraph(const core::GraphDocument& doc, const core::N
     return;
   }
   checkGraph(doc, registry, this, settings, devices, report);
+}
+
+QList<core::FormatConverterPtr> GpuNodesPlugin::converters() const {
+  static const core::FormatConverterPtr onnx = std::make_shared<onnx::OnnxConverter>();
+  return {onnx};
 }
 
 QJsonObject GpuNodesPlugin::environment(const core::RunSettings& settings) const {

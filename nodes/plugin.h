@@ -27,6 +27,7 @@ class GpuNodesPlugin final : public QObject, public core::NodeSetPlugin {
   void validateGraph(const core::GraphDocument& doc, const core::NodeTypeRegistry& registry,
                      const core::RunSettings& settings, core::ValidationReport& report) const override;
   QJsonObject environment(const core::RunSettings& settings) const override;
+  QList<core::FormatConverterPtr> converters() const override;  // ONNX (nodes/onnx/)
 
  private:
   // The devices a run with these settings would have. Enumerating GPUs costs a driver call, and the editor

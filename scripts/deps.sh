@@ -6,6 +6,7 @@ GPUNODES_PACKAGES=(cmake ninja-build g++ pkg-config
   qt6-qpa-plugins  # Qt's VNC platform: the display the killed-editor suite types into
   libopenblas-dev libopenblas0-openmp libdnnl-dev
   dataset-fashion-mnist
+  libonnx-dev libprotobuf-dev python3-onnx  # ONNX import and export (nodes/onnx/) and the ONNX checker
   python3-torch python3-numpy  # the PyTorch peer: interop tests and benchmark ratios (CPU build, /usr/bin/python3)
   openmpi-bin libopenmpi-dev  # data-parallel training across processes; the 2-rank suites run under mpirun
   xvfb xauth)

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cli/cli_support.h"
+#include "cli/convert_commands.h"
 #include "cli/sweep.h"
 #include "gpunodes/core/executor.h"
 #include "gpunodes/core/graph_document.h"
@@ -890,14 +891,16 @@ QString usage() {
       "           --set, --schedule, --cpu-devices, --quiet as for run\n"
       "       gpunodes validate FILE           check only; per-node errors\n"
       "       gpunodes devices [--json]        what try_all_gpus sees\n"
-      "       gpunodes nodes [--json]          the node catalogue from loaded plugins\n"
+      "       gpunodes nodes [--json]          the node catalogue from loaded plugins\n") +
+         convertUsage() +
+         QStringLiteral(
       "exit codes: 0 ok, 1 graph invalid or a node failed, 2 usage, 130 cancelled (Ctrl-C)\n"
       "plugins: <binary dir>/plugins, the install prefix, and GPUNODES_PLUGIN_PATH (colon-separated)\n");
 }
 
 bool isCommand(const QString& arg) {
   return arg == "run" || arg == "sweep" || arg == "validate" || arg == "devices" || arg == "nodes" ||
-         arg == "help" || arg == "-h" || arg == "--help";
+         arg == "help" || arg == "-h" || arg == "--help" || isConvertCommand(arg);
 }
 
 QJsonValue parseParamValue(const ParamSpec& spec, const QString& raw, QString* error) {
@@ -986,3 +989,4 @@ int runCommand(int argc, char** argv) {
 }
 
 }  // namespace gn::cli
+  if (isConvertCommand(command)) return commandConvert(command, args);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 
+#include "gpunodes/core/format_converter.h"
 #include "gpunodes/core/node_type.h"
 #include "gpunodes/core/run_events.h"
 
@@ -75,5 +76,8 @@ class NodeSetPlugin {
 
 }  // namespace gn::core
 
+  // The model file formats this set converts to and from graphs of its node types (see format_converter.h);
+  // the CLI and the editor offer each one by its name. Empty when the set converts none.
+  virtual QList<FormatConverterPtr> converters() const { return {}; }
 #define GN_NODESET_IID "org.gpunodes.NodeSet/1"
 Q_DECLARE_INTERFACE(gn::core::NodeSetPlugin, GN_NODESET_IID)
