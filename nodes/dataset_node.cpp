@@ -136,8 +136,8 @@ class DatasetNode final : public GpuNode {
                               "of a text file. series: a time series. table: rows of a CSV file. attention_pooling: d2l 11.2's "
                               "data for Nadaraya-Watson regression, made in memory (one sample per split: "
                               "rows of query, key and value)."),
-                    stringParam(
-                        "path", nn::default_fashion_mnist_dir(),
+                    pathParam(
+                        "path", nn::default_fashion_mnist_dir(), core::FileUse::Read,
                         "fashion-mnist: the directory holding train-images-idx3-ubyte.gz, "
                         "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and "
                         "t10k-labels-idx1-ubyte.gz (or the same names without .gz). image_folder: a "

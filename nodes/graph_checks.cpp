@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 
+#include "gpunodes/core/file_access.h"
 #include "gpunodes/errors.h"
 #include "model_values.h"
 #include "node_util.h"
@@ -44,10 +45,8 @@ class GraphWalk {
     // would say the same mistake twice. Their outputs stay unknown to the nodes downstream.
     for (const core::Issue& i : report_.errors()) alreadyRefused_.insert(i.node);
     // Files the graph's nodes write: a node that reads one may find it missing before the run.
-    for (const core::GraphNode& n : doc_.nodes())
-      if (const GpuNode* type = ours(n))
-        for (const QString& path : type->filesWritten(core::withDefaults(type->spec(), n.params)))
-          writtenPaths_.insert(absolutePath(path));
+    for (const core::FileTouch& t : core::filesTouched(doc_, registry_, {}))
+      if (t.use == core::FileUse::WriteFile) writtenPaths_.insert(t.resolved);
   }
 
   void run() {
@@ -95,7 +94,9 @@ class GraphWalk {
   }
   bool limited(Device d) const { return limits_.count(d) > 0; }
   const DeviceCatalog& catalog() const { return catalog_; }
-  bool written(const QString& path) const { return writtenPaths_.contains(absolutePath(path)); }
+  bool written(const QString& path) const {
+    return writtenPaths_.contains(core::resolvePath(QDir::currentPath(), path));
+  }
 
  private:
   // The node's type when this set provides it.
@@ -116,10 +117,6 @@ class GraphWalk {
     }
     NodeCheck check(*this, *node, core::withDefaults(type->spec(), node->params), report_);
     done_[id] = type->check(check);
-  }
-
-  static QString absolutePath(const QString& path) {
-    return QDir::cleanPath(QFileInfo(path).absoluteFilePath());
   }
 
   const core::GraphDocument& doc_;
@@ -195,9 +192,13 @@ void NodeCheck::checkPrecision(const std::vector<Device>& devices, const QString
   const Precision precision = precisionOf(params_);
   if (precision == Precision::Fp32) return;
   for (const Device& d : devices)
-    if (!d.is_cuda()) {
-      error("params.precision", QString("%1 needs a CUDA device, but %2 on %3 (use fp32 there)")
-                                    .arg(precision_name(precision), where, qs(d.str())));
+    if (!precision_supported(precision, d)) {
+      // bf16 also runs on a CPU whose oneDNN ISA has it; say which ISA this one has.
+      const QString cpu = precision == Precision::Bf16
+                              ? QString(" or a CPU with native bf16 (oneDNN's ISA here: %1)").arg(qs(cpu_dnnl_isa()))
+                              : QString();
+      error("params.precision", QString("%1 needs a CUDA device%2, but %3 on %4 (use fp32 there)")
+                                    .arg(precision_name(precision), cpu, where, qs(d.str())));
       return;
     }
 }

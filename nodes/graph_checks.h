@@ -89,7 +89,8 @@ class NodeCheck {
   // The same with an open port as unknown.
   Known inputOrUnknown(const QString& port) const { return input(port).value_or(Known{}); }
   const DeviceCatalog& catalog() const;
-  // Whether a node of this graph writes the file at `path` during the run (GpuNode::filesWritten).
+  // Whether a node of this graph writes the file at `path` during the run (a param that names a file it
+  // writes: core::FileUse::WriteFile).
   bool writtenByGraph(const QString& path) const;
 
   void error(const QString& field, const QString& message) { report_.error(id(), field, message); }

@@ -225,9 +225,10 @@ class SaveParamsNode final : public GpuNode {
             .outputs = {outPort("model", PortType::Model,
                                 "The same model, once the file is written: wire it into LoadParams' like "
                                 "input to load the file after it exists.")},
-            .params = {stringParam("path", "model.params",
-                                   "The file to write (replaced atomically); relative paths are relative to "
-                                   "the working directory."),
+            .params = {pathParam("path", "model.params", core::FileUse::WriteFile,
+                                   "The file to write (replaced atomically); a relative path is relative to "
+                                   "the graph file's folder. A graph writes only inside its own folder unless "
+                                   "the user allows another place."),
                        enumParam(
                            "format", {"gpunodes", "safetensors"}, "gpunodes",
                            "gpunodes: the checksummed GNPARAMS format. safetensors: for PyTorch and the "
@@ -241,7 +242,6 @@ class SaveParamsNode final : public GpuNode {
 
   // The model passes through; the file it writes is one a LoadParams of the graph may read.
   Outputs check(NodeCheck& check) const override { return {{"model", check.inputOrUnknown("model")}}; }
-  QStringList filesWritten(const QJsonObject& params) const override { return {params["path"].toString()}; }
 
   void execute(core::NodeContext& ctx) const override {
     auto model = modelInput(ctx, "model");
@@ -305,7 +305,7 @@ class LoadParamsNode final : public GpuNode {
                             "here also loads only after it saved.",
                             false)},
                 .outputs = {outPort("model", PortType::Model, "The model with the file's parameters.")},
-                .params = {stringParam("path", "model.params", "The parameter file to read.")},
+                .params = {pathParam("path", "model.params", core::FileUse::Read, "The parameter file to read.")},
             },
             Reuse::Pure) {}
 

@@ -26,10 +26,6 @@ Outputs GpuNode::check(NodeCheck&) const {
   return {};
 }
 
-QStringList GpuNode::filesWritten(const QJsonObject&) const {
-  return {};
-}
-
 QByteArray fileIdentity(const QString& path) {
   const QFileInfo info(path);
   QStringList entries;
@@ -126,6 +122,12 @@ core::ParamSpec floatParam(const QString& name, double def, const QString& doc) 
 
 core::ParamSpec boolParam(const QString& name, bool def, const QString& doc) {
   return param(name, core::ParamType::Bool, def, doc);
+}
+
+core::ParamSpec pathParam(const QString& name, const QString& def, core::FileUse use, const QString& doc) {
+  core::ParamSpec p = stringParam(name, def, doc);
+  p.file = use;
+  return p;
 }
 
 core::ParamSpec enumParam(const QString& name, const QStringList& values, const QString& def,

@@ -26,6 +26,9 @@ core::ParamSpec boolParam(const QString& name, bool def, const QString& doc);
 core::ParamSpec enumParam(const QString& name, const QStringList& values, const QString& def,
                           const QString& doc);
 core::ParamSpec stringParam(const QString& name, const QString& def, const QString& doc);
+// A String param naming a file or folder that the node reads or writes (the host resolves and checks it:
+// core/file_access.h).
+core::ParamSpec pathParam(const QString& name, const QString& def, core::FileUse use, const QString& doc);
 core::ParamSpec shapeParam(const QString& name, const QJsonArray& def, const QString& doc);
 // "precision": fp32 (default), tf32, bf16 or fp16 (precision.h), documented after `what` ("The products'
 // math").
@@ -50,9 +53,6 @@ class GpuNode : public core::NodeType {
   // directory scan or one image header. A port left out of the result is unknown to the nodes downstream,
   // which then check nothing against it. Default: nothing known, nothing reported.
   virtual Outputs check(NodeCheck& check) const;
-  // The files a node of this type writes during a run (SaveParams' path), with defaults filled in, so that
-  // a check that reads a file (LoadParams) does not refuse one the run makes first. Default: none.
-  virtual QStringList filesWritten(const QJsonObject& params) const;
 
  private:
   core::NodeTypeSpec spec_;

@@ -175,10 +175,10 @@ class TrainNode final : public GpuNode {
                               "Split each batch in proportion to each device's measured speed instead of "
                               "evenly (re-measured as training goes): for a GPU beside the CPU, the seed's "
                               "exercise 2."),
-                    stringParam(
-                        "checkpoint_dir", "",
-                        "Where to save checkpoints (created when missing; relative paths are relative "
-                        "to the working directory); empty: none. A checkpoint holds the parameters, "
+                    pathParam(
+                        "checkpoint_dir", "", core::FileUse::WriteFolder,
+                        "Where to save checkpoints (created when missing; a relative path is relative "
+                        "to the graph file's folder); empty: none. A checkpoint holds the parameters, "
                         "buffers, optimizer state, schedule position, data order and the metric series "
                         "so far, in a safetensors file written atomically. A directory that cannot be "
                         "written stops the node before training."),

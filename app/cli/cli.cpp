@@ -169,6 +169,15 @@ QString shorten(const QString& s, int max = 60) {
   return s.size() > max ? s.left(max - 3) + "..." : s;
 }
 
+FilePolicy FileAccessOptions::policy(const QCommandLineParser& parser, const QString& graphFile) const {
+  FilePolicy p;
+  p.folder =
+      parser.isSet(folder) ? resolvePath(QDir::currentPath(), parser.value(folder)) : graphFolder(graphFile);
+  for (const QString& dir : parser.values(allowWrite)) p.allowWrite.append(resolvePath(QDir::currentPath(), dir));
+  p.replaceForeign = parser.isSet(force);
+  return p;
+}
+
 bool saveBytes(const QString& path, const QByteArray& bytes, const QString& what) {
   QSaveFile file(path);
   if (!file.open(QIODevice::WriteOnly) || file.write(bytes) != bytes.size() || !file.commit()) {
@@ -461,7 +470,9 @@ int commandRun(const QStringList& args) {
   const QCommandLineOption set("set", "", "NODE.PARAM=VALUE"), report("report", "", "OUT.json"),
       metrics("metrics", "", "OUT.csv"), trace("trace", "", "OUT.json"), schedule("schedule", "", "MODE"),
       cpuDevices("cpu-devices", "", "N"), quiet("quiet"), resume("resume"), events("events", "", "FILE");
+  const FileAccessOptions files;
   parser.addOptions({set, report, metrics, trace, schedule, cpuDevices, quiet, resume, events});
+  parser.addOptions(files.all());
   const Parsed p = parse(parser, "run", args, 1);
   if (!p.ok) return p.exitCode;
   const QString file = p.positional[0];
@@ -549,7 +560,8 @@ int commandRun(const QStringList& args) {
   if (parser.isSet(schedule)) settingsJson.insert("schedule", parser.value(schedule));
   if (cpus) settingsJson.insert("cpu_devices", *cpus);
   doc.setSettings(settingsJson);
-  const RunSettings settings = RunSettings::fromGraph(settingsJson);
+  RunSettings settings = RunSettings::fromGraph(settingsJson);
+  settings.files = files.policy(parser, file);
 
   if (distributed) {
     // Every rank must run the same graph: compared before anything runs, so that no rank waits in a
@@ -665,6 +677,8 @@ void printFacts(const GraphDocument& doc, const ValidationReport& report) {
 
 int commandValidate(const QStringList& args) {
   QCommandLineParser parser;
+  const FileAccessOptions files;
+  parser.addOptions(files.all());
   const Parsed p = parse(parser, "validate", args, 1);
   if (!p.ok) return p.exitCode;
   const QString file = p.positional[0];
@@ -676,7 +690,9 @@ int commandValidate(const QStringList& args) {
     err(QStringLiteral("error: %1\n").arg(error));
     return kFailed;
   }
-  const ValidationReport report = validate(doc, registry);
+  RunSettings settings = RunSettings::fromGraph(doc.settings());
+  settings.files = files.policy(parser, file);
+  const ValidationReport report = validate(doc, registry, settings);
   printIssues(file, report.issues(), true);
   if (!report.ok()) return kFailed;
   GraphDocument flat;  // facts are on the nodes that run: a subgraph's inner nodes, by path
@@ -801,6 +817,7 @@ QJsonObject typeJson(const NodeTypeSpec& spec, const QString& plugin) {
     if (p.min) o.insert("min", *p.min);
     if (p.max) o.insert("max", *p.max);
     if (!p.enumValues.isEmpty()) o.insert("values", QJsonArray::fromStringList(p.enumValues));
+    if (p.file != FileUse::None) o.insert("file", fileUseName(p.file));  // "reads", "writes", "writes into"
     params.append(o);
   }
   return QJsonObject{
@@ -857,6 +874,7 @@ int commandNodes(const QStringList& args) {
         kind += QStringLiteral(" %1..%2").arg(param.min ? valueText(*param.min) : QString(),
                                               param.max ? valueText(*param.max) : QString());
       if (!param.enumValues.isEmpty()) kind += QStringLiteral(" {%1}").arg(param.enumValues.join("|"));
+      if (param.file != FileUse::None) kind += QStringLiteral(", a path it %1").arg(fileUseName(param.file));
       text += QStringLiteral("    %1 (%2) = %3  %4\n")
                   .arg(param.name, kind, valueText(param.defaultValue), param.doc);
     }
@@ -884,12 +902,19 @@ QString usage() {
       "           --schedule parallel|sequential\n"
       "           --cpu-devices N              split the CPU into N devices\n"
       "           --quiet                      no progress and no summary\n"
+      "           --allow-write DIR            the graph may also write in DIR (repeatable); by default\n"
+      "                                        a graph writes only inside its own file's folder\n"
+      "           --force                      the graph may replace files that are not gpunodes' own\n"
+      "           --folder DIR                 relative paths in the graph are relative to DIR (default:\n"
+      "                                        the graph file's folder)\n"
       "       gpunodes sweep FILE --grid NODE.PARAM=V1,V2,... [--grid ...] [options]\n"
       "                                        run every point of the grid (over the ranks under mpirun)\n"
       "           --out DIR                    point-NNNN.json, summary.json, summary.csv, plot-*.png\n"
       "                                        (default: sweep-<FILE's base name>)\n"
-      "           --set, --schedule, --cpu-devices, --quiet as for run\n"
-      "       gpunodes validate FILE           check only; per-node errors\n"
+      "           --set, --schedule, --cpu-devices, --quiet, --allow-write, --force, --folder\n"
+      "                                        as for run\n"
+      "       gpunodes validate FILE           check only; per-node errors (--allow-write, --force,\n"
+      "                                        --folder as for run)\n"
       "       gpunodes devices [--json]        what try_all_gpus sees\n"
       "       gpunodes nodes [--json]          the node catalogue from loaded plugins\n") +
          convertUsage() +
@@ -985,8 +1010,8 @@ int runCommand(int argc, char** argv) {
   if (command == "validate") return commandValidate(args);
   if (command == "devices") return commandDevices(args);
   if (command == "nodes") return commandNodes(args);
+  if (isConvertCommand(command)) return commandConvert(command, args);
   return usageError(QStringLiteral("unknown command \"%1\"").arg(command));
 }
 
 }  // namespace gn::cli
-  if (isConvertCommand(command)) return commandConvert(command, args);

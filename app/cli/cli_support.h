@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "cli/cli.h"
+#include "gpunodes/core/file_access.h"
 
 namespace gn::core {
 class GraphDocument;
@@ -27,6 +28,19 @@ namespace gn::cli {
 
 void out(const QString& text);  // stdout, flushed
 void err(const QString& text);  // stderr, flushed
+// --allow-write DIR (repeatable) and --force, for the commands that run or check a graph file: what the
+// graph may write besides its own folder, and whether it may replace files that are not gpunodes' own.
+struct FileAccessOptions {
+  QCommandLineOption allowWrite{QStringLiteral("allow-write"), QString(), QStringLiteral("DIR")};
+  QCommandLineOption force{QStringLiteral("force")};
+  // --folder DIR: the folder the graph's relative paths are relative to, instead of its file's (the
+  // editor runs a copy of the graph under mpirun and names the original's folder).
+  QCommandLineOption folder{QStringLiteral("folder"), QString(), QStringLiteral("DIR")};
+  QList<QCommandLineOption> all() const { return {allowWrite, force, folder}; }
+  // The policy for `graphFile` (its folder; each --allow-write absolute against the working directory).
+  core::FilePolicy policy(const QCommandLineParser& parser, const QString& graphFile) const;
+};
+
 // Prints the message and the usage text; returns kUsage.
 int usageError(const QString& message);
 

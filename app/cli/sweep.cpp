@@ -242,7 +242,9 @@ int Sweep::run(const QStringList& args) {
   const QCommandLineOption grid("grid", "", "NODE.PARAM=V1,V2,..."), set("set", "", "NODE.PARAM=VALUE"),
       out("out", "", "DIR"), schedule("schedule", "", "MODE"), cpuDevices("cpu-devices", "", "N"),
       quiet("quiet");
+  const FileAccessOptions files;
   parser.addOptions({grid, set, out, schedule, cpuDevices, quiet});
+  parser.addOptions(files.all());
   const Parsed p = parse(parser, "sweep", args, 1);
   if (!p.ok) return p.exitCode;
   file_ = p.positional[0];
@@ -319,6 +321,7 @@ int Sweep::run(const QStringList& args) {
   if (cpus) settingsJson.insert("cpu_devices", *cpus);
   doc_.setSettings(settingsJson);
   settings_ = RunSettings::fromGraph(settingsJson);
+  settings_.files = files.policy(parser, file_);
 
   outDir_ = parser.isSet(out) ? parser.value(out)
                               : QStringLiteral("sweep-%1").arg(QFileInfo(file_).completeBaseName());

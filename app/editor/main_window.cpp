@@ -48,6 +48,7 @@
 #include "palette.h"
 #include "plots.h"
 #include "process_dialog.h"
+#include "file_consent.h"
 #include "run_controller.h"
 #include "subgraph_navigator.h"
 #include "style.h"
@@ -846,10 +847,20 @@ QString issueKey(const core::Issue& i) {
 }
 }  // namespace
 
+QString MainWindow::documentFolder() const {
+  // An opened example has no file of its own: its relative paths are its examples folder's.
+  return fromExample_.isEmpty() ? QDir::currentPath() : examplesDir();
+}
+
 core::ValidationReport MainWindow::validateNow() {
   validateTimer_.stop();
   core::ValidationReport r;
-  if (registry_) r = core::validate(doc_, *registry_);
+  if (registry_) {
+    // With the graph's folder, so that its nodes show what a run would refuse or ask about.
+    core::RunSettings settings = core::RunSettings::fromGraph(doc_.settings());
+    settings.files = FileConsent::remembered(doc_, *registry_, file_, documentFolder());
+    r = core::validate(doc_, *registry_, settings);
+  }
   navigator_->setValidation(r);
   inspector_->setValidation(navigator_->reportFor(navigator_->depth()));
   validation_ = r;
@@ -940,13 +951,25 @@ bool MainWindow::startRun(const ProcessRunOptions* processes, bool reuse, const 
     lastMessage_ = why;
     return false;
   }
+  const std::optional<core::FilePolicy> files =
+      FileConsent::decide(doc_, *registry_, file_, documentFolder(), [this](const QString& title, const QString& text) {
+        return ask(QMessageBox::Warning, title, text, QMessageBox::Yes | QMessageBox::Cancel) == QMessageBox::Yes;
+      });
+  if (!files) {
+    const QString why = "Not started: writing outside the graph's folder was not allowed";
+    logMessage(LogLevel::Warning, why);
+    statusBar()->showMessage(why, 6000);
+    lastMessage_ = why;
+    return false;
+  }
   navigator_->resetRunState();
   staleRun_ = false;
   core::ValidationReport report;
   QString why;
-  const bool started =
-      processes ? run_->startProcesses(doc_, *processes, &report, &why)
-                : run_->start(doc_, &report, &why, reuse, targets);
+  ProcessRunOptions onProcesses = processes ? *processes : ProcessRunOptions{};
+  onProcesses.files = *files;
+  const bool started = processes ? run_->startProcesses(doc_, onProcesses, &report, &why)
+                                 : run_->start(doc_, *files, &report, &why, reuse, targets);
   if (!started) {
     navigator_->setValidation(report);
     inspector_->setValidation(navigator_->reportFor(navigator_->depth()));

@@ -12,6 +12,7 @@
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/subgraph.h"
 #include "gpunodes/core/validation.h"
+#include "file_consent.h"
 #include "process_run.h"
 
 class QComboBox;
@@ -86,6 +87,9 @@ class MainWindow : public QMainWindow {
   bool runOnProcessesDialog();
   void cancelRun();
   core::ValidationReport validateNow();
+  // The folder a graph without a file of its own resolves its paths against (file_consent.h): the examples
+  // folder for an opened example, else the working directory.
+  QString documentFolder() const;
   // Subgraphs, on the graph level being edited (core/subgraph.h): group the selection (Ctrl+G; returns the
   // new node's id), ungroup the selected subgraphs (Ctrl+Shift+G; returns the inner nodes' ids), save a
   // subgraph to the user's library under a name (the instance then refers to the block), and update an

@@ -99,6 +99,9 @@ QStringList ProcessRunOptions::arguments(const QString& graph, const QString& re
   args << resolvedProgram() << "run" << graph << "--events"
        << "-"
        << "--report" << report;
+  if (files.enabled()) args << "--folder" << files.folder;
+  for (const QString& place : files.allowWrite) args << "--allow-write" << place;
+  if (files.replaceForeign) args << "--force";
   return args;
 }
 

@@ -14,6 +14,7 @@
 #include <QTimer>
 #include <memory>
 
+#include "gpunodes/core/file_access.h"
 #include "gpunodes/core/run_events.h"
 
 class QTemporaryDir;
@@ -33,6 +34,9 @@ struct ProcessRunOptions {
   // Where the temporary folder with the graph and the report goes; empty: the system's temporary folder.
   // Across machines it must be a folder every host sees (the ranks read the graph from it).
   QString tempParent;
+  // What the graph may write (file_consent.h): the ranks read a copy in a temporary folder, so they are
+  // told the graph's own folder (--folder) and the places the user allowed (--allow-write, --force).
+  core::FilePolicy files;
 
   // Where `mpirun` is on PATH; empty when it is not.
   static QString findMpirun();

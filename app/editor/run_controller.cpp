@@ -18,8 +18,9 @@ RunController::~RunController() {
   // A job under mpirun is stopped by the ProcessRun's destructor, which waits for it.
 }
 
-bool RunController::start(const core::GraphDocument& doc, core::ValidationReport* validation, QString* why,
-                          bool reuse, const QStringList& targets) {
+bool RunController::start(const core::GraphDocument& doc, const core::FilePolicy& files,
+                          core::ValidationReport* validation, QString* why, bool reuse,
+                          const QStringList& targets) {
   if (active_) {
     if (why) *why = "A run is already going: cancel it or wait for it to finish before starting another.";
     return false;
@@ -27,7 +28,8 @@ bool RunController::start(const core::GraphDocument& doc, core::ValidationReport
   // A fresh executor per run: the previous one's report stays readable until this point.
   proc_.reset();
   exec_ = std::make_unique<core::Executor>(*registry_);
-  const core::RunSettings settings = core::RunSettings::fromGraph(doc.settings());
+  core::RunSettings settings = core::RunSettings::fromGraph(doc.settings());
+  settings.files = files;
   core::ValidationReport report;
   if (!exec_->start(doc, settings, &report, {.cache = &cache_, .reuse = reuse, .targets = targets})) {
     if (validation) *validation = report;
@@ -51,7 +53,8 @@ bool RunController::startProcesses(const core::GraphDocument& doc, const Process
     if (why) *why = "A run is already going: cancel it or wait for it to finish before starting another.";
     return false;
   }
-  const core::RunSettings settings = core::RunSettings::fromGraph(doc.settings());
+  core::RunSettings settings = core::RunSettings::fromGraph(doc.settings());
+  settings.files = options.files;
   const core::ValidationReport report = core::validate(doc, *registry_, settings);
   if (validation) *validation = report;
   // Without a host file every rank runs on this machine, so what validation finds here holds for each of

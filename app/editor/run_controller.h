@@ -34,9 +34,10 @@ class RunController : public QObject {
   // False when a run is going (why says so) or validation fails (the issues are in *validation). reuse:
   // take unchanged nodes' outputs from the cache (Run) or run everything (Run all). targets: run only these
   // nodes and what they need (Run to here); empty runs the whole graph.
-  bool start(const core::GraphDocument& doc, core::ValidationReport* validation, QString* why,
-             bool reuse = true, const QStringList& targets = {});
-  // The same on options.processes processes under mpirun. Validation runs here first, as for a local run;
+  // files: where the graph's relative paths resolve and what it may write (file_consent.h decides it).
+  bool start(const core::GraphDocument& doc, const core::FilePolicy& files, core::ValidationReport* validation,
+             QString* why, bool reuse = true, const QStringList& targets = {});
+  // The same on options.processes processes under mpirun, with options.files. Validation runs here first, as for a local run;
   // with a host file its errors only warn (the other machines' devices are not this one's), and rank 0's
   // own validation decides.
   bool startProcesses(const core::GraphDocument& doc, const ProcessRunOptions& options,

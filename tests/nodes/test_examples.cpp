@@ -40,7 +40,8 @@ QString repoRoot() {
 
 const QString kGpl = "/usr/share/common-licenses/GPL-3";  // Debian's base-files: on every Debian
 const QString kFashionMnist = "/usr/share/datasets/fashion-mnist";
-const QString kRegressionCsv = "resources/data/regression.csv";
+const QString kRegressionCsv = "resources/data/regression.csv";  // from the repository root
+const QString kRegressionCsvFromExample = "../data/regression.csv";  // as the example names it
 
 bool haveFashionMnist() {
   for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
@@ -50,14 +51,16 @@ bool haveFashionMnist() {
   return true;
 }
 
-// Makes an example runnable from the test's directory: table-regression names its CSV relative to the
-// repository root (a Dataset opens a relative path from the current directory), and the LSTM example falls
-// back to the synthetic set of the same shape where the dataset-fashion-mnist package is missing.
+// Makes an example runnable from the test's directory: table-regression names its CSV relative to its own
+// folder (the CLI and the editor resolve it there; a program's run through the API uses paths as they are),
+// and the LSTM example falls back to the synthetic set of the same shape where the dataset-fashion-mnist
+// package is missing.
 void runnableHere(GraphDocument& doc) {
   for (const GraphNode& n : doc.nodes()) {
     if (n.type != "Dataset") continue;
     const QString name = n.params["name"].toString(), path = n.params["path"].toString();
-    if (name == "table" && QFileInfo(path).isRelative()) doc.setParam(n.id, "path", repoRoot() + "/" + path);
+    if (name == "table" && QFileInfo(path).isRelative())
+      doc.setParam(n.id, "path", QFileInfo(examplePath("table-regression")).absolutePath() + "/" + path);
     if (name == "fashion-mnist" && !haveFashionMnist()) doc.setParam(n.id, "name", "synthetic");
   }
 }
@@ -486,11 +489,12 @@ class ExamplesTest : public QObject {
     QCOMPARE(param(doc, "lstm", "hidden_size").toInt(), 128);
     QCOMPARE(param(doc, "train", "optimizer").toString(), QString("adam"));
     QVERIFY(param(doc, "data", "limit").toInt() > 0);  // the quick settings
-    // The CSV's path is relative to the repository root, where the README runs the examples from.
+    // The CSV's path is relative to the example's folder, as every relative path in a graph is.
     QVERIFY(loadExample("table-regression", doc));
-    QCOMPARE(param(doc, "data", "path").toString(), kRegressionCsv);
-    QVERIFY(QFileInfo::exists(repoRoot() + "/" + kRegressionCsv));
-    QVERIFY(doc.description().contains("repository root"));
+    QCOMPARE(param(doc, "data", "path").toString(), kRegressionCsvFromExample);
+    QVERIFY(QFileInfo(QFileInfo(examplePath("table-regression")).absolutePath() + "/" + kRegressionCsvFromExample)
+                .canonicalFilePath() == QFileInfo(repoRoot() + "/" + kRegressionCsv).canonicalFilePath());
+    QVERIFY(doc.description().contains("graph file's folder"));
     QCOMPARE(param(doc, "data", "task").toString(), QString("regression"));
     QCOMPARE(param(doc, "data", "target").toString(), QString("y"));
   }

@@ -2,6 +2,7 @@
 // made here, through the real `gpunodes validate` and `gpunodes run` with the real node plugin. For each:
 // exit 1 without a crash; one "error: FILE: ..." line per mistake and nothing else, the first naming the
 // problem; under 2 s; no child that grew past a few hundred MB; and `run --report` still writes a report.
+#include <QDateTime>
 #include <QDir>
 #include <QJsonDocument>
 #include <QJsonObject>
@@ -116,6 +117,63 @@ class HostileCliTest : public QObject {
               [](const auto& a, const auto& b) { return a.first > b.first; });
     for (qsizetype i = 0; i < std::min<qsizetype>(10, closest_.size()); ++i)
       qInfo("closest to its time budget: %s", qPrintable(closest_[i].second));
+  }
+
+  // A stranger's graph may write only inside its own folder (file_access.h): through a link inside the
+  // folder that points out, with `..`, and over a file that is not gpunodes' own, nothing is written unless
+  // the user said so (--allow-write, --force); a relative path means the graph's folder, not the cwd.
+  void aGraphWritesOnlyInsideItsFolder() {
+    const QString shared = dir_.filePath("shared"), victim = dir_.filePath("victim");
+    QVERIFY(QDir().mkpath(shared) && QDir().mkpath(victim));
+    QVERIFY(QFile::link("../victim", shared + "/out"));
+    const QString thesis = victim + "/thesis.txt";
+    {
+      QFile f(thesis);
+      QVERIFY(f.open(QIODevice::WriteOnly) && f.write("chapter one") > 0);
+    }
+    const QString resolvedVictim = QFileInfo(victim).canonicalFilePath();
+    auto graphSaving = [&](const QString& path) {
+      QFile f(shared + "/g.json");
+      if (!f.open(QIODevice::WriteOnly | QIODevice::Truncate)) return QString();
+      f.write(graph(R"({"id": "dev", "type": "Device", "params": {"kind": "cpu"}},
+        {"id": "net", "type": "Model", "params": {"arch": "linear", "in_channels": 3, "classes": 1}},
+        {"id": "save", "type": "SaveParams", "params": {"path": ")" + path.toUtf8() + R"("}})",
+                  R"({"from": "dev.device", "to": "net.device"}, {"from": "net.model", "to": "save.model"})"));
+      return f.fileName();
+    };
+    auto thesisText = [&] {
+      QFile f(thesis);
+      return f.open(QIODevice::ReadOnly) ? f.readAll() : QByteArray();
+    };
+    const QString g = graphSaving("out/thesis.txt");
+    for (const QString& command : {QStringLiteral("validate"), QStringLiteral("run")}) {
+      const Run r = runProcess(QStringLiteral(GN_GPUNODES), {command, g}, environment(), 60000 * kTimeScale);
+      QVERIFY2(r.exitCode == 1, qPrintable(r.describe()));
+      QVERIFY2(r.err.contains("error: " + g + ": save: params.path: writes " + resolvedVictim +
+                              "/thesis.txt, outside the graph's folder"),
+               qPrintable(r.describe()));
+    }
+    QCOMPARE(thesisText(), QByteArray("chapter one"));
+    // Allowed there, but the thesis is not gpunodes' own.
+    graphSaving("../victim/thesis.txt");
+    Run r = runProcess(QStringLiteral(GN_GPUNODES), {"run", g, "--allow-write", victim}, environment());
+    QVERIFY2(r.exitCode == 1 && r.err.contains("is not a gpunodes file") && r.err.contains("--force"),
+             qPrintable(r.describe()));
+    QCOMPARE(thesisText(), QByteArray("chapter one"));
+    r = runProcess(QStringLiteral(GN_GPUNODES), {"run", g, "--allow-write", victim, "--force", "--quiet"},
+                   environment());
+    QVERIFY2(r.exitCode == 0, qPrintable(r.describe()));
+    QVERIFY(thesisText().startsWith("GNPARAMS"));
+    // A relative path is the graph's folder's, whatever the working directory; and a gpunodes file there may
+    // be replaced without asking.
+    graphSaving("model.params");
+    for (int i = 0; i < 2; ++i) {
+      r = runProcess(QStringLiteral(GN_GPUNODES), {"run", g, "--quiet"}, environment());
+      QVERIFY2(r.exitCode == 0, qPrintable(r.describe()));
+    }
+    QVERIFY(QFile::exists(shared + "/model.params"));
+    QVERIFY(!QFile::exists(QDir::current().filePath("model.params")) ||
+            QFileInfo(QDir::current().filePath("model.params")).lastModified().secsTo(QDateTime::currentDateTime()) > 60);
   }
 
   void theCorpusIsLargeAndDescribed() {

@@ -639,7 +639,7 @@ bool Executor::start(const GraphDocument& doc, const RunSettings& settings, Vali
   }
   if (thread_.joinable()) thread_.join();
 
-  const RunGraph graph = runGraph(doc, registry_, options.targets);
+  const RunGraph graph = runGraph(doc, registry_, options.targets, settings.files.folder);
   const ValidationReport report = validate(graph, registry_, settings);
   if (validation) *validation = report;
 

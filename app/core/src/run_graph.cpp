@@ -4,6 +4,7 @@
 #include <QSet>
 #include <optional>
 
+#include "gpunodes/core/file_access.h"
 #include "gpunodes/core/registry.h"
 #include "gpunodes/core/subgraph.h"
 
@@ -73,7 +74,8 @@ class PassThrough {
 
 }  // namespace
 
-RunGraph runGraph(const GraphDocument& doc, const NodeTypeRegistry& registry, const QStringList& targets) {
+RunGraph runGraph(const GraphDocument& doc, const NodeTypeRegistry& registry, const QStringList& targets,
+                  const QString& fileFolder) {
   // Subgraphs first: what runs is the flattened graph, whose inner nodes bypass and mute apply to as to any.
   if (subgraph::hasSubgraphs(doc)) {
     auto flat = std::make_shared<GraphDocument>();
@@ -91,7 +93,7 @@ RunGraph runGraph(const GraphDocument& doc, const NodeTypeRegistry& registry, co
         if (n.id.startsWith(inside)) flatTargets.append(n.id);
     }
     if (flatTargets.isEmpty()) flatTargets = targets;  // none found: still targets, so nothing runs
-    RunGraph g = runGraph(*flat, registry, flatTargets);
+    RunGraph g = runGraph(*flat, registry, flatTargets, fileFolder);
     g.issues = problems.issues() + g.issues;
     g.flattened = true;
     if (!g.owned_) g.owned_ = std::move(flat);  // graph() is the flat document itself
@@ -101,7 +103,7 @@ RunGraph runGraph(const GraphDocument& doc, const NodeTypeRegistry& registry, co
   g.source_ = &doc;
   bool flagged = false;
   for (const GraphNode& n : doc.nodes()) flagged = flagged || n.bypassed || n.muted;
-  if (!flagged && targets.isEmpty()) return g;
+  if (!flagged && targets.isEmpty() && fileFolder.isEmpty()) return g;
 
   const QList<GraphNode>& nodes = doc.nodes();
   QHash<QString, int> index;  // first node of each id; duplicates are validation's to report
@@ -220,6 +222,7 @@ RunGraph runGraph(const GraphDocument& doc, const NodeTypeRegistry& registry, co
   g.owned_->setSettings(doc.settings());
   g.owned_->setExtra(doc.extra());
   g.owned_->setContents(std::move(kept), std::move(keptWires));
+  resolveFileParams(*g.owned_, registry, fileFolder);
   return g;
 }
 

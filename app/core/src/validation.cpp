@@ -8,6 +8,7 @@
 #include <exception>
 #include <limits>
 
+#include "gpunodes/core/file_access.h"
 #include "gpunodes/core/graph_document.h"
 #include "gpunodes/core/node_type.h"
 #include "gpunodes/core/plugin.h"
@@ -316,7 +317,7 @@ ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& regi
 
 ValidationReport validate(const GraphDocument& doc, const NodeTypeRegistry& registry,
                           const RunSettings& settings) {
-  return validate(runGraph(doc, registry), registry, settings);
+  return validate(runGraph(doc, registry, {}, settings.files.folder), registry, settings);
 }
 
 ValidationReport validate(const RunGraph& run, const NodeTypeRegistry& registry,
@@ -338,6 +339,7 @@ ValidationReport validate(const RunGraph& run, const NodeTypeRegistry& registry,
     return true;
   };
   checkSettings(settings.all, report);
+  checkFileAccess(doc, registry, settings.files, report);
 
   // Ids: valid and unique. A duplicate is reported once, naming where both sit in the file.
   QHash<QString, QList<int>> positions;

@@ -2,6 +2,7 @@
 // on its own worker thread, records a trace span per job, and reports completion from that thread, the way
 // a real runtime does. Params make a node sleep, throw in execute, or fail in its work, so the executor's
 // paths can be driven from tests and from the CLI.
+#include <QFile>
 #include <QJsonArray>
 #include <QObject>
 #include <chrono>
@@ -327,6 +328,38 @@ class TestDevice : public NodeType {
   NodeTypeSpec spec_;
 };
 
+// Declares paths to read, to write and to write into (file_access.h), and writes `out` when it runs, so
+// tests see what the host resolved and whether a refused run wrote anything. Reports the paths it saw.
+class TestFile : public NodeType {
+ public:
+  TestFile() {
+    spec_.name = QStringLiteral("TestFile");
+    spec_.category = QStringLiteral("Test");
+    spec_.description = QStringLiteral("Reads, writes and writes into paths");
+    spec_.params = {
+        {.name = "in", .type = ParamType::String, .defaultValue = "", .doc = "read", .file = FileUse::Read},
+        {.name = "out", .type = ParamType::String, .defaultValue = "", .doc = "written",
+         .file = FileUse::WriteFile},
+        {.name = "folder", .type = ParamType::String, .defaultValue = "", .doc = "written into",
+         .file = FileUse::WriteFolder},
+        {.name = "note", .type = ParamType::String, .defaultValue = "x.txt", .doc = "not a path"}};
+  }
+  const NodeTypeSpec& spec() const override { return spec_; }
+  void execute(NodeContext& ctx) const override {
+    for (const QString& p : {QStringLiteral("in"), QStringLiteral("out"), QStringLiteral("folder"),
+                             QStringLiteral("note")})
+      ctx.reportField(p, ctx.params().value(p));
+    const QString out = ctx.params().value("out").toString();
+    if (out.isEmpty()) return;
+    QFile f(out);
+    if (!f.open(QIODevice::WriteOnly) || f.write("written by TestFile") < 0)
+      throw std::runtime_error("cannot write " + out.toStdString());
+  }
+
+ private:
+  NodeTypeSpec spec_;
+};
+
 }  // namespace
 
 class TestNodesPlugin : public QObject, public NodeSetPlugin {
@@ -338,7 +371,7 @@ class TestNodesPlugin : public QObject, public NodeSetPlugin {
   QString setName() const override { return QStringLiteral("test-nodes"); }
   QList<NodeTypePtr> nodeTypes() const override {
     return {std::make_shared<TestConst>(), std::make_shared<TestAdd>(), std::make_shared<TestMeasure>(),
-            std::make_shared<TestDevice>()};
+            std::make_shared<TestDevice>(), std::make_shared<TestFile>()};
   }
   std::unique_ptr<RunSession> createSession(const RunSettings& settings) override {
     return std::make_unique<TestSession>(settings);

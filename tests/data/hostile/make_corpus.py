@@ -545,6 +545,43 @@ emit("utf8-surrogate-bytes.json", "UTF-8 bytes of a surrogate (ED A0 80) in a na
 emit("control-chars-type.json", "raw control characters inside a node type", "type",
      text.replace('"type": "MatMul"', '"type": "Mat\x01Mul\x7f"'))
 
+# --- paths a graph may touch: writes stay inside the graph's folder (this one), and only gpunodes' own files
+# are replaced. A link inside the folder that points out is made by test_hostile_cli at run time.
+PARAMS = {
+    "format": "gpunodes-graph", "version": 1, "name": "hostile paths", "description": "a model saved to a file",
+    "settings": {"schedule": "parallel", "cpu_devices": 1},
+    "nodes": [
+        {"id": "dev", "type": "Device", "position": [0, 0], "params": {"kind": "cpu"}},
+        {"id": "net", "type": "Model", "position": [220, 0], "params": {"arch": "linear", "in_channels": 3, "classes": 1}},
+        {"id": "save", "type": "SaveParams", "position": [440, 0], "params": {"path": "saved.params"}},
+    ],
+    "connections": [{"from": "dev.device", "to": "net.device"}, {"from": "net.model", "to": "save.model"}],
+}
+
+
+def save_to(name, attack, expect, path):
+    g = copy.deepcopy(PARAMS)
+    g["nodes"][2]["params"]["path"] = path
+    emit(name, attack, expect, g)
+
+
+save_to("trust-write-absolute.json", "SaveParams writes an absolute path outside the graph's folder", "outside",
+        "/tmp/gpunodes-hostile-victim.params")
+save_to("trust-write-dotdot.json", "SaveParams climbs out of the graph's folder with ../ to ~/.bashrc", "outside",
+        "../" * 24 + "root/.bashrc")
+save_to("trust-write-device.json", "SaveParams writes to a device file", "outside", "/dev/null")
+save_to("trust-write-folder.json", "SaveParams writes to the graph's folder itself", "folder, not a file", ".")
+save_to("trust-write-foreign.json", "SaveParams would replace a file that is not gpunodes' (this MANIFEST.tsv)",
+        "not a gpunodes file", "MANIFEST.tsv")
+seq_variant("trust-checkpoint-dir-is-a-file.json", "a checkpoint_dir that is an existing file", "a file, not a folder",
+            lambda g: with_training(g, {"name": "text", "path": TEXT, "num_steps": 35},
+                                    {"checkpoint_dir": "MANIFEST.tsv"}))
+seq_variant("trust-checkpoint-dir-outside.json", "checkpoints written outside the graph's folder", "outside",
+            lambda g: with_training(g, {"name": "text", "path": TEXT, "num_steps": 35},
+                                    {"checkpoint_dir": "/tmp/gpunodes-hostile-checkpoints"}))
+seq_variant("trust-read-device.json", "a text dataset read from /dev/zero, which never ends", "not a file or a folder",
+            lambda g: with_training(g, {"name": "text", "path": "/dev/zero", "num_steps": 35}))
+
 # --- fuzz findings, kept as the fuzzer wrote them (tests/fuzz/run.sh); this script does not regenerate them
 FUZZ_FINDINGS = [
     # Two mangled ids, two unknown types, and 4,996 MatMuls with inputs a and b open.

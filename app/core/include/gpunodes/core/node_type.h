@@ -29,6 +29,14 @@ struct PortSpec {
 enum class ParamType { Int, Float, Bool, String, Enum, Shape };
 QString paramTypeName(ParamType t);
 
+// How a String param's value is used as a path (file_access.h resolves and checks such values).
+enum class FileUse {
+  None,         // not a path
+  Read,         // a file or a folder that the node reads
+  WriteFile,    // a file that the node creates or replaces
+  WriteFolder,  // a folder (created when missing) in which the node writes, replaces and removes files of
+                // its own naming only, and reads them back (training checkpoints)
+};
 struct ParamSpec {
   QString name;
   ParamType type = ParamType::Int;
@@ -36,6 +44,7 @@ struct ParamSpec {
   std::optional<double> min, max;  // Int and Float; for Shape, bounds on each dimension
   QStringList enumValues;          // Enum
   QString doc;                     // tooltip and `gpunodes nodes` text
+  FileUse file = FileUse::None;    // String: whether and how the value names a file or folder
 };
 
 struct NodeTypeSpec {

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "gpunodes/core/format_converter.h"
+#include "gpunodes/core/file_access.h"
 #include "gpunodes/core/node_type.h"
 #include "gpunodes/core/run_events.h"
 
@@ -24,6 +25,9 @@ struct RunSettings {
   QString schedule = "parallel";  // or "sequential"
   int cpuDevices = 1;
   QJsonObject all;  // every setting as the file has it, for plugins that want more
+  // Where relative paths resolve and what the run may write (file_access.h). Empty, as fromGraph leaves it:
+  // paths as they are, unchecked. The command line and the editor set it from the graph file's folder.
+  FilePolicy files;
   static RunSettings fromGraph(const QJsonObject& settings);
 };
 
@@ -72,12 +76,12 @@ class NodeSetPlugin {
     Q_UNUSED(settings);
     return {};
   }
+  // The model file formats this set converts to and from graphs of its node types (see format_converter.h);
+  // the CLI and the editor offer each one by its name. Empty when the set converts none.
+  virtual QList<FormatConverterPtr> converters() const { return {}; }
 };
 
 }  // namespace gn::core
 
-  // The model file formats this set converts to and from graphs of its node types (see format_converter.h);
-  // the CLI and the editor offer each one by its name. Empty when the set converts none.
-  virtual QList<FormatConverterPtr> converters() const { return {}; }
 #define GN_NODESET_IID "org.gpunodes.NodeSet/1"
 Q_DECLARE_INTERFACE(gn::core::NodeSetPlugin, GN_NODESET_IID)

@@ -40,14 +40,16 @@ struct RunGraph {
   const GraphDocument& graph() const { return owned_ ? *owned_ : *source_; }
 
  private:
-  friend RunGraph runGraph(const GraphDocument&, const NodeTypeRegistry&, const QStringList&);
+  friend RunGraph runGraph(const GraphDocument&, const NodeTypeRegistry&, const QStringList&, const QString&);
   const GraphDocument* source_ = nullptr;
   std::shared_ptr<GraphDocument> owned_;
 };
 
 // `doc` must outlive the result. Works on invalid graphs too (unknown types, dangling wires, duplicate ids
 // are left for validation to report): a bypassed node of an unknown type is kept as it is.
+// With a fileFolder, every file param of the result is resolved against it (file_access.h), so that what
+// is checked and what runs name the same files.
 RunGraph runGraph(const GraphDocument& doc, const NodeTypeRegistry& registry,
-                  const QStringList& targets = {});
+                  const QStringList& targets = {}, const QString& fileFolder = {});
 
 }  // namespace gn::core
