@@ -109,7 +109,8 @@ class NodeCheck {
                        const Known& b);
   // The batch size of an op that pairs a's and b's elements; an error on `field` when they cannot pair.
   std::optional<double> pairCounts(const QString& field, const Known& a, const Known& b);
-  // Every precision but fp32 needs CUDA devices (check_precision's rule); `where` names what runs on them.
+  // The devices must compute in the node's precision (precision_supported, check_precision's rule: CUDA,
+  // or bf16 on a CPU with native bf16); `where` names what runs on them.
   void checkPrecision(const std::vector<Device>& devices, const QString& where);
   // A model that cannot take the dataset's images, reported on the data input.
   // That the model takes the dataset's samples and, under `loss` (when the node trains), gives what its

@@ -3,6 +3,7 @@
 #include <cpuid.h>
 
 #include <cstdint>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include "gpunodes/errors.h"
 
@@ -57,16 +58,61 @@ std::string cpu_bf16_features() {
   return found;
 }
 
+bool cpu_native_bf16() {
+  // The ISA values are feature sets, each a superset of the bits below it: bf16 is there when all of
+  // avx512_core_bf16's bits are.
+  static const bool native = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+    return (isa & bf16) == bf16;
+  }();
+  return native;
+}
+
+std::string cpu_dnnl_isa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::all:
+      return "all";
+    case dnnl::cpu_isa::sse41:
+      return "sse41";
+    case dnnl::cpu_isa::avx:
+      return "avx";
+    case dnnl::cpu_isa::avx2:
+      return "avx2";
+    case dnnl::cpu_isa::avx2_vnni:
+      return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_mic:
+      return "avx512_mic";
+    case dnnl::cpu_isa::avx512_mic_4ops:
+      return "avx512_mic_4ops";
+    case dnnl::cpu_isa::avx512_core:
+      return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+  }
+  return "unknown";
+}
+
+bool precision_supported(Precision p, Device device) {
+  return p == Precision::Fp32 || device.is_cuda() || (p == Precision::Bf16 && cpu_native_bf16());
+}
+
 void check_precision(Precision p, Device device, const std::string& what) {
-  if (p == Precision::Fp32 || device.is_cuda()) return;
+  if (precision_supported(p, device)) return;
   const std::string head = what + ": precision " + precision_name(p) + " on " + device.str() + ": ";
   if (p == Precision::Bf16) {
     const std::string has = cpu_bf16_features();
+    const std::string isa = " (oneDNN's ISA here: " + cpu_dnnl_isa() + ")";
     if (has.empty())
-      throw Error(head + "this CPU has neither avx512_bf16 nor AMX-BF16, which bf16 on a CPU needs; use fp32 "
-                         "here, or a CUDA device");
-    throw Error(head + "this CPU has " + has + ", but gpunodes has no bf16 CPU kernels yet; use fp32 here, or "
-                       "a CUDA device");
+      throw Error(head + "this CPU has neither avx512_bf16 nor AMX-BF16, which bf16 on a CPU needs" + isa +
+                  "; use fp32 here, or a CUDA device");
+    // The CPU has them but oneDNN was told not to use them (DNNL_MAX_CPU_ISA).
+    throw Error(head + "this CPU has " + has + ", but oneDNN's effective ISA is " + cpu_dnnl_isa() +
+                ", without bf16 (DNNL_MAX_CPU_ISA?); use fp32 here, or a CUDA device");
   }
   throw Error(head + "tensor-core math (" + precision_name(p) + ") needs a CUDA device; use fp32 here");
 }

@@ -1,5 +1,7 @@
 // Runtime benchmarks: each row against a peer measured in the same run. Not pass/fail: it prints a table.
 //   matmul through the runtime vs cblas_sgemm called directly
+//   a 2048^2 bf16 matmul vs torch's bf16 matmul (bfloat16 tensors), where oneDNN's ISA has bf16; the row names
+//   that ISA, and says why it is missing elsewhere
 //   engine overhead per tiny op vs PyTorch eager on the CPU (python3-torch), when installed
 //   a 1000x1000 uniform fill vs torch.rand, when installed
 //   two independent matmul chains on cpu_devices=2: parallel vs sequential wall time
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "gpunodes/ops.h"
+#include "gpunodes/precision.h"
 
 using namespace gn;
 using Clock = std::chrono::steady_clock;
@@ -79,6 +82,22 @@ double torch_rand_ms(int threads) {
   return ms;
 }
 
+// torch.matmul of two bfloat16 n x n matrices on the CPU, best of 5, in milliseconds, with `threads`
+// threads; negative when torch is absent.
+double torch_bf16_matmul_ms(int n, int threads) {
+  const std::string script =
+      "/usr/bin/python3 -c \"import torch,time\n"
+      "torch.set_num_threads(" +
+      std::to_string(threads) + ")\nn=" + std::to_string(n) +
+      "\na=torch.rand(n,n).bfloat16(); b=torch.rand(n,n).bfloat16(); c=a@b\n"
+      "best=1e9\nfor _ in range(5):\n t=time.perf_counter(); c=a@b; best=min(best,time.perf_counter()-t)\n"
+      "print(best*1e3)\" 2>/dev/null";
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(script.c_str(), "r"), pclose);
+  double ms = -1;
+  if (p && std::fscanf(p.get(), "%lf", &ms) != 1) ms = -1;
+  return ms;
+}
+
 }  // namespace
 
 int main() {
@@ -109,6 +128,30 @@ int main() {
       row(("matmul n=" + std::to_string(n) + " GFLOP/s vs cblas_sgemm").c_str(),
           fmt("%.1f", flops / ours / 1e9), fmt("%.1f", flops / peer / 1e9), fmt("%.2f", peer / ours),
           ">= 0.95");
+    }
+  }
+
+  {
+    // Our operands are float32 tensors, so our time includes rounding them to bf16; torch's are bfloat16
+    // already.
+    const int n = 2048;
+    const std::string what = "matmul 2048^2 bf16 (ms) vs torch bf16 [" + cpu_dnnl_isa() + "]";
+    if (!cpu_native_bf16()) {
+      row(what.c_str(), "refused", "-", "-", ">= 0.95");
+      std::printf("(bf16 row not measured: oneDNN's ISA here, %s, has no bf16)\n", cpu_dnnl_isa().c_str());
+    } else {
+      Runtime rt;
+      Tensor a = uniform(rt, {n, n}, Device::cpu(), 1), b = uniform(rt, {n, n}, Device::cpu(), 2);
+      const MatMulOptions bf16{.precision = Precision::Bf16};
+      rt.engine().wait(matmul(a, b, bf16).var());  // builds oneDNN's kernel once
+      const double ours = best_of(5, [&] {
+        Tensor c = matmul(a, b, bf16);
+        rt.engine().wait(c.var());
+      });
+      const double torch_ms = torch_bf16_matmul_ms(n, rt.info(Device::cpu()).cores);
+      // Speed ratio: torch's time over ours, so >= 1 means at least as fast.
+      row(what.c_str(), fmt("%.1f", ours * 1e3), torch_ms > 0 ? fmt("%.1f", torch_ms) : "n/a",
+          torch_ms > 0 ? fmt("%.2f", torch_ms / (ours * 1e3)) : "-", ">= 0.95");
     }
   }
 

@@ -9,7 +9,10 @@
 //      memory against the live set.
 //   4. The convolution choice: oneDNN (what the CPU kernels use) vs im2col + OpenBLAS sgemm, forward plus
 //      backward, for the LeNet and ResNet-18 shapes.
-//   5. With --gpu, where CUDA devices exist: one ResNet-18 epoch on Fashion-MNIST resized to 96 (the seed's
+//   5. bf16 on the CPU, where oneDNN's ISA has it (the rows name that ISA): MLP and LeNet images/s and the
+//      ResNet-18 step under TrainOptions::precision bf16, vs torch.autocast("cpu", dtype=torch.bfloat16) with
+//      channels_last (model and input), and the bf16 ResNet-18 step's peak memory against the fp32 step's.
+//   6. With --gpu, where CUDA devices exist: one ResNet-18 epoch on Fashion-MNIST resized to 96 (the seed's
 //      setting: batch 256, lr 0.1; and batch 512, lr 0.2 on two GPUs), seconds and test accuracy, next to
 //      PyTorch on the same GPU when a CUDA build of torch is installed. The 1-GPU epoch runs once per
 //      --precision, PyTorch with the matching setting (fp32: no TF32 anywhere; tf32: allow_tf32 for matmuls
@@ -22,7 +25,7 @@
 // Options: --threads N (default: all cores), --steps N (timed steps per model, default 40), --gpu, --no-cpu,
 //          --data DIR, --precision LIST (comma separated fp32, tf32, bf16, fp16; default fp32),
 //          --gpu-images N (default: all 60000), --only SECTION (one CPU section: cnn, memory, sequence,
-//          attention or conv), --profile (the attention rows also print a ViT step's time by op).
+//          attention, conv or bf16), --profile (the attention rows also print a ViT step's time by op).
 #include <cblas.h>
 #include <omp.h>
 
@@ -86,7 +89,7 @@ RuntimeOptions with_threads(int threads) {
 // share a small machine; PyTorch is timed the same way. With capture on, the steps after the warm-up replay
 // one captured step (its recorded ops as one engine op).
 double our_step_seconds(Arch arch, int64_t batch, int windows, int steps, int threads,
-                        StepCapture capture = StepCapture::Off) {
+                        StepCapture capture = StepCapture::Off, Precision precision = Precision::Fp32) {
   Runtime rt(with_threads(threads));
   ModelOptions o;
   o.arch = arch;
@@ -94,6 +97,7 @@ double our_step_seconds(Arch arch, int64_t batch, int windows, int steps, int th
   TrainOptions to;
   to.batch_size = batch;
   to.capture = capture;
+  to.precision = precision;
   Trainer trainer(*model, {Device::cpu()}, to);
   HostBatchPtr b = random_batch(batch, 1, 28, 1);
   for (int i = 0; i < 5; ++i) trainer.step(b);
@@ -116,13 +120,14 @@ struct StepMemory {
   double live_mib = 0, peak_mib = 0;
 };
 
-StepMemory resnet_step_memory(int threads, int steps) {
+StepMemory resnet_step_memory(int threads, int steps, Precision precision = Precision::Fp32) {
   Runtime rt(with_threads(threads));
   ModelOptions o;
   o.arch = Arch::ResNet18;
   auto model = Model::create(rt, o, Device::cpu());
   TrainOptions to;
   to.batch_size = 32;
+  to.precision = precision;
   Trainer trainer(*model, {Device::cpu()}, to);
   HostBatchPtr b = random_batch(32, 1, 28, 1);
   trainer.step(b);
@@ -130,6 +135,7 @@ StepMemory resnet_step_memory(int threads, int steps) {
   constexpr double kMiB = 1 << 20;
   StepMemory m;
   {
+    ScopedPrecision scope(precision);
     DeviceBatch db = to_device(rt, b, 0, b->size, Device::cpu());
     Tensor logits = model->forward(db.images, Mode::Train);
     rt.engine().wait_all();
@@ -196,6 +202,45 @@ print(bench(mlp, 256, windows, steps), bench(lenet, 256, windows, steps), bench(
 )PY";
   return python_peer(
       "train_bench", script,
+      {std::to_string(threads), std::to_string(windows), std::to_string(steps), std::to_string(resnet_steps)},
+      3);
+}
+
+// The same steps under torch.autocast("cpu", dtype=torch.bfloat16), model and input channels_last: the bf16
+// peer. Seconds per step of the MLP, LeNet and ResNet-18, or negative when torch is missing.
+std::vector<double> torch_bf16_step_seconds(int threads, int windows, int steps, int resnet_steps) {
+  std::string script = R"PY(
+import sys, time
+import torch
+from torch import nn
+from torch.nn import functional as F
+torch.set_num_threads(int(sys.argv[1])); windows = int(sys.argv[2]); steps = int(sys.argv[3]); rsteps = int(sys.argv[4])
+)PY" + std::string(kTorchResNet18) +
+                       R"PY(resnet = resnet18()
+mlp = nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
+lenet = nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.Sigmoid(), nn.AvgPool2d(2, 2), nn.Conv2d(6, 16, 5),
+    nn.Sigmoid(), nn.AvgPool2d(2, 2), nn.Flatten(), nn.Linear(400, 120), nn.Sigmoid(), nn.Linear(120, 84),
+    nn.Sigmoid(), nn.Linear(84, 10))
+def bench(net, n, windows, steps):
+    net = net.to(memory_format=torch.channels_last)
+    X = torch.rand(n, 1, 28, 28).to(memory_format=torch.channels_last); y = torch.randint(0, 10, (n,))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1); loss = nn.CrossEntropyLoss()
+    def step():
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            l = loss(net(X), y)
+        l.backward(); opt.step()
+    for _ in range(5): step()
+    best = 1e30
+    for _ in range(windows):
+        t = time.perf_counter()
+        for _ in range(steps): step()
+        best = min(best, (time.perf_counter() - t) / steps)
+    return best
+print(bench(mlp, 256, windows, steps), bench(lenet, 256, windows, steps), bench(resnet, 32, 3, rsteps))
+)PY";
+  return python_peer(
+      "train_bench_bf16", script,
       {std::to_string(threads), std::to_string(windows), std::to_string(steps), std::to_string(resnet_steps)},
       3);
 }
@@ -486,7 +531,7 @@ int main(int argc, char** argv) {
       gpu_images = std::atoll(argv[++i]), usage = gpu_images <= 0;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
       only = argv[++i], usage = only != "cnn" && only != "memory" && only != "sequence" &&
-                                only != "attention" && only != "conv";
+                                only != "attention" && only != "conv" && only != "bf16";
     else if (!std::strcmp(argv[i], "--profile"))
       profile = true;
     else
@@ -495,7 +540,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: train_bench [--threads N] [--steps N] [--gpu] [--no-cpu] [--data DIR]\n"
                    "                   [--precision fp32,tf32,bf16,fp16] [--gpu-images N]\n"
-                   "                   [--only cnn|memory|sequence|attention|conv] [--profile]\n");
+                   "                   [--only cnn|memory|sequence|attention|conv|bf16] [--profile]\n");
       return 2;
     }
   }
@@ -566,6 +611,44 @@ int main(int argc, char** argv) {
     row("measure", "gpunodes", "PyTorch", "ratio", "goal");
     rule();
     gn::bench::attention_rows(threads, steps, profile);
+  }
+  if (section("bf16")) {
+    std::printf("\nbf16 training on cpu:0 (oneDNN's ISA: %s) vs torch.autocast(\"cpu\", bfloat16), channels_last\n\n",
+                cpu_dnnl_isa().c_str());
+    if (!cpu_native_bf16()) {
+      std::printf("(not measured: oneDNN's ISA here has no bf16, so bf16 is refused on this CPU)\n");
+    } else {
+      row("measure", "gpunodes", "PyTorch", "ratio", "goal");
+      rule();
+      const int windows = 8, window_steps = std::max(2, steps / 4);
+      double mlp = 1e30, lenet = 1e30, resnet = 1e30;
+      std::vector<double> torch(3, -1);
+      for (int round = 0; round < 2; ++round) {
+        mlp = std::min(mlp, our_step_seconds(Arch::Mlp, 256, windows, window_steps, threads, StepCapture::Off,
+                                             Precision::Bf16));
+        lenet = std::min(lenet, our_step_seconds(Arch::LeNet, 256, windows, window_steps, threads,
+                                                 StepCapture::Off, Precision::Bf16));
+        resnet = std::min(resnet, our_step_seconds(Arch::ResNet18, 32, 3, resnet_steps, threads, StepCapture::Off,
+                                                   Precision::Bf16));
+        const auto t = torch_bf16_step_seconds(threads, windows, window_steps, resnet_steps);
+        for (int i = 0; i < 3; ++i) torch[i] = gn::bench::best_of(torch[i], t[i]);
+      }
+      auto ips = [](double s, int64_t n) { return s > 0 ? static_cast<double>(n) / s : -1.0; };
+      auto cell = [](double v, const char* f) { return v > 0 ? fmt(f, v) : std::string("n/a"); };
+      auto ratio = [](double ours, double peer) {
+        return ours > 0 && peer > 0 ? fmt("%.2f", ours / peer) : std::string("-");
+      };
+      row("MLP bf16 training, images/s", cell(ips(mlp, 256), "%.0f"), cell(ips(torch[0], 256), "%.0f"),
+          ratio(ips(mlp, 256), ips(torch[0], 256)), ">= 1.5");
+      row("LeNet bf16 training, images/s", cell(ips(lenet, 256), "%.0f"), cell(ips(torch[1], 256), "%.0f"),
+          ratio(ips(lenet, 256), ips(torch[1], 256)), ">= 1.5");
+      row("ResNet-18 bf16 step (batch 32), ms", cell(resnet * 1e3, "%.1f"), cell(torch[2] * 1e3, "%.1f"),
+          ratio(torch[2], resnet), ">= 1.5");
+      const StepMemory fp32 = resnet_step_memory(threads, 3), bf16 = resnet_step_memory(threads, 3, Precision::Bf16);
+      row("ResNet-18 step peak MiB: bf16 vs fp32", fmt("%.1f", bf16.peak_mib), fmt("%.1f", fp32.peak_mib),
+          fmt("%.2f", bf16.peak_mib / fp32.peak_mib), "<= 0.6");
+      if (torch[0] < 0) std::printf("\n(PyTorch not found for /usr/bin/python3: apt-get install python3-torch)\n");
+    }
   }
   if (section("conv")) {
     std::printf("\nConvolution, forward + backward (ms): oneDNN (used) vs im2col + OpenBLAS sgemm\n\n");

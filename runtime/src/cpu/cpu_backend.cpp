@@ -1,7 +1,9 @@
-// The CPU backend: OpenBLAS (OpenMP build) for GEMM, OpenMP loops for the rest. Each CPU device's workers run
-// with that device's share of the cores, so N devices busy at once do not oversubscribe the machine.
-#include <cblas.h>
+// The CPU backend: oneDNN's sgemm for the matmul op (and its bf16 matmul under Precision::Bf16), OpenMP loops
+// for the rest. Each CPU device's workers run with that device's share of the cores, so N devices busy at once
+// do not oversubscribe the machine.
 #include <omp.h>
+
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +18,7 @@
 #include "gpunodes/errors.h"
 #include "gpunodes/profiler.h"
 #include "gpunodes/random.h"
+#include "cpu_bf16_gemm.h"
 
 namespace gn {
 namespace {
@@ -185,6 +188,18 @@ class CpuBackend final : public Backend {
   }
 
   void gemm(const GemmArgs& g, OpContext& ctx) override {
+    // bf16 (only where check_precision let it through: oneDNN's ISA has bf16) in one call: a bf16 product
+    // of the seed's 4000^2 takes well under a second, so cancel is still seen soon.
+    if (g.precision == Precision::Bf16) {
+      ctx.check_cancelled();
+      cpu::bf16_gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.a, g.b, nullptr, g.c);
+      return;
+    }
+    if (g.m == 0 || g.n == 0) return;
+    if (g.k == 0) {  // an empty sum; oneDNN refuses a leading dimension of 0
+      fill(g.c, g.m * g.n, 0.0f, ctx);
+      return;
+    }
     const int lda = static_cast<int>(g.trans_a ? g.m : g.k);
     const int ldb = static_cast<int>(g.trans_b ? g.k : g.n);
     // Rows of C in even chunks of at most ~16 GFLOP, so that cancel is seen within a fraction of a second
@@ -197,9 +212,17 @@ class CpuBackend final : public Backend {
       const int64_t rows = std::min(chunk, g.m - r0);
       // Row r of op(A) starts at a + r*lda (no transpose) or at column r (transpose).
       const float* a = g.trans_a ? g.a + r0 : g.a + r0 * lda;
-      cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
-                  static_cast<int>(rows), static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, a, lda, g.b,
-                  ldb, 0.0f, g.c + r0 * g.n, static_cast<int>(g.n));
+      // oneDNN's sgemm (row-major, like the CBLAS call it replaced), not OpenBLAS's: OpenBLAS 0.3.21 runs
+      // products up to 100^3 on one thread (its small-matrix kernels), so the matmul op at n = 100 reached
+      // 0.5-0.6x of a direct cblas_sgemm only because it also paid the engine's few microseconds; oneDNN's
+      // JIT sgemm splits them over the device's cores, and at n = 512-2048 it was as fast or faster too
+      // (runtime_bench's matmul rows compare with cblas_sgemm in the same run).
+      const dnnl_status_t st =
+          dnnl_sgemm(g.trans_a ? 'T' : 'N', g.trans_b ? 'T' : 'N', rows, g.n, g.k, 1.0f, a, lda, g.b, ldb, 0.0f,
+                     g.c + r0 * g.n, g.n);
+      if (st != dnnl_success)
+        throw BackendError("oneDNN sgemm failed (status " + std::to_string(static_cast<int>(st)) + ") for " +
+                           std::to_string(rows) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k));
     }
   }
 

@@ -14,6 +14,12 @@
 // the built-in ResNet-18 uses from its stem to its pooling) skip those reorders, 1x1 convolutions included:
 // on 2 AVX2 cores under load a ResNet-18 step's convolutions took a fifth less time without them.
 //
+// Under Precision::Bf16 (only where oneDNN's ISA has bf16 instructions) convolutions take bf16 source,
+// weights and output gradient in the layouts oneDNN prefers, with float32 results (y, dx, dw, db): the
+// reorders that stage the operands round them to bf16 on the way, so a blocked float32 activation costs one
+// pass, as it does in fp32. Linear layers then run oneDNN's bf16 matmul (cpu/cpu_bf16_gemm.h) instead of
+// OpenBLAS.
+//
 // Every oneDNN object is made once per shape and per worker thread (each CPU device's worker has its own
 // OpenMP thread count, which oneDNN bakes into its kernels), and reorders go through per-thread scratch.
 #include <cblas.h>
@@ -35,6 +41,7 @@
 
 #include "gpunodes/errors.h"
 #include "gpunodes/random.h"
+#include "../cpu/cpu_bf16_gemm.h"
 #include "kernels.h"
 #include "recurrent_kernels.h"
 
@@ -148,6 +155,11 @@ using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
 ConvKey key_of(const ConvShape& s) {
   return {s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad, s.groups, s.bias, s.in_block, s.out_block};
 }
+struct ConvKeyOf {
+  ConvKey shape;
+  bool bf16;
+  auto operator<=>(const ConvKeyOf&) const = default;
+};
 
 // Our layout of an activation with channel block `block` (1: NCHW).
 memory::desc activation_desc(const memory::dims& d, int64_t block) {
@@ -180,7 +192,10 @@ struct ConvPrims {
   dnnl::convolution_backward_weights bw;
   Staged bw_src, bw_diff_dst, bw_diff_wei;
 
-  explicit ConvPrims(const ConvShape& s) {
+  // The operands' type (src, weights, diff_dst): f32, or bf16 under Precision::Bf16. Results stay f32.
+  Dt operand = Dt::f32;
+
+  ConvPrims(const ConvShape& s, Dt operand_type) : operand(operand_type) {
     src = {s.n, s.c, s.h, s.w};
     if (s.groups > 1) {
       wei = {s.groups, s.k / s.groups, s.c / s.groups, s.r, s.s};
@@ -199,8 +214,10 @@ struct ConvPrims {
     // 1x1 convolutions between NCHW tensors are GEMMs: oneDNN's GEMM path on that layout beats its blocked
     // direct kernel plus the reorders there. Everything else takes the layout oneDNN prefers, which is the
     // blocked layout callers pass (cpu_channel_block()), so that blocked tensors need no reorder.
-    plain_layout = s.r == 1 && s.s == 1 && s.in_block == 1 && s.out_block == 1;
-    memory::desc any_src = desc(src, Tag::nchw), any_wei = desc(wei, wei_tag), any_dst = desc(dst, Tag::nchw);
+    // That measurement was of fp32; bf16 always takes oneDNN's preferred (blocked) layouts.
+    plain_layout = operand == Dt::f32 && s.r == 1 && s.s == 1 && s.in_block == 1 && s.out_block == 1;
+    memory::desc any_src = desc(src, Tag::nchw, operand), any_wei = desc(wei, wei_tag, operand),
+                 any_dst = desc(dst, Tag::nchw, Dt::f32);
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
                                       any_src, any_wei, bias_desc(), any_dst, strides, padding, padding);
     fwd_pd = dnnl::convolution_forward::primitive_desc(d, user_scratchpad(), e);
@@ -211,8 +228,8 @@ struct ConvPrims {
   }
 
   // The layout asked of oneDNN: ours for 1x1, otherwise whatever it prefers.
-  memory::desc desc(const memory::dims& d, Tag ours) const {
-    return memory::desc(d, Dt::f32, plain_layout ? ours : Tag::any);
+  memory::desc desc(const memory::dims& d, Tag ours, Dt type) const {
+    return memory::desc(d, type, plain_layout ? ours : Tag::any);
   }
   memory::desc plain_w(const memory::dims& d) const { return memory::desc(d, Dt::f32, wei_tag); }
   // A zero descriptor tells oneDNN there is no bias (and no bias gradient).
@@ -221,16 +238,20 @@ struct ConvPrims {
   void make_backward() {
     if (have_bwd) return;
     auto& e = tdnnl().engine;
-    memory::desc any_src = desc(src, Tag::nchw), any_wei = desc(wei, wei_tag), any_dst = desc(dst, Tag::nchw);
-    dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, any_src, any_wei, any_dst,
+    // Backward data reads diff_dst and the weights (operand type) and writes diff_src (f32); backward weights
+    // reads src and diff_dst (operand type) and writes diff_weights and diff_bias (f32).
+    memory::desc op_src = desc(src, Tag::nchw, operand), f32_src = desc(src, Tag::nchw, Dt::f32),
+                 op_wei = desc(wei, wei_tag, operand), f32_wei = desc(wei, wei_tag, Dt::f32),
+                 op_dst = desc(dst, Tag::nchw, operand);
+    dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, f32_src, op_wei, op_dst,
                                              strides, padding, padding);
     bd_pd = dnnl::convolution_backward_data::primitive_desc(dd, user_scratchpad(), e, fwd_pd);
     bd = dnnl::convolution_backward_data(bd_pd);
     bd_diff_dst = Staged(user_dst, bd_pd.diff_dst_desc(), kDiffDst, true, false);
     bd_wei = Staged(plain_w(wei), bd_pd.weights_desc(), kWei, true, false);
     bd_diff_src = Staged(user_src, bd_pd.diff_src_desc(), kDiffSrc, false, true);
-    dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, any_src, any_wei,
-                                                bias_desc(), any_dst, strides, padding, padding);
+    dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, op_src, f32_wei,
+                                                bias_desc(), op_dst, strides, padding, padding);
     bw_pd = dnnl::convolution_backward_weights::primitive_desc(wd, user_scratchpad(), e, fwd_pd);
     bw = dnnl::convolution_backward_weights(bw_pd);
     bw_src = Staged(user_src, bw_pd.src_desc(), kSrcW, true, false);
@@ -240,10 +261,11 @@ struct ConvPrims {
   }
 };
 
-ConvPrims& conv_prims(const ConvShape& s) {
-  thread_local std::map<ConvKey, std::unique_ptr<ConvPrims>> cache;
-  auto& slot = cache[key_of(s)];
-  if (!slot) slot = std::make_unique<ConvPrims>(s);
+ConvPrims& conv_prims(const ConvShape& s, Precision precision) {
+  thread_local std::map<ConvKeyOf, std::unique_ptr<ConvPrims>> cache;
+  const bool bf16 = precision == Precision::Bf16;
+  auto& slot = cache[ConvKeyOf{key_of(s), bf16}];
+  if (!slot) slot = std::make_unique<ConvPrims>(s, bf16 ? Dt::bf16 : Dt::f32);
   return *slot;
 }
 
@@ -439,7 +461,8 @@ void bn_backward(const BnShape& s, const BnBackward& g) {
 class CpuNnKernels final : public NnKernels {
  public:
   void linear_forward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* b,
-                      float* y, KernelContext&) override {
+                      float* y, KernelContext& kc) override {
+    if (kc.precision == Precision::Bf16) return cpu::bf16_gemm(false, true, n, out, in, x, w, b, y);
     // y = b broadcast, then y += x W^T in one sgemm; without a bias the sgemm overwrites y.
     if (b) {
 #pragma omp parallel for if (n * out > kParallelMin)
@@ -451,6 +474,12 @@ class CpuNnKernels final : public NnKernels {
 
   void linear_backward(int64_t n, int64_t in, int64_t out, const float* x, const float* w, const float* dy,
                        float* dx, float* dw, float* db, KernelContext& kc) override {
+    if (kc.precision == Precision::Bf16) {
+      if (dx) cpu::bf16_gemm(false, false, n, in, out, dy, w, nullptr, dx);  // dx = dy W
+      cpu::bf16_gemm(true, false, out, in, n, dy, x, nullptr, dw);          // dW = dy^T x
+      if (db) cpu_recurrent_kernels().column_sums(n, out, dy, db, kc);      // float32, as in fp32
+      return;
+    }
     if (dx)  // dx = dy W
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i32(n), i32(in), i32(out), 1.0f, dy, i32(out), w,
                   i32(in), 0.0f, dx, i32(in));
@@ -466,7 +495,7 @@ class CpuNnKernels final : public NnKernels {
                       KernelContext& kc) override {
     kc.op.check_cancelled();
     try {
-      ConvPrims& p = conv_prims(s);
+      ConvPrims& p = conv_prims(s, kc.precision);
       auto& t = tdnnl();
       memory src = p.f_src.bind(const_cast<float*>(x));
       memory wei = p.f_wei.bind(const_cast<float*>(w));
@@ -488,7 +517,7 @@ class CpuNnKernels final : public NnKernels {
                        float* dw, float* db, KernelContext& kc) override {
     kc.op.check_cancelled();
     try {
-      ConvPrims& p = conv_prims(s);
+      ConvPrims& p = conv_prims(s, kc.precision);
       p.make_backward();
       auto& t = tdnnl();
       memory src = p.bw_src.bind(const_cast<float*>(x));

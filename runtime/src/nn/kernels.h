@@ -95,7 +95,7 @@ struct KernelContext {
   OpContext& op;
   Allocator& allocator;
   // The products' precision (linear and convolution kernels): the op's ScopedPrecision, checked for the
-  // device when the op was enqueued, so a CPU kernel only ever sees fp32.
+  // device when the op was enqueued, so a CPU kernel sees fp32, or bf16 where oneDNN's ISA has it.
   Precision precision = Precision::Fp32;
 };
 
