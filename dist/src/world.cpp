@@ -1,12 +1,18 @@
 // The job's processes: MPI under mpirun, a world of one otherwise (world.h).
 #include "gpunodes/dist/world.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <climits>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <list>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -37,7 +43,83 @@ std::chrono::milliseconds timeout_from_env() {
   return std::chrono::milliseconds(30000);
 }
 
+using Clock = std::chrono::steady_clock;
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  char text[32];
+  if (ms.count() % 1000 == 0)
+    std::snprintf(text, sizeof text, "%lld s", static_cast<long long>(ms.count() / 1000));
+  else
+    std::snprintf(text, sizeof text, "%.1f s", static_cast<double>(ms.count()) / 1000.0);
+  return text;
+}
+
+// The collectives being waited for now, on any thread: what mpirun interrupted when it ends the job.
+struct InFlight {
+  std::string what;
+  Clock::time_point since;
+};
+std::mutex g_in_flight_mutex;
+std::list<InFlight> g_in_flight;
+
+class Waiting {
+ public:
+  explicit Waiting(const std::string& what) {
+    std::lock_guard lock(g_in_flight_mutex);
+    it_ = g_in_flight.insert(g_in_flight.end(), {what, Clock::now()});
+  }
+  ~Waiting() {
+    std::lock_guard lock(g_in_flight_mutex);
+    g_in_flight.erase(it_);
+  }
+  Waiting(const Waiting&) = delete;
+  Waiting& operator=(const Waiting&) = delete;
+
+ private:
+  std::list<InFlight>::iterator it_;
+};
+
+// The watchdog of end_process_within(): one thread, started on first use, that sleeps until the earliest
+// deadline asked for and then ends the process. A detached thread, so that nothing waits for it at exit.
+struct Watchdog {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool started = false;
+  Clock::time_point deadline = Clock::time_point::max();
+  int code = 1;
+  std::string why;
+};
+Watchdog& watchdog() {
+  static Watchdog* w = new Watchdog;  // never destroyed: it may still run while statics are torn down
+  return *w;
+}
+
 }  // namespace
+
+void end_process_within(std::chrono::milliseconds after, int code, const std::string& why) {
+  Watchdog& w = watchdog();
+  std::lock_guard lock(w.mutex);
+  const auto deadline = Clock::now() + after;
+  if (deadline < w.deadline) {
+    w.deadline = deadline;
+    w.code = code;
+    w.why = why;
+  }
+  if (!w.started) {
+    w.started = true;
+    std::thread([&w] {
+      std::unique_lock lock(w.mutex);
+      while (Clock::now() < w.deadline) w.changed.wait_until(lock, w.deadline);
+      const std::string line = w.why + "\n";
+      // write(2) and _exit: the process may be wedged anywhere (inside MPI, in a lock of stdio, in static
+      // destructors), so nothing that could wait on another thread.
+      [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
+      ::_exit(w.code);
+    }).detach();
+  } else {
+    w.changed.notify_all();
+  }
+}
 
 LaunchInfo launch_info() {
   LaunchInfo l;
@@ -76,11 +158,73 @@ std::string World::prefix() const {
   return size_ > 1 ? "[rank " + std::to_string(rank_) + "] " : std::string();
 }
 
+std::string World::others() const {
+  auto host = [this](int r) {
+    return static_cast<size_t>(r) < hosts_.size() && !hosts_[r].empty() ? hosts_[static_cast<size_t>(r)]
+                                                                         : std::string();
+  };
+  if (size_ == 2) {
+    const int other = 1 - rank_;
+    const std::string h = host(other);
+    return "rank " + std::to_string(other) + (h.empty() ? std::string() : " on " + h);
+  }
+  // Which of several ranks a collective misses, MPI does not say: every other rank, and their hosts.
+  std::set<std::string> hosts;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && !host(r).empty()) hosts.insert(host(r));
+  std::string out = "the other " + std::to_string(size_ - 1) + " ranks";
+  if (!hosts.empty()) {
+    std::string list;
+    for (const std::string& h : hosts) list += (list.empty() ? "" : ", ") + h;
+    out += " (on " + list + ")";
+  }
+  return out;
+}
+
+std::string World::waiting(std::chrono::milliseconds at_least) const {
+  std::string out;
+  const auto now = Clock::now();
+  std::lock_guard lock(g_in_flight_mutex);
+  for (const InFlight& f : g_in_flight) {
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - f.since);
+    if (waited < at_least) continue;
+    char text[32];
+    std::snprintf(text, sizeof text, " (%.1f s)", static_cast<double>(waited.count()) / 1000.0);
+    out += (out.empty() ? "" : "; ") + f.what + text;
+  }
+  return out;
+}
+
+std::string World::launcher_warning() const {
+  if (!mpi_ || rank_ != 0 || size_ < 2) return {};
+  std::set<std::string> distinct(hosts_.begin(), hosts_.end());
+  const int nodes = std::max(static_cast<int>(distinct.size()), env_int("OMPI_MCA_orte_num_nodes", 1));
+  if (nodes < 2) return {};
+  // Open MPI 4.1's defaults; mpirun passes its --mca settings to the ranks as OMPI_MCA_* variables.
+  const int idle = env_int("OMPI_MCA_oob_tcp_keepalive_time", 300);
+  const int interval = env_int("OMPI_MCA_oob_tcp_keepalive_intvl", 20);
+  const int probes = env_int("OMPI_MCA_oob_tcp_keepalive_probes", 9);
+  const std::string fix =
+      "add --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 "
+      "to mpirun's options (docs/distributed.md)";
+  const std::string cost = ", after the ranks give up on it (" + seconds_text(timeout_) +
+                           "): a lost host would leave mpirun and its daemon running after the ranks "
+                           "ended; " +
+                           fix;
+  if (const char* v = std::getenv("OMPI_MCA_oob_tcp_keepalive_time"); v && *v && idle == 0)
+    return "this job spans " + std::to_string(nodes) +
+           " hosts and Open MPI's daemons never notice a lost host (oob_tcp_keepalive_time 0)" + cost;
+  const int64_t notice_ms = (int64_t{idle} + int64_t{interval} * probes) * 1000;
+  if (notice_ms < timeout_.count()) return {};
+  return "this job spans " + std::to_string(nodes) + " hosts and Open MPI's daemons notice a lost host " +
+         std::to_string(notice_ms / 1000) + " s after its link goes quiet (oob_tcp_keepalive_time " +
+         std::to_string(idle) + " + " + std::to_string(probes) + " x oob_tcp_keepalive_intvl " +
+         std::to_string(interval) + ")" + cost;
+}
+
 #ifdef GPUNODES_HAVE_MPI
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 void check(int rc, const std::string& what) {
   if (rc == MPI_SUCCESS) return;
@@ -112,8 +256,10 @@ MPI_Comm comm(World::Channel channel) {
 // inside MPI calls, and sleeping there cost the MLP's 0.8 MB all-reduce half its speed (2 ranks against 1
 // rank of 2 devices: 0.43 with a 1 ms spin, 0.89 with this). Then it sleeps up to 1 ms a round, so a long
 // wait costs little CPU.
-void wait_for(std::unique_ptr<Pending>& p, const std::string& what, std::chrono::milliseconds timeout,
-              const World::StopCheck& stop, const std::string& prefix) {
+void wait_for(std::unique_ptr<Pending>& p, const std::string& what, const World& world,
+              const World::StopCheck& stop) {
+  const std::chrono::milliseconds timeout = world.timeout();
+  const Waiting waiting(what);
   const auto start = Clock::now(), deadline = start + timeout;
   auto pause = std::chrono::microseconds(0);
   auto give_up = [&] {
@@ -135,10 +281,16 @@ void wait_for(std::unique_ptr<Pending>& p, const std::string& what, std::chrono:
     const auto now = Clock::now();
     if (now > deadline) {
       give_up();
-      throw CommError(
-          prefix + what + ": the other ranks did not answer within " +
-          std::to_string(timeout.count() / 1000) +
-          " s: a rank was lost (killed, out of memory, failed) or the ranks run different graphs");
+      const std::string message =
+          world.prefix() + what + ": " + world.others() + " did not answer within " + seconds_text(timeout) +
+          ": lost (its host down, cut off or frozen; the process killed, out of memory or failed) or "
+          "running another graph";
+      // The job cannot go on. The caller reports this and calls abort(); whatever holds it up on the way
+      // (a wedged MPI call, an engine op that waits on the lost rank too), the process ends within the bound.
+      end_process_within(World::kGiveUpGrace, 1,
+                         world.prefix() + "gave up on " + what + " " + seconds_text(World::kGiveUpGrace) +
+                             " ago and has not ended: ending the process");
+      throw CommError(message);
     }
     if (now - start < std::chrono::milliseconds(20)) {
       std::this_thread::yield();
@@ -151,7 +303,7 @@ void wait_for(std::unique_ptr<Pending>& p, const std::string& what, std::chrono:
 
 template <typename T>
 void allreduce(T* data, size_t count, MPI_Datatype type, MPI_Comm c, const std::string& what,
-               std::chrono::milliseconds timeout, const World::StopCheck& stop, const std::string& prefix) {
+               const World& world, const World::StopCheck& stop) {
   // MPI counts are ints: a larger buffer goes in pieces.
   for (size_t done = 0; done < count;) {
     const size_t n = std::min<size_t>(count - done, INT_MAX / sizeof(T));
@@ -160,7 +312,7 @@ void allreduce(T* data, size_t count, MPI_Datatype type, MPI_Comm c, const std::
     std::memcpy(p->a.data(), data + done, n * sizeof(T));
     check(MPI_Iallreduce(MPI_IN_PLACE, p->a.data(), static_cast<int>(n), type, MPI_SUM, c, &p->request),
           what);
-    wait_for(p, what, timeout, stop, prefix);
+    wait_for(p, what, world, stop);
     std::memcpy(data + done, p->a.data(), n * sizeof(T));
     done += n;
   }
@@ -170,7 +322,11 @@ void allreduce(T* data, size_t count, MPI_Datatype type, MPI_Comm c, const std::
 
 World::World() : timeout_(timeout_from_env()) {
   const LaunchInfo l = launch_info();
-  if (!l.under_mpirun) return;
+  if (!l.under_mpirun) {
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) == 0) hosts_.emplace_back(name);
+    return;
+  }
   int provided = 0;
   check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "starting MPI");
   mpi_ = true;
@@ -190,6 +346,21 @@ World::World() : timeout_(timeout_from_env()) {
   }
   local_rank_ = l.local_rank;
   local_size_ = l.local_size;
+  // Every rank's host, so that a rank that waits in vain can say whom it waited for.
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  if (MPI_Get_processor_name(name, &length) != MPI_SUCCESS) length = 0;
+  auto p = std::make_unique<Pending>();
+  p->a.assign(name, name + MPI_MAX_PROCESSOR_NAME);
+  p->b.resize(static_cast<size_t>(MPI_MAX_PROCESSOR_NAME) * static_cast<size_t>(size_));
+  check(MPI_Iallgather(p->a.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, p->b.data(), MPI_MAX_PROCESSOR_NAME,
+                       MPI_CHAR, comm(Channel::Host), &p->request),
+        "gathering the ranks' host names");
+  wait_for(p, "gathering the ranks' host names", *this, {});
+  for (int r = 0; r < size_; ++r) {
+    const char* h = p->b.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    hosts_.emplace_back(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
+  }
 }
 
 World::~World() {
@@ -213,7 +384,7 @@ void World::barrier(const std::string& what, const StopCheck& stop) {
   if (!mpi_) return;
   auto p = std::make_unique<Pending>();
   check(MPI_Ibarrier(comm(Channel::Host), &p->request), what);
-  wait_for(p, what, timeout_, stop, prefix());
+  wait_for(p, what, *this, stop);
 }
 
 void World::broadcast(std::vector<char>& bytes, int root, const std::string& what, const StopCheck& stop) {
@@ -223,7 +394,7 @@ void World::broadcast(std::vector<char>& bytes, int root, const std::string& wha
   const uint64_t mine = bytes.size();
   std::memcpy(p->a.data(), &mine, sizeof mine);
   check(MPI_Ibcast(p->a.data(), 1, MPI_UINT64_T, root, comm(Channel::Host), &p->request), what);
-  wait_for(p, what, timeout_, stop, prefix());
+  wait_for(p, what, *this, stop);
   uint64_t size = 0;
   std::memcpy(&size, p->a.data(), sizeof size);
   if (size > static_cast<uint64_t>(INT_MAX))
@@ -232,7 +403,7 @@ void World::broadcast(std::vector<char>& bytes, int root, const std::string& wha
   p->a = rank_ == root ? bytes : std::vector<char>(static_cast<size_t>(size));
   check(MPI_Ibcast(p->a.data(), static_cast<int>(size), MPI_CHAR, root, comm(Channel::Host), &p->request),
         what);
-  wait_for(p, what, timeout_, stop, prefix());
+  wait_for(p, what, *this, stop);
   bytes = std::move(p->a);
 }
 
@@ -249,7 +420,7 @@ std::vector<std::string> World::allgather(const std::string& mine, const std::st
   check(
       MPI_Iallgather(p->a.data(), 1, MPI_INT, p->counts.data(), 1, MPI_INT, comm(Channel::Host), &p->request),
       what);
-  wait_for(p, what, timeout_, stop, prefix());
+  wait_for(p, what, *this, stop);
   std::vector<int> sizes = p->counts;
   p = std::make_unique<Pending>();
   p->counts = sizes;
@@ -265,7 +436,7 @@ std::vector<std::string> World::allgather(const std::string& mine, const std::st
   check(MPI_Iallgatherv(p->a.data(), own, MPI_CHAR, p->b.data(), p->counts.data(), p->offsets.data(),
                         MPI_CHAR, comm(Channel::Host), &p->request),
         what);
-  wait_for(p, what, timeout_, stop, prefix());
+  wait_for(p, what, *this, stop);
   std::vector<std::string> out;
   for (size_t r = 0; r < sizes.size(); ++r)
     out.emplace_back(p->b.data() + p->offsets[r], static_cast<size_t>(sizes[r]));
@@ -274,22 +445,31 @@ std::vector<std::string> World::allgather(const std::string& mine, const std::st
 
 void World::allreduce_sum(float* data, size_t count, const std::string& what, Channel channel,
                           const StopCheck& stop) {
-  if (mpi_) allreduce(data, count, MPI_FLOAT, comm(channel), what, timeout_, stop, prefix());
+  if (mpi_) allreduce(data, count, MPI_FLOAT, comm(channel), what, *this, stop);
 }
 
 void World::allreduce_sum(double* data, size_t count, const std::string& what, Channel channel,
                           const StopCheck& stop) {
-  if (mpi_) allreduce(data, count, MPI_DOUBLE, comm(channel), what, timeout_, stop, prefix());
+  if (mpi_) allreduce(data, count, MPI_DOUBLE, comm(channel), what, *this, stop);
 }
 
 void World::abort(int code) {
-  if (mpi_) MPI_Abort(MPI_COMM_WORLD, code);
+  if (mpi_) {
+    // MPI_Abort asks mpirun, through this host's daemon, to end the job, and Open MPI ends this process on
+    // the way; with the daemon frozen or cut off that may never come.
+    end_process_within(kAbortGrace, code,
+                       prefix() + "MPI_Abort did not end this process within " + seconds_text(kAbortGrace) +
+                           ": ending it");
+    MPI_Abort(MPI_COMM_WORLD, code);
+  }
   std::exit(code);
 }
 
 #else  // no MPI: a world of one
 
 World::World() : timeout_(timeout_from_env()) {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) == 0) hosts_.emplace_back(name);
   const LaunchInfo l = launch_info();
   if (l.under_mpirun && l.size > 1)
     throw CommError(

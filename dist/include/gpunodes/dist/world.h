@@ -4,9 +4,14 @@
 // is a world of one and no MPI function is ever called, so gpunodes behaves exactly as without MPI.
 //
 // Every collective here waits in a progress loop with a deadline instead of blocking inside MPI: a rank that
-// never arrives (it died, or runs another graph) ends the wait with a CommError naming what was waited for,
-// never a silent hang. Collectives must be called in the same order on every rank; the Trainer orders its
-// own through one engine variable.
+// never arrives (it died, runs another graph, or its host was cut off or froze) ends the wait with a
+// CommError naming what was waited for and whom, never a silent hang. Collectives must be called in the same
+// order on every rank; the Trainer orders its own through one engine variable.
+//
+// A rank that gives up on an exchange ends its own process within a bound, whatever the launcher does: a
+// wait that times out arms a watchdog that ends the process (_exit) kGiveUpGrace later, and abort() one
+// that ends it kAbortGrace after MPI_Abort was called, since MPI_Abort relies on mpirun and its daemons,
+// which a partition may have cut off (docs/distributed.md, "Faults across hosts").
 #pragma once
 #include <chrono>
 #include <cstddef>
@@ -74,6 +79,24 @@ class World {
 
   // How long a collective may wait for the other ranks: 30 s, or GPUNODES_COMM_TIMEOUT seconds.
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // After a wait timed out, how long the rank has to report it and call abort() before its process is ended
+  // anyway; after abort(), how long MPI_Abort has to end it.
+  static constexpr std::chrono::milliseconds kGiveUpGrace{10000}, kAbortGrace{5000};
+  // The host each rank runs on (MPI_Get_processor_name, gathered when the world starts), by rank; this
+  // process's alone in a world of one.
+  const std::vector<std::string>& hosts() const { return hosts_; }
+  // "rank 1 on nodeb" with two ranks; "the other 3 ranks (on nodeb, nodec)" with more: whom a collective
+  // that did not complete on this rank was waiting for.
+  std::string others() const;
+  // The collectives this rank has waited in for at least `at_least`, as "summing the loss over the ranks
+  // (12.0 s)", joined by "; ": what did not complete when mpirun ends the job under a waiting rank. Empty
+  // when it waits for nothing.
+  std::string waiting(std::chrono::milliseconds at_least = std::chrono::milliseconds(1000)) const;
+  // Rank 0 of a job across several hosts: a warning when Open MPI's daemons would notice a lost host later
+  // than the ranks give up on it (the oob_tcp_keepalive_* MCA params mpirun passes in the environment,
+  // against timeout()). mpirun and the far daemon then outlive the ranks after a partition, since a rank
+  // can end only its own process. Empty otherwise.
+  std::string launcher_warning() const;
   // Called while waiting: when it returns true the wait ends with Stopped.
   using StopCheck = std::function<bool()>;
 
@@ -94,7 +117,8 @@ class World {
                      const StopCheck& stop = {});
 
   // Ends every rank of the job now (MPI_Abort), with `code`: for a rank that cannot go on while the others
-  // wait in a collective. Alone, std::exit(code).
+  // wait in a collective. If MPI_Abort has not ended the process kAbortGrace later, it ends it itself.
+  // Alone, std::exit(code).
   [[noreturn]] void abort(int code);
 
  private:
@@ -102,6 +126,12 @@ class World {
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   bool mpi_ = false, local_runs_ = false;
   std::chrono::milliseconds timeout_{30000};
+  std::vector<std::string> hosts_;
 };
+
+// Ends this process with `code` at `after` from now (sooner if already asked for sooner), printing `why` on
+// stderr first, unless it ends before: the bound on a rank that gave up. Async-signal-safe it is not; it
+// starts one thread the first time.
+void end_process_within(std::chrono::milliseconds after, int code, const std::string& why);
 
 }  // namespace gn::dist
