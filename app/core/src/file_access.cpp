@@ -41,7 +41,7 @@ QString problemOf(const FileTouch& t, const FilePolicy& policy, bool* foreign) {
       QStringLiteral("%1 exists and is not a gpunodes file (GNPARAMS, safetensors, or ONNX written by gpunodes)")
           .arg(t.resolved);
   bool allowed = inside(t.resolved, policy.folder);
-  for (const QString& a : policy.allowWrite) allowed = allowed || inside(t.resolved, resolvePath(policy.folder, a));
+  for (const QString& a : policy.allowWrite) allowed = allowed || inside(t.resolved, a);
   if (!allowed)
     return QStringLiteral(
                "writes %1, outside the graph's folder %2; a graph writes only inside its own folder unless "

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpunodes/errors.h"
+#include "host_scratch.h"
 
 namespace gn::cpu {
 namespace {
@@ -22,40 +23,13 @@ using dnnl::memory;
 using Dt = memory::data_type;
 using Tag = memory::format_tag;
 
-// Buffers that grow to the largest request and stay, so that a training step's products do not allocate
-// (and page-fault) their bf16 copies every call.
-class Scratch {
- public:
-  void* get(int slot, size_t bytes) {
-    if (slot >= static_cast<int>(bufs_.size())) bufs_.resize(slot + 1);
-    Buf& b = bufs_[slot];
-    if (b.size < bytes) {
-      const size_t grown = (bytes + 4095) / 4096 * 4096;
-      void* p = std::aligned_alloc(64, grown);
-      if (!p) throw Error("out of host memory for " + std::to_string(grown) + " bytes of bf16 scratch");
-      b.ptr.reset(p);
-      b.size = grown;
-    }
-    return b.ptr.get();
-  }
-
- private:
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
-  struct Buf {
-    std::unique_ptr<void, Free> ptr;
-    size_t size = 0;
-  };
-  std::vector<Buf> bufs_;
-};
 
 enum Slot { kA, kB, kScratchpad };
 
 struct ThreadState {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  Scratch scratch;
+  HostScratch scratch;
 };
 
 ThreadState& state() {

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "gpunodes/errors.h"
+#include "../cpu/host_scratch.h"
 #include "gpunodes/random.h"
 #include "../cpu/cpu_bf16_gemm.h"
 #include "kernels.h"
@@ -58,40 +59,13 @@ constexpr int64_t kParallelMin = 1 << 17;
 
 // --- per-thread oneDNN state -------------------------------------------------------------------------------
 
-// Scratch buffers that grow to the largest request and stay: reorders and oneDNN's scratchpad would otherwise
-// allocate (and page-fault) fresh megabytes on every call.
-class Scratch {
- public:
-  void* get(int slot, size_t bytes) {
-    if (slot >= static_cast<int>(bufs_.size())) bufs_.resize(slot + 1);
-    Buf& b = bufs_[slot];
-    if (b.size < bytes) {
-      size_t grown = (bytes + 4095) / 4096 * 4096;
-      void* p = std::aligned_alloc(64, grown);
-      if (!p) throw Error("out of host memory for " + std::to_string(grown) + " bytes of oneDNN scratch");
-      b.ptr.reset(p);
-      b.size = grown;
-    }
-    return b.ptr.get();
-  }
-
- private:
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
-  struct Buf {
-    std::unique_ptr<void, Free> ptr;
-    size_t size = 0;
-  };
-  std::vector<Buf> bufs_;
-};
 
 enum Slot { kSrc, kWei, kDst, kDiffDst, kDiffSrc, kDiffWei, kSrcW, kDiffDstW, kPad, kScratchpad };
 
 struct ThreadDnnl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  Scratch scratch;
+  cpu::HostScratch scratch;
 };
 
 ThreadDnnl& tdnnl() {

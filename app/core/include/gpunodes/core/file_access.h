@@ -26,7 +26,8 @@ QString fileUseName(FileUse use);  // "reads", "writes", "writes into"
 struct FilePolicy {
   QString folder;               // the graph file's folder (absolute): relative paths resolve here, and
                                 // writes are allowed here and below
-  QStringList allowWrite;       // further files or folders (everything below them too) a run may write
+  QStringList allowWrite;       // further files or folders (everything below them too) a run may write,
+                                // each absolute and resolved (resolvePath)
   bool replaceForeign = false;  // writes may replace existing files that are not gpunodes' own formats
   bool enabled() const { return !folder.isEmpty(); }
 };
