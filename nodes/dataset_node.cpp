@@ -153,7 +153,7 @@ class DatasetNode final : public GpuNode {
                     floatParam("test_fraction", 0.2,
                                "image_folder without train/ and test/ directories: the share of each class "
                                "held out as the test split (stratified, 0 to 0.9), drawn from shuffle_seed. "
-                               "text: the end of the text, by tokens. series: the end of the series, by time "
+                               "text: the end of the text, by tokens (by lines for the lines partition). series: the end of the series, by time "
                                "(d2l trains on the first 600 of 1,000 points: 0.4). table: rows drawn from "
                                "shuffle_seed, stratified by class. 0: no test split."),
                     enumParam("tokens", {"char", "word"}, "char",
@@ -167,10 +167,13 @@ class DatasetNode final : public GpuNode {
                     intParam("num_steps", 35, 1, 100000,
                              "text: tokens per sample (d2l's num_steps); the targets are the same window "
                              "shifted by one token."),
-                    enumParam("partition", {"random", "sequential"}, "random",
+                    enumParam("partition", {"random", "sequential", "lines"}, "random",
                               "text: random shuffles the windows every epoch; sequential reads them in d2l's "
                               "seq_data_iter_sequential order, so that row i of a batch continues row i of the "
-                              "batch before and recurrent layers carry their state from batch to batch."),
+                              "batch before and recurrent layers carry their state from batch to batch; lines "
+                              "makes each line one sample, <bos> line in and line <eos> out, cut or padded with <pad> (id "
+                              "1) to num_steps, and the loss leaves the padded steps out (a ValidLength gives "
+                              "attention their lengths)."),
                     stringParam("column", "",
                                 "series: the column to read, by its header name; empty: the file's only "
                                 "numeric column."),
@@ -381,8 +384,10 @@ class DatasetNode final : public GpuNode {
       o.preprocess = p["preprocess"].toBool();
       o.min_freq = p["min_freq"].toInteger();
       o.num_steps = p["num_steps"].toInteger();
-      o.partition = p["partition"].toString() == "sequential" ? nn::TextOptions::Partition::Sequential
-                                                                : nn::TextOptions::Partition::Random;
+      const QString partition = p["partition"].toString();
+      o.partition = partition == "sequential" ? nn::TextOptions::Partition::Sequential
+                    : partition == "lines"    ? nn::TextOptions::Partition::Lines
+                                              : nn::TextOptions::Partition::Random;
       o.test_fraction = fraction;
       o.seed = seed;
       nn::TextData t = nn::load_text(o);
@@ -391,7 +396,13 @@ class DatasetNode final : public GpuNode {
       ctx.reportField("vocab_size", static_cast<double>(d.vocabulary.size()));
       ctx.reportField("top_tokens", topTokens(d, 10));
       ctx.reportField("num_steps", static_cast<double>(o.num_steps));
-      ctx.reportField("partition", p["partition"].toString());
+      ctx.reportField("partition", partition);
+      if (o.partition == nn::TextOptions::Partition::Lines) {
+        // How much of the samples is padding: what the loss leaves out.
+        const int64_t padded = std::count(d.targets.begin(), d.targets.end(), static_cast<float>(d.pad_target));
+        ctx.reportField("lines", static_cast<double>(d.count));
+        ctx.reportField("padded_fraction", d.targets.empty() ? 0.0 : double(padded) / double(d.targets.size()));
+      }
     } else if (name == "series") {
       nn::SeriesOptions o;
       o.path = path;

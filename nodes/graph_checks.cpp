@@ -241,7 +241,7 @@ void NodeCheck::checkAttentionFits(const Known& model, const Known& data) {
     const nn::LayerSpec& l = net.layers[i];
     if (l.kind != nn::LayerKind::MultiheadAttention) continue;
     const Shape& q = infos[static_cast<size_t>(l.inputs[0])].out;
-    const Shape& k = infos[static_cast<size_t>(l.inputs.size() > 1 ? l.inputs[1] : l.inputs[0])].out;
+    const Shape& k = infos[static_cast<size_t>(l.inputs.size() > 1 && l.inputs[1] >= 0 ? l.inputs[1] : l.inputs[0])].out;
     const double bytes = static_cast<double>(q[0]) * static_cast<double>(k[0]) * static_cast<double>(l.heads) *
                          static_cast<double>(*data.batch) * sizeof(float);
     if (!checkFits("inputs.data", model.devices.front(), bytes,

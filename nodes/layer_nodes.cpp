@@ -53,6 +53,7 @@ nn::LayerSpec layerSpecOf(LayerKind kind, const QString& id, const QJsonObject& 
   real("p", l.p);
   integer("num_heads", l.heads);
   integer("max_len", l.max_len);
+  integer("pad_id", l.pad_id);
   if (p.contains("causal")) l.causal = p["causal"].toBool();
   if (p.contains("transpose_b")) l.transpose_b = p["transpose_b"].toBool();
   if (p.contains("elementwise_affine")) l.affine = p["elementwise_affine"].toBool();
@@ -149,16 +150,13 @@ class LayerNodeType final : public GpuNode {
       const std::optional<Known> in = check.input(qs(ports[i]));
       const bool optional = static_cast<int>(i) >= nn::layer_required_ports(kind_);
       if (!in && optional) {
-        // An open optional port: the ones after it must be open too (v without k is refused).
-        for (size_t j = i + 1; j < ports.size(); ++j)
-          if (check.input(qs(ports[j])))
-            check.error("inputs." + qs(ports[j]),
-                        QString("%1 is wired but %2 is not: wire %2 too").arg(qs(ports[j]), qs(ports[i])));
-        break;
+        inputs.push_back(nullptr);  // an open optional port (a hole when a later one is wired; v without k
+        continue;                   // is refused by the shape inference)
       }
       if (!in || !in->layer) return {{"out", k}};  // open (the host says so) or unknown upstream
       inputs.push_back(in->layer);
     }
+    while (!inputs.empty() && !inputs.back()) inputs.pop_back();
     try {
       k.layer = nn::make_layer(layerSpecOf(kind_, check.id(), check.params()), std::move(inputs));
       check.setFacts(layerFacts(*k.layer));
@@ -173,11 +171,15 @@ class LayerNodeType final : public GpuNode {
     const std::vector<std::string> ports = nn::layer_ports(kind_);
     for (size_t i = 0; i < ports.size(); ++i) {
       const auto input = ctx.input(qs(ports[i]));
-      if (!input && static_cast<int>(i) >= nn::layer_required_ports(kind_)) break;  // an open optional port
+      if (!input && static_cast<int>(i) >= nn::layer_required_ports(kind_)) {
+        inputs.push_back(nullptr);  // an open optional port
+        continue;
+      }
       auto value = std::dynamic_pointer_cast<const LayerValue>(input);
       if (!value) throw Error("input " + ports[i] + " must carry a Layer");
       inputs.push_back(value->layer());
     }
+    while (!inputs.empty() && !inputs.back()) inputs.pop_back();
     try {
       auto layer = nn::make_layer(layerSpecOf(kind_, ctx.nodeId(), ctx.params()), std::move(inputs));
       ctx.reportField("shape", shapeText(layer->info.out));
@@ -210,6 +212,9 @@ class LayerNodeType final : public GpuNode {
     if (port == "q") return "The queries [Tq, E]; with k and v open, also the keys and values (self-attention).";
     if (port == "k") return "The keys [Tk, E]; open: the queries.";
     if (port == "v") return "The values [Tk, E], one per key; open: the keys.";
+    if (port == "valid_lens")
+      return "Optional: each sample's valid length [1] (a ValidLength layer on the token ids); keys at or past "
+             "it get no weight (d2l's masked softmax), a length of 0 gives all-zero weights.";
     if (kind == LayerKind::BatchMatMul)
       return port == "a" ? "The left matrix [M, K] per sample." : "The right matrix [K, N] per sample ([N, K] with transpose_b).";
     return "One of the two activations.";
@@ -453,6 +458,11 @@ QList<core::NodeTypePtr> makeLayerNodes() {
              unitFloat("dropout", 0, 0.99, "Dropout on the attention weights, in training."), bias,
              boolParam("causal", false,
                        "Each query sees only its own and earlier keys (a decoder, a language model).")}),
+      layer(LayerKind::ValidLength,
+            "Each sample's valid length: token ids [T] give [1], the count of ids that are not pad_id (d2l's "
+            "valid_len = (X != pad).sum(1)), for MultiheadAttention's valid_lens. No parameters, no gradient.",
+            {intParam("pad_id", 1, 0, 1 << 24,
+                      "The id that pads a sequence (1: '<pad>' after '<unk>' = 0, as d2l's vocabulary).")}),
       layer(LayerKind::BatchMatMul,
             "a b per sample (torch.bmm): [M, K] by [K, N] gives [M, N]; with transpose_b, b is [N, K] (d2l "
             "11.3's queries by keys).",

@@ -115,6 +115,7 @@ core::NodeTypePtr makeDatasetNode();
 core::NodeTypePtr makeTrainNode();
 core::NodeTypePtr makeEvaluateNode();
 core::NodeTypePtr makeGenerateNode();
+core::NodeTypePtr makeExportOnnxNode();  // onnx/onnx_export_node.cpp
 // Input, Conv2d, ... Concat and Network: the "Layers" category (layer_nodes.cpp).
 QList<core::NodeTypePtr> makeLayerNodes();
 

@@ -13,7 +13,7 @@ GpuNodesPlugin::GpuNodesPlugin()
              makeMatMulNode(),     makeElementwiseNode(), makeNormNode(),    makeSynchronizeNode(),
              makeInspectNode(),    makeModelNode(),       makeForwardNode(), makeParametersNode(),
              makeSaveParamsNode(), makeLoadParamsNode(),  makeDatasetNode(), makeTrainNode(),
-             makeEvaluateNode(), makeGenerateNode()} {
+             makeEvaluateNode(), makeGenerateNode(), makeExportOnnxNode()} {
   types_.append(makeLayerNodes());
 }
 

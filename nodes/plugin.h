@@ -1,6 +1,6 @@
 // The GPU node set: Device, AllDevices, Tensor, Copy, MatMul, Elementwise, Norm, Synchronize and Inspect, and
-// the training nodes Model, Forward, Parameters, SaveParams, LoadParams, Dataset, Train and Evaluate, as one
-// Qt plugin that the host loads. It is the only part of the app that links the runtime.
+// the training nodes Model, Forward, Parameters, SaveParams, LoadParams, ExportONNX, Dataset, Train and
+// Evaluate, as one Qt plugin that the host loads. It is the only part of the app that links the runtime.
 #pragma once
 #include <QObject>
 #include <map>

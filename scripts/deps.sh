@@ -7,8 +7,10 @@ GPUNODES_PACKAGES=(cmake ninja-build g++ pkg-config
   libopenblas-dev libopenblas0-openmp libdnnl-dev
   dataset-fashion-mnist
   libonnx-dev libprotobuf-dev python3-onnx  # ONNX import and export (nodes/onnx/) and the ONNX checker
+  python3-venv  # test_onnx_export's onnx_venv fixture: onnxruntime from PyPI into build/onnx-venv
   python3-torch python3-numpy  # the PyTorch peer: interop tests and benchmark ratios (CPU build, /usr/bin/python3)
   openmpi-bin libopenmpi-dev  # data-parallel training across processes; the 2-rank suites run under mpirun
+  iproute2  # ip netns and veth pairs: the two test hosts of tests/dist/two_hosts.sh (faults across hosts)
   xvfb xauth)
 
 gpunodes_install_deps() {

@@ -28,6 +28,8 @@ namespace gn::cli {
 
 void out(const QString& text);  // stdout, flushed
 void err(const QString& text);  // stderr, flushed
+// `s` cut to `max` characters, ending in "..." when cut: a user's value quoted in a message.
+QString shorten(const QString& s, int max = 60);
 // --allow-write DIR (repeatable) and --force, for the commands that run or check a graph file: what the
 // graph may write besides its own folder, and whether it may replace files that are not gpunodes' own.
 struct FileAccessOptions {
@@ -41,8 +43,9 @@ struct FileAccessOptions {
   core::FilePolicy policy(const QCommandLineParser& parser, const QString& graphFile) const;
 };
 
-// Prints the message and the usage text; returns kUsage.
+// Prints the message and the usage text (the global one, or `usageText`: a command's own); returns kUsage.
 int usageError(const QString& message);
+int usageError(const QString& message, const QString& usageText);
 
 // Set by the SIGINT handler (1) and, in a distributed run, the SIGTERM handler (2: mpirun is ending the job);
 // the main loops poll it and cancel.
@@ -65,8 +68,10 @@ struct Parsed {
   int exitCode = kOk;
   QStringList positional;
 };
-// QCommandLineParser, but usage errors exit 2 and --help prints our text.
-Parsed parse(QCommandLineParser& parser, const QString& command, const QStringList& args, int positionals);
+// QCommandLineParser, but usage errors exit 2 and --help prints our text: `commandUsage` when given (a
+// command's own usage, also printed after its usage errors), otherwise the global usage.
+Parsed parse(QCommandLineParser& parser, const QString& command, const QStringList& args, int positionals,
+             const QString& commandUsage = {});
 
 void loadPlugins(core::NodeTypeRegistry& registry);
 // Writes atomically; on failure prints "error: cannot write <what> ..." and returns false.

@@ -11,7 +11,9 @@ namespace gn::cli {
 bool isConvertCommand(const QString& command);
 // Runs it; returns the exit code (0 ok, 1 the conversion failed, 2 usage).
 int commandConvert(const QString& command, const QStringList& args);
-// The usage lines.
+// The usage lines in the global usage.
 QString convertUsage();
+// The command's own usage (`gpunodes import-onnx --help`): its options, and the rule for existing files.
+QString convertCommandUsage(const QString& command);
 
 }  // namespace gn::cli

@@ -25,6 +25,7 @@ class QDockWidget;
 
 namespace gn::core {
 class NodeTypeRegistry;
+class FormatConverter;
 struct RunEvent;
 }  // namespace gn::core
 
@@ -51,6 +52,11 @@ class MainWindow : public QMainWindow {
       std::function<QMessageBox::StandardButton(QMessageBox::Icon icon, const QString& title,
                                                 const QString& text, QMessageBox::StandardButtons buttons)>;
   void setPromptHandler(PromptFn fn) { prompt_ = std::move(fn); }
+  // Every file dialog of the model import and export goes through this (title, suggested path, filter,
+  // whether the file is to be written); it returns the chosen path, empty when cancelled. Tests answer it.
+  using ChooseFileFn = std::function<QString(const QString& title, const QString& suggested,
+                                             const QString& filter, bool forWriting)>;
+  void setFileChooser(ChooseFileFn fn) { chooseFile_ = std::move(fn); }
 
   // Files. The *File variants take a path and never show a file dialog.
   void newGraph();
@@ -108,6 +114,15 @@ class MainWindow : public QMainWindow {
   bool exportMetricsCsv(const QString& path);
   bool exportReport(const QString& path);
   bool exportPlot(const QString& path);  // the visible plot tab: SVG for a path ending in .svg, else PNG
+  // Model files (core/format_converter.h; the ONNX of the GPU node set). importModel asks to save unsaved
+  // changes, imports `modelPath` into a graph saved at `graphPath` with its weights beside it, and opens it;
+  // a model the converter refuses leaves the document as it was, with the error in the log and a message.
+  // exportModel writes the network ending at `networkNode` of the document with the parameters in
+  // `paramsFile` (empty: the weights its init and seed give) to `outPath` in the format `format` ("ONNX").
+  // Both show a progress dialog for a big model and put the converter's warnings in the log.
+  bool importModel(const QString& modelPath, const QString& graphPath);
+  bool exportModel(const QString& format, const QString& networkNode, const QString& paramsFile,
+                   const QString& outPath);
 
   core::GraphDocument* document() { return &doc_; }
   GraphEditor* editor() const { return editor_; }
@@ -160,6 +175,11 @@ class MainWindow : public QMainWindow {
   void showError(const QString& title, const QString& text);
   QString exportPath(const QString& title, const QString& suffix, const QString& filter);
   void exportPlotAs(const QString& format);  // "png" or "svg": asks where, then exportPlot()
+  QString chooseFile(const QString& title, const QString& suggested, const QString& filter, bool forWriting);
+  // File > Import (and a model file dropped on a canvas): asks where the graph goes, then importModel().
+  void importModelAs(const QString& modelPath);
+  // File > Export > <format> model…: asks for the network, the file and the parameters, then exportModel().
+  void exportModelDialog(const core::FormatConverter& converter);
 
   const core::NodeTypeRegistry* registry_;
   core::GraphDocument doc_;
@@ -198,6 +218,7 @@ class MainWindow : public QMainWindow {
   QStringList devicesInUse_;
   QStringList finishedOrder_;  // the run's nodes in the order they finished: the last evaluation is shown
   PromptFn prompt_;
+  ChooseFileFn chooseFile_;
 };
 
 }  // namespace gn::editor

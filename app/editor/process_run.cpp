@@ -11,6 +11,7 @@
 #include <QJsonArray>
 #include <QJsonDocument>
 #include <QRegularExpression>
+#include <QRegularExpression>
 #include <QStandardPaths>
 #include <QTemporaryDir>
 
@@ -78,10 +79,17 @@ QString ProcessRunOptions::findMpirun() {
 }
 
 QString ProcessRunOptions::defaultExtraArgs() {
+  // Open MPI's daemons notice a lost host after oob_tcp_keepalive_time + probes x intvl of silence: 5 + 3 x 2
+  // = 11 s here, against 300 + 9 x 20 s by default. That must come before the ranks give up on it (30 s,
+  // GPUNODES_COMM_TIMEOUT), or mpirun and the far daemon outlive the ranks (docs/distributed.md, "Across
+  // hosts"). Harmless on one machine.
+  const QString keepalive =
+      "--mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3";
   if (::geteuid() == 0)
     return "--allow-run-as-root --oversubscribe --bind-to none --mca btl self,tcp --mca btl_tcp_if_include "
-           "lo";
-  return "--bind-to none";
+           "lo " +
+           keepalive;
+  return "--bind-to none " + keepalive;
 }
 
 QString ProcessRunOptions::resolvedMpirun() const {
@@ -265,8 +273,9 @@ void ProcessRun::stderrLine(const QString& raw) {
     inBox_ = !inBox_;
     return;
   }
-  const bool error = line.contains("error", Qt::CaseInsensitive) || line.contains("exited on signal") ||
-                     line.contains("noticed that process");
+  // "error" as a word: MPI_Abort's box line "with errorcode 1." is boilerplate, not a second error.
+  static const QRegularExpression word(QStringLiteral("\\berror\\b"), QRegularExpression::CaseInsensitiveOption);
+  const bool error = line.contains(word) || line.contains("exited on signal") || line.contains("noticed that process");
   // Open MPI's boxed messages are mostly boilerplate ("Primary job terminated normally, but..."); what the
   // failure message quotes is the ranks' own lines, and the box line that names a lost rank.
   if (!inBox_ || error) {

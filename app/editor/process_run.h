@@ -41,7 +41,8 @@ struct ProcessRunOptions {
   // Where `mpirun` is on PATH; empty when it is not.
   static QString findMpirun();
   // What the dialog offers first: as root on one machine, the options Open MPI needs to start at all
-  // (docs/distributed.md); otherwise only `--bind-to none`, since gpunodes shares the cores out itself.
+  // (docs/distributed.md); otherwise `--bind-to none`, since gpunodes shares the cores out itself. Both with
+  // the oob_tcp_keepalive settings under which mpirun notices a lost host before the ranks give up on it.
   static QString defaultExtraArgs();
   // mpirun's arguments for a graph file and a report path.
   QStringList arguments(const QString& graph, const QString& report) const;

@@ -1,15 +1,21 @@
 // The job's processes: MPI under mpirun, a world of one otherwise (world.h).
 #include "gpunodes/dist/world.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cerrno>
 #include <list>
 #include <mutex>
 #include <set>
@@ -94,6 +100,124 @@ Watchdog& watchdog() {
   return *w;
 }
 
+// Set when a wait gave up on the other ranks (a host lost, frozen or cut off): the abort that follows may not
+// end the job by itself (watch_launcher()).
+std::atomic<bool> g_gave_up{false};
+std::atomic<bool> g_watching{false};
+
+// This rank's launcher: its parent process when that is mpirun (on mpirun's host) or Open MPI's daemon
+// (orted, on the other hosts); 0 otherwise. *name gets its name.
+pid_t launcher(std::string* name) {
+  const pid_t parent = ::getppid();
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/comm", static_cast<int>(parent));
+  FILE* f = std::fopen(path, "r");
+  if (!f) return 0;
+  char comm[64] = {};
+  const bool read = std::fgets(comm, sizeof comm, f) != nullptr;
+  std::fclose(f);
+  if (!read) return 0;
+  comm[strcspn(comm, "\n")] = 0;
+  static const std::set<std::string> known{"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted"};
+  if (!known.count(comm)) return 0;
+  *name = comm;
+  return parent;
+}
+
+void sleep_ms(int ms) {
+  timespec t{ms / 1000, (ms % 1000) * 1000000L};
+  while (::nanosleep(&t, &t) != 0 && errno == EINTR) {
+  }
+}
+
+// Whether process `pid` runs (not our child, so polled; a zombie has ended). Async-signal-safe.
+bool running(pid_t pid) {
+  char path[32] = "/proc/";
+  int n = 6;
+  char digits[16];
+  int d = 0;
+  for (long v = pid; v > 0 && d < 15; v /= 10) digits[d++] = static_cast<char>('0' + v % 10);
+  while (d > 0) path[n++] = digits[--d];
+  for (const char c : {'/', 's', 't', 'a', 't', '\0'}) path[n++] = c;
+  const int fd = ::open(path, O_RDONLY);
+  if (fd < 0) return false;
+  char stat[512];
+  const ssize_t got = ::read(fd, stat, sizeof stat - 1);
+  ::close(fd);
+  if (got <= 0) return false;
+  // "pid (comm) S ...": the state after the last ')'.
+  ssize_t close_paren = -1;
+  for (ssize_t i = 0; i < got; ++i)
+    if (stat[i] == ')') close_paren = i;
+  if (close_paren < 0 || close_paren + 2 >= got) return true;
+  const char state = stat[close_paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+// Waits up to `ms` for process `pid` to end; whether it did.
+bool ended_within(pid_t pid, int ms) {
+  for (int waited = 0;; waited += 100) {
+    if (!running(pid)) return true;
+    if (waited >= ms) return false;
+    sleep_ms(100);
+  }
+}
+
+// After a rank gave up on the others and asked for the job's end (MPI_Abort, or its process ended by the
+// watchdog), mpirun ends every rank and then waits until each host's daemon says its ranks are gone. A host
+// that is cut off Open MPI notices by itself (its oob_tcp_keepalive settings); a frozen one it never
+// notices, since the frozen host's kernel still answers on its connections: mpirun would wait forever. So a
+// small process forked here (in a session of its own, so that mpirun's SIGTERM and SIGKILL to the rank do
+// not reach it) watches the rank's launcher, mpirun or this host's orted: if it still runs `grace` later, it
+// interrupts it as a second Ctrl-C would (SIGINT twice, 2 s apart: Open MPI's forced exit), and kills it 2 s
+// after that. It says so on the launcher's own stderr, since the rank's output may be gone with the rank.
+// The watcher uses only async-signal-safe calls; it ends as soon as the launcher has.
+void watch_launcher(const World& world, std::chrono::milliseconds grace) {
+  if (g_watching.exchange(true)) return;
+  std::string name;
+  const pid_t pid = launcher(&name);
+  if (pid <= 1) return;
+  const std::string err_path = "/proc/" + std::to_string(pid) + "/fd/2";
+  const std::string interrupting = world.prefix() + "gpunodes: " + name + " had not ended the job " +
+                                   std::to_string(grace.count() / 1000) + " s after this rank gave up on " +
+                                   world.others() +
+                                   " (its host frozen or cut off, and Open MPI waits for it): interrupting " +
+                                   name + " (pid " + std::to_string(pid) + ")\n";
+  const std::string killing = world.prefix() + "gpunodes: " + name + " still runs 4 s after it was interrupted: " +
+                              "killing it\n";
+  rlimit files{};
+  const int max_fd = ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+                         ? static_cast<int>(std::min<rlim_t>(files.rlim_cur, 1 << 20))
+                         : 65536;
+  const int ms = static_cast<int>(grace.count());
+  const pid_t child = ::fork();
+  if (child != 0) return;  // the rank (or fork failed: nothing more to do)
+  // The watcher. No file of the rank's stays open: mpirun waits for the rank's output pipes to close.
+  ::setsid();
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::sigaction(sig, &ignore, nullptr);
+#ifdef SYS_close_range
+  if (::syscall(SYS_close_range, 0U, ~0U, 0U) != 0)
+#endif
+    for (int fd = 0; fd < max_fd; ++fd) ::close(fd);
+  if (ended_within(pid, ms)) ::_exit(0);
+  auto say = [&](const std::string& line) {
+    const int fd = ::open(err_path.c_str(), O_WRONLY | O_APPEND | O_NOCTTY);
+    if (fd < 0) return;
+    [[maybe_unused]] const ssize_t n = ::write(fd, line.data(), line.size());
+    ::close(fd);
+  };
+  say(interrupting);
+  ::kill(pid, SIGINT);
+  if (ended_within(pid, 2000)) ::_exit(0);
+  ::kill(pid, SIGINT);
+  if (ended_within(pid, 2000)) ::_exit(0);
+  say(killing);
+  ::kill(pid, SIGKILL);
+  ::_exit(0);
+}
+
 }  // namespace
 
 void end_process_within(std::chrono::milliseconds after, int code, const std::string& why) {
@@ -110,6 +234,8 @@ void end_process_within(std::chrono::milliseconds after, int code, const std::st
     std::thread([&w] {
       std::unique_lock lock(w.mutex);
       while (Clock::now() < w.deadline) w.changed.wait_until(lock, w.deadline);
+      // A rank that gave up on the others: its end makes mpirun end the job, which a frozen host holds up.
+      if (g_gave_up.load()) watch_launcher(World::get(), World::kAbortGrace);
       const std::string line = w.why + "\n";
       // write(2) and _exit: the process may be wedged anywhere (inside MPI, in a lock of stdio, in static
       // destructors), so nothing that could wait on another thread.
@@ -208,8 +334,8 @@ std::string World::launcher_warning() const {
       "add --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 "
       "to mpirun's options (docs/distributed.md)";
   const std::string cost = ", after the ranks give up on it (" + seconds_text(timeout_) +
-                           "): a lost host would leave mpirun and its daemon running after the ranks "
-                           "ended; " +
+                           "): a host cut off would end the job only then, and only by gpunodes "
+                           "interrupting mpirun and the daemons; " +
                            fix;
   if (const char* v = std::getenv("OMPI_MCA_oob_tcp_keepalive_time"); v && *v && idle == 0)
     return "this job spans " + std::to_string(nodes) +
@@ -266,6 +392,13 @@ void wait_for(std::unique_ptr<Pending>& p, const std::string& what, const World&
     std::lock_guard lock(g_abandoned_mutex);
     g_abandoned.push_back(std::move(p));
   };
+  // Once a wait gave up on the other ranks, the job is over: a later exchange (a node that runs after the
+  // failed one) would only wait out the timeout again before the process ends.
+  if (g_gave_up.load()) {
+    give_up();
+    throw CommError(world.prefix() + what + ": not waited for: an earlier exchange already gave up on " +
+                    world.others());
+  }
   while (true) {
     int done = 0;
     const int rc = MPI_Test(&p->request, &done, MPI_STATUS_IGNORE);
@@ -281,6 +414,7 @@ void wait_for(std::unique_ptr<Pending>& p, const std::string& what, const World&
     const auto now = Clock::now();
     if (now > deadline) {
       give_up();
+      g_gave_up.store(true);
       const std::string message =
           world.prefix() + what + ": " + world.others() + " did not answer within " + seconds_text(timeout) +
           ": lost (its host down, cut off or frozen; the process killed, out of memory or failed) or "
@@ -460,6 +594,8 @@ void World::abort(int code) {
     end_process_within(kAbortGrace, code,
                        prefix() + "MPI_Abort did not end this process within " + seconds_text(kAbortGrace) +
                            ": ending it");
+    // After a wait gave up on a host, mpirun may wait for that host forever (watch_launcher()).
+    if (g_gave_up.load() && size_ > 1) watch_launcher(*this, kAbortGrace);
     MPI_Abort(MPI_COMM_WORLD, code);
   }
   std::exit(code);

@@ -11,12 +11,13 @@ class OnnxConverter final : public core::FormatConverter {
   QString name() const override { return QStringLiteral("ONNX"); }
   QStringList extensions() const override { return {QStringLiteral("onnx")}; }
   bool canImport() const override { return true; }
-  bool canExport() const override { return false; }  // export is not written yet
+  bool canExport() const override { return true; }
   core::ConvertResult importFile(const QString& path, const QString& weightsPath, core::GraphDocument& doc,
                                  const core::ConvertProgress& progress) const override;
   core::ConvertResult exportModel(const core::GraphDocument& doc, const QString& networkNode,
                                   const QString& paramsFile, const QString& outPath,
-                                  const core::ConvertProgress& progress) const override;
+                                  const core::ConvertProgress& progress = {},
+                                  bool replaceForeign = false) const override;
 };
 
 }  // namespace gn::nodes::onnx

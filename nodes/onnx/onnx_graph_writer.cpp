@@ -36,7 +36,8 @@ void buildGraph(const ImportedNetwork& net, const QString& weightsPath, core::Gr
     taken.insert(l.id);
     const std::vector<std::string> ports = nn::layer_ports(l.kind);
     for (int k = 0; k < l.inputs.size(); ++k)
-      wires.append(wire({l.inputs[k], "out"}, {l.id, QString::fromStdString(ports[size_t(k)])}));
+      if (!l.inputs[k].isEmpty())  // an open port before a wired one stays open
+        wires.append(wire({l.inputs[k], "out"}, {l.id, QString::fromStdString(ports[size_t(k)])}));
   }
   const QString netId = freeId(taken, "net");
   taken.insert(netId);

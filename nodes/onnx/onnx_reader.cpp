@@ -7,6 +7,7 @@
 #include <QFile>
 #include <QFileInfo>
 #include <QRegularExpression>
+#include <algorithm>
 #include <cstring>
 #include <fcntl.h>
 #include <unistd.h>
@@ -33,6 +34,27 @@ struct Fd {
 
 }  // namespace
 
+std::string printable(const std::string& text) {
+  std::string out;
+  out.reserve(std::min(text.size(), kMaxMessage) + 8);
+  for (const char c : text) {
+    if (out.size() >= kMaxMessage) {
+      out += "...";
+      break;
+    }
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      static const char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[u >> 4];
+      out += hex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 int64_t TensorValues::numel() const {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;
@@ -53,29 +75,29 @@ int64_t checkedNumel(const std::vector<int64_t>& dims, const std::string& what) 
 
 std::unique_ptr<OnnxModel> readModel(const std::string& path) {
   const QFileInfo info(QString::fromStdString(path));
-  if (!info.exists()) throw OnnxError(path + ": no such file");
-  if (!info.isFile()) throw OnnxError(path + ": not a regular file");
+  if (!info.exists()) throw OnnxError("no such file");
+  if (!info.isFile()) throw OnnxError("not a regular file");
   auto model = std::make_unique<OnnxModel>();
   model->path = info.absoluteFilePath().toStdString();
   model->folder = QFileInfo(info.absolutePath()).canonicalFilePath().toStdString();
   Fd fd{::open(path.c_str(), O_RDONLY)};
-  if (fd.fd < 0) throw OnnxError(path + ": cannot open: " + std::strerror(errno));
+  if (fd.fd < 0) throw OnnxError(std::string("cannot open: ") + std::strerror(errno));
   {
     // Parsed from the file through a small buffer: the bytes are never held whole beside the message.
     google::protobuf::io::FileInputStream file(fd.fd);
     google::protobuf::io::CodedInputStream coded(&file);
     coded.SetTotalBytesLimit(INT32_MAX);
     if (!model->proto.ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage())
-      throw OnnxError(path + ": not an ONNX model (the bytes do not parse as an ONNX ModelProto: truncated, or "
+      throw OnnxError("not an ONNX model (the bytes do not parse as an ONNX ModelProto: truncated, or "
                              "another kind of file)");
   }
   const ::onnx::ModelProto& m = model->proto;
   if (!m.has_ir_version() || m.ir_version() < kMinIrVersion || m.ir_version() > kMaxIrVersion)
-    throw OnnxError(path + ": IR version " + (m.has_ir_version() ? str(m.ir_version()) : "missing") +
+    throw OnnxError("IR version " + (m.has_ir_version() ? str(m.ir_version()) : "missing") +
                     ": gpunodes reads IR versions " + str(kMinIrVersion) + " to " + str(kMaxIrVersion));
-  if (!m.has_graph()) throw OnnxError(path + ": the model has no graph");
+  if (!m.has_graph()) throw OnnxError("the model has no graph");
   if (m.functions_size() > 0)
-    throw OnnxError(path + ": the model defines functions ('" + m.functions(0).name() +
+    throw OnnxError("the model defines functions ('" + m.functions(0).name() +
                     "'): gpunodes imports graphs of standard operators only");
   bool found = false;
   for (const ::onnx::OperatorSetIdProto& op : m.opset_import())
@@ -83,9 +105,9 @@ std::unique_ptr<OnnxModel> readModel(const std::string& path) {
       model->opset = op.version();
       found = true;
     }
-  if (!found) throw OnnxError(path + ": the model imports no opset of the default domain (ai.onnx)");
+  if (!found) throw OnnxError("the model imports no opset of the default domain (ai.onnx)");
   if (model->opset < kMinOpset || model->opset > kMaxOpset)
-    throw OnnxError(path + ": opset " + str(model->opset) + ": gpunodes imports opsets " + str(kMinOpset) +
+    throw OnnxError("opset " + str(model->opset) + ": gpunodes imports opsets " + str(kMinOpset) +
                     " to " + str(kMaxOpset) + " of the default domain");
   return model;
 }

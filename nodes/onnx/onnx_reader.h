@@ -7,14 +7,21 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace gn::nodes::onnx {
 
+// `text` as one printable line: control characters (a newline in a node's name) as \xNN, and at most
+// kMaxMessage bytes, so that names from the file cannot break the one line of a refusal or make it unbounded.
+constexpr size_t kMaxMessage = 3000;
+std::string printable(const std::string& text);
+
 // What went wrong, naming the node or tensor; the importer turns it into the one message of a failed import.
+// The message is made printable (printable()), whatever the file's names hold.
 struct OnnxError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  explicit OnnxError(const std::string& what) : std::runtime_error(printable(what)) {}
 };
 
 // The IR versions and default-domain opsets the reader takes.

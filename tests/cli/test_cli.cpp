@@ -303,7 +303,11 @@ class CliTest : public QObject {
     QVERIFY(!o.value("ok").toBool());
     QCOMPARE(o.value("nodes").toObject().value("a1").toObject().value("error").toString(),
              QStringLiteral("TestAdd threw as asked"));
-    EXPECT_EXIT(gpunodes({"run", graph_, "--quiet", "--set", "a1.fail=true"}), 1);
+    // Quiet drops the progress and the table, not the failure: one line per failed node, on stderr.
+    const Result quiet = gpunodes({"run", graph_, "--quiet", "--set", "a1.throw=true"});
+    EXPECT_EXIT(quiet, 1);
+    QCOMPARE(quiet.out, QString());
+    QCOMPARE(quiet.err, QStringLiteral("[a1] failed: TestAdd threw as asked\n"));
   }
 
   void anInvalidGraphExitsOneWithPerNodeErrors() {

@@ -271,6 +271,32 @@ class TestProcessRun : public QObject {
     QVERIFY2(errors.filter("Run failed after").size() == 1, qPrintable(errors.join('\n')));
   }
 
+  // A rank frozen (SIGSTOP, as a hung host): nothing tells mpirun, so rank 0 gives up on the exchange after
+  // GPUNODES_COMM_TIMEOUT, its watcher ends mpirun, and the editor shows rank 0's message naming the rank
+  // that did not answer and the exchange, and ends its job: no rank is left, frozen or not.
+  void aFrozenRankEndsTheJobWithRankZerosMessage() {
+    qputenv("GPUNODES_COMM_TIMEOUT", "4");
+    openTraining(100000);
+    QVERIFY2(w_->runOnProcesses(twoRanks()), qPrintable(w_->lastMessage()));
+    const QString graph = w_->runner()->processRun()->commandLine().filter("graph.json").value(0);
+    QTRY_VERIFY_WITH_TIMEOUT(w_->scene()->nodeItem("train")->runStatus() == RunStatus::Running,
+                             120000 * kTimeScale);
+    QTRY_COMPARE_WITH_TIMEOUT(ranksOf(graph).size(), qsizetype(2), 10000);
+    QElapsedTimer frozen;
+    frozen.start();
+    ::kill(pid_t(ranksOf(graph).value(1)), SIGSTOP);
+    QTRY_VERIFY_WITH_TIMEOUT(!w_->runner()->isRunning(), 45000 * kTimeScale);
+    qInfo("the job ended %.1f s after rank 1 froze", frozen.elapsed() / 1000.0);
+    QTRY_VERIFY_WITH_TIMEOUT(ranksOf(graph).isEmpty(), 10000);
+    qunsetenv("GPUNODES_COMM_TIMEOUT");
+    QCOMPARE(w_->runStateText(), QString("Failed"));
+    const QString log = logLines(w_.get()).join('\n');
+    // rank 0's line and the run's failure; Open MPI's MPI_Abort box is not a third error.
+    const QStringList errors = logLines(w_.get(), "error");
+    QVERIFY2(errors.size() == 2 && errors.filter("did not answer").size() == 2, qPrintable(errors.join('\n')));
+    QVERIFY2(log.contains("rank 1") && log.contains("did not answer within 4 s"), qPrintable(log));
+  }
+
   void malformedLinesWarnAndNothingBreaks() {
     // The parser alone: a line split across reads is joined, a malformed line is a warning, the rest goes on.
     ProcessRun parser;

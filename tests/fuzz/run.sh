@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer harness with clang (ASan + UBSan, coverage from every library it reaches) and fuzzes
-# graph files for SECONDS (default 60), seeded with tests/data/hostile and the example graphs.
-#   tests/fuzz/run.sh [SECONDS]
-# The growing corpus stays in build-fuzz/corpus between runs. A crasher is written to tests/fuzz/crashers/;
-# once fixed, it joins tests/data/hostile (with a MANIFEST.tsv line) as a regression test.
+# Builds a libFuzzer harness with clang (ASan + UBSan, coverage from every library it reaches) and fuzzes for
+# SECONDS (default 60): "graph" (default) fuzzes graph files, seeded with tests/data/hostile and the example
+# graphs; "onnx" fuzzes ONNX models through the importer (fuzz_onnx.cpp), seeded with tests/data/hostile-onnx.
+#   tests/fuzz/run.sh [SECONDS] [graph|onnx]
+# The growing corpus stays in build-fuzz/corpus (corpus-onnx) between runs. A crasher is written to
+# tests/fuzz/crashers/ (onnx-*: the ONNX harness's); once fixed, it joins tests/data/hostile (hostile-onnx)
+# with a MANIFEST.tsv line as a regression test.
 # GPUNODES_FUZZ_JOBS sets the build's parallelism (default: the number of cores).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-60}
+harness=${2:-graph}
+case $harness in
+  graph) corpus=corpus prefix="" ;;
+  onnx) corpus=corpus-onnx prefix=onnx- ;;
+  *) echo "run.sh: unknown harness '$harness' (graph or onnx)" >&2; exit 2 ;;
+esac
 source scripts/deps.sh
 gpunodes_install_deps clang libclang-rt-14-dev libomp-dev
 dir=build-fuzz
@@ -15,9 +23,13 @@ if [ ! -f $dir/build.ninja ]; then
   CC=clang CXX=clang++ cmake -S . -B $dir -G Ninja -DGPUNODES_CUDA=OFF -DGPUNODES_GUI=OFF -DGPUNODES_FUZZ=ON \
     -DGPUNODES_SANITIZE=address -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
-cmake --build $dir --target fuzz_graph gpunodes_nodes --parallel "${GPUNODES_FUZZ_JOBS:-$(nproc)}"
-mkdir -p $dir/corpus tests/fuzz/crashers
-cp -n tests/data/hostile/*.json resources/examples/*.json $dir/corpus/ 2>/dev/null || true
+cmake --build $dir --target fuzz_$harness gpunodes_nodes --parallel "${GPUNODES_FUZZ_JOBS:-$(nproc)}"
+mkdir -p $dir/$corpus tests/fuzz/crashers
+if [ "$harness" = onnx ]; then
+  cp -n tests/data/hostile-onnx/*.onnx $dir/$corpus/ 2>/dev/null || true
+else
+  cp -n tests/data/hostile/*.json resources/examples/*.json $dir/$corpus/ 2>/dev/null || true
+fi
 export QT_QPA_PLATFORM=offscreen
 # UBSan findings stop the run like ASan's, so libFuzzer keeps the input. Leaks are checked per input.
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
@@ -31,9 +43,9 @@ status=0
 # Absolute paths: the harness works in a scratch folder, so that graphs writing files cannot touch the checkout.
 # -max_len: inputs up to 64 KiB (longer seeds are cut): structure, not size, is what mutations explore; the
 # 100,000-node and 10 MB cases are the hostile suites' (test_hostile_cli), where they run in a fixed time.
-$dir/bin/fuzz_graph "$PWD/$dir/corpus" -max_total_time="$seconds" -max_len=65536 -timeout=30 \
-  -rss_limit_mb=4096 -malloc_limit_mb=2048 -artifact_prefix="$PWD/tests/fuzz/crashers/" -print_final_stats=1 ||
+$dir/bin/fuzz_$harness "$PWD/$dir/$corpus" -max_total_time="$seconds" -max_len=65536 -timeout=30 \
+  -rss_limit_mb=4096 -malloc_limit_mb=2048 -artifact_prefix="$PWD/tests/fuzz/crashers/$prefix" -print_final_stats=1 ||
   status=$?
 after=$(find tests/fuzz/crashers -type f | wc -l)
-echo "fuzz: $seconds s, corpus $(find $dir/corpus -type f | wc -l) files, new crashers: $((after - before))" >&2
+echo "fuzz $harness: $seconds s, corpus $(find $dir/$corpus -type f | wc -l) files, new crashers: $((after - before))" >&2
 exit $status

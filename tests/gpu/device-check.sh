@@ -57,9 +57,12 @@ OUT=${OUT:-/tmp/gn-device-check}
 # The CUDA suites, NAME:SECONDS. Every Qt Test binary that runs on cuda:0: the *_cuda variants' suites (they
 # honour GN_TEST_DEVICE), the GPU-only suites, and test_nn_models (try_gpu). CTest checks that the list is
 # complete (--check-suites); a suite that the other side adds (test_cuda_defects) runs where it is built.
+# test_nn_recurrent and test_sequence_layers are where the recurrent layers' cuDNN RNN path
+# (runtime/src/nn/cuda/cuda_recurrent_kernels.cu) runs; it was written without a GPU and has not run on one
+# before (docs/gpu-checks.md lists what it assumes), so the table says so beside their rows.
 CUDA_SUITES=(test_device:90 test_nn_cuda:150 test_cuda_defects:90 test_nn_layers:120 test_nn_network:120
              test_nn_optim:90 test_predict:90 test_nn_models:60 test_nn_recurrent:90 test_sequence_layers:90
-             test_attention_layers:90)
+             test_attention_layers:90 test_attention_kernels:60)
 suite_names() { local s; for s in "${CUDA_SUITES[@]}"; do echo "${s%%:*}"; done; }
 # Step budgets (seconds) and what each keeps back for the steps after it.
 declare -A BUDGET=([kernels]=60 [suites]=200 [sanitizer]=70 [examples]=50 [bench]=40)
@@ -500,6 +503,7 @@ cat "$OUT/kernels.log"
 if [ "$MODE" != build ]; then
   phase suites
   for s in "${CUDA_SUITES[@]}"; do run_suite "${s%%:*}" "${s##*:}"; done
+  note "cuDNN RNN" "test_nn_recurrent, test_sequence_layers ran the recurrent layers through cuDNN's RNN API, never run on a GPU before (docs/gpu-checks.md)"
 fi
 
 # compute-sanitizer (it ships with the full toolkit): memcheck on the kernels the shared checks reach, racecheck

@@ -124,4 +124,27 @@ inline QString torchMissing(const QString& python) {
   return {};
 }
 
+// The values an Inspect node `node` reported in a run report (the first 1000 of its input).
+inline std::vector<float> inspected(const QJsonObject& report, const QString& node) {
+  std::vector<float> out;
+  const QJsonArray inspect = report["nodes"].toObject()[node].toObject()["inspect"].toArray();
+  for (const QJsonValue& v : inspect.at(0).toObject()["values"].toArray()) out.push_back(float(v.toDouble()));
+  return out;
+}
+
+// The lines of `text` that are not blank: a refusal must be one of them.
+inline QStringList nonEmptyLines(const QString& text) {
+  QStringList lines;
+  for (const QString& l : text.split('\n'))
+    if (!l.trimmed().isEmpty()) lines.append(l);
+  return lines;
+}
+
+// Why `python` cannot serve as the ONNX peer (torch, or the onnx package, missing); empty when it can.
+inline QString onnxPeerMissing(const QString& python) {
+  if (const QString why = torchMissing(python); !why.isEmpty()) return why;
+  if (run(python, {"-c", "import onnx"}).exitCode != 0) return "cannot import onnx (apt-get install python3-onnx)";
+  return {};
+}
+
 }  // namespace interop

@@ -6,7 +6,8 @@
 //   PositionalEncoding over 40 steps; a learned PositionEmbedding (also on a shorter sequence, which adds its
 //   first rows); ClassToken read back by FirstStep after an attention, with a LayerNorm on the flat features;
 //   d2l 11.3's attention drawn by hand (BatchMatMul with transpose_b, Scale, causal Softmax, BatchMatMul);
-//   Mul; dropout in the attention and the encoding (compared in evaluation only, where it is the identity);
+//   Mul; MultiheadAttention with valid lengths from a ValidLength layer on padded token ids (self-attention
+//   with k and v open, causal, and cross-attention with k only; lengths of 0 among them); dropout in the attention and the encoding (compared in evaluation only, where it is the identity);
 //   d2l 11.8's pre-norm ViT block drawn from layers (x + MHA(LN(x)), then x + MLP(LN(x)), Linear-GELU-Linear)
 //   against torch's nn.TransformerEncoderLayer(norm_first=True, activation="gelu", dropout=0, batch_first),
 //   and d2l 11.7's post-norm block (LN(x + MHA(x)), LN(y + FFN(y)), ReLU) against norm_first=False; and a
@@ -89,6 +90,7 @@ struct Case {
   bool grads = true;         // false: dropout in training; compared in evaluation only
   double forwardTol = kTol;  // the float32 forward checks
   int64_t shorter = 0;       // > 0: also this many steps (a shorter sequence) through the runtime
+  std::vector<float> ids;    // non-empty: these token ids instead of the permutation (padded samples)
 };
 
 // --- graphs ------------------------------------------------------------------------------------------------
@@ -449,6 +451,38 @@ class TorchAttentionTest : public QObject {
       QTest::newRow("cross-attention, k only, causal, 9 keys for 6 queries")
           << sequenceCase(kT, kE, nodes, wires, "mha.out");
     }
+    // Valid lengths from the data (d2l's masked softmax): ValidLength counts the ids that are not <pad> (1)
+    // and MultiheadAttention's valid_lens takes them, k and v left open before it. Samples of length 6 (no
+    // pad), 3 and 0 (all pad: all-zero weights, the output is out_proj's bias; torch would give NaN, so the
+    // peer replaces that sample's output by the bias, see Attention in torch_peer.py).
+    {
+      const std::vector<float> padded{2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+      Case c = sequenceCase(kT, kE,
+                            {node("vl", "ValidLength", {{"pad_id", 1}}),
+                             node("mha", "MultiheadAttention", {{"num_heads", 2}})},
+                            {wire("x.out", "vl.in"), wire("emb.out", "mha.q"), wire("vl.out", "mha.valid_lens")},
+                            "mha.out");
+      c.ids = padded;
+      QTest::newRow("self-attention, valid lengths 6, 3, 0 (k and v open)") << c;
+      Case causal = sequenceCase(
+          kT, kE,
+          {node("vl", "ValidLength", {{"pad_id", 1}}),
+           node("mha", "MultiheadAttention", {{"num_heads", 4}, {"causal", true}})},
+          {wire("x.out", "vl.in"), wire("emb.out", "mha.q"), wire("vl.out", "mha.valid_lens")}, "mha.out");
+      causal.ids = {2, 3, 4, 5, 6, 1, 7, 8, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};  // lengths 5, 2, 0
+      QTest::newRow("self-attention, causal, valid lengths 5, 2, 0") << causal;
+      // 4 keys: the length 6 is past them all, which masks nothing.
+      auto [nodes, wires] = otherLength(4);
+      nodes.append(node("vl", "ValidLength"));  // pad_id's default, 1
+      nodes.append(node("mha", "MultiheadAttention", {{"num_heads", 2}, {"bias", false}}));
+      wires.append(wire("x.out", "vl.in"));
+      wires.append(wire("emb.out", "mha.q"));
+      wires.append(wire("t2.out", "mha.k"));
+      wires.append(wire("vl.out", "mha.valid_lens"));
+      Case cross = sequenceCase(kT, kE, nodes, wires, "mha.out");
+      cross.ids = {2, 3, 4, 1, 1, 1, 5, 6, 7, 8, 9, 10, 11, 1, 1, 1, 1, 1};  // lengths 3, 6, 1 of 4 keys
+      QTest::newRow("cross-attention, k only, no bias, valid lengths 3, 6 (past the 4 keys), 1") << cross;
+    }
     // 40 steps, so that the table's fast frequencies turn several times; a Linear keeps the output small
     // enough for Inspect.
     QTest::newRow("positional encoding, 40 steps") << sequenceCase(
@@ -511,7 +545,10 @@ class TorchAttentionTest : public QObject {
     int64_t numel = kBatch;
     for (const QJsonValue& d : c.sample) numel *= d.toInteger();
     std::vector<float> x(static_cast<size_t>(numel));
-    if (c.vocab > 0) {
+    if (!c.ids.empty()) {
+      QCOMPARE(int64_t(c.ids.size()), numel);
+      x = c.ids;
+    } else if (c.vocab > 0) {
       QCOMPARE(numel, c.vocab);
       std::iota(x.begin(), x.end(), 0.0f);
       std::shuffle(x.begin(), x.end(), gen);

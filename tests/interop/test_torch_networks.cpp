@@ -167,11 +167,7 @@ class TorchNetworksTest : public QObject {
     const Process p = run(GN_GPUNODES, {"run", file, "--quiet", "--report", report});
     if (p.exitCode != 0)
       qWarning("gpunodes run %s: exit %d\n%s", qPrintable(name), p.exitCode, qPrintable(p.err));
-    std::vector<float> out;
-    const QJsonArray inspect = readJson(report)["nodes"].toObject()["logits"].toObject()["inspect"].toArray();
-    for (const QJsonValue& v : inspect.at(0).toObject()["values"].toArray())
-      out.push_back(float(v.toDouble()));
-    return out;
+    return interop::inspected(readJson(report), "logits");
   }
 
  private slots:

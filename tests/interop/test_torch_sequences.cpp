@@ -1,22 +1,23 @@
 // Training drawn networks and the losses, against PyTorch:
-// - Training through the real binary (build/bin/gpunodes): the Train node takes five SGD steps, one epoch of
-// a
+// - Training through the real binary (build/bin/gpunodes): the Train node takes five SGD steps, one epoch of a
 //   Dataset limited to five batches, with log_every 1; torch (tests/interop/torch_sequence_peer.py) trains
 //   the same network from the same initial weights on the same batches, with torch.nn.utils.clip_grad_norm_
 //   over every parameter and torch.optim.SGD. The models: d2l 9.5's GRU language model (OneHot -> GRU(32) ->
 //   Linear(vocab)) at d2l's train_ch8 settings (lr 1, clip 1) on a text written here, once from torch's
-//   weights (LoadParams) with the random partition and once from gpunodes' own (SaveParams) with the
-//   sequential one, whose recurrent state carries from batch to batch (d2l's train_epoch_ch8); and d2l 9.1's
-//   MLP on the sine series with the MSE, L1 and Huber losses. The batches are what the runtime's loader gives
-//   for the Dataset node's options; the peer checks the text's batches independently against d2l's
-//   tokenization, vocabulary and window order. Compared: the loss after every batch (the train.loss series is
-//   the mean over the epoch so far, so each batch's own loss follows from two points), the perplexity and
-//   accuracy series, the trained weights, and the Train and Evaluate nodes' test and training measures
-//   (perplexity as d2l computes it, exp of the mean per-token cross-entropy; MSE, MAE and every prediction
-//   for the series).
+//   weights (LoadParams) with the random partition, once from gpunodes' own (SaveParams) with the
+//   sequential one, whose recurrent state carries from batch to batch (d2l's train_epoch_ch8), and once on a
+//   sentence per line with the lines partition, padded (torch differentiates d2l's MaskedSoftmaxCELoss and
+//   counts only the real targets); and d2l 9.1's MLP on the sine series with the MSE, L1 and Huber losses.
+//   The batches are what the runtime's loader gives for the Dataset node's options; the peer checks the
+//   text's batches independently against d2l's tokenization, vocabulary and window order (or truncate_pad of
+//   each line). Compared: the loss after every batch (the train.loss series is the mean over the epoch so
+//   far, so each batch's own loss follows from two points), the perplexity and accuracy series, the trained
+//   weights, and the Train and Evaluate nodes' test and training measures (perplexity as d2l computes it, exp
+//   of the mean per-token cross-entropy; MSE, MAE and every prediction for the series).
 // - The losses at the runtime level: gn::nn::regression_loss (MSELoss, L1Loss, HuberLoss(delta)) and
-//   softmax_cross_entropy over [N, T, V] logits (with and without label smoothing) against torch's in
-//   float64: the mean, the totals the trainer sums, the gradient, and the perplexity from the totals.
+//   softmax_cross_entropy over [N, T, V] logits (with and without label smoothing and padding, torch's
+//   ignore_index) against torch's in float64: the mean, the totals the trainer sums, the gradient, and the
+//   perplexity from the totals.
 // The suite skips where /usr/bin/python3 cannot import torch (the scripts install it).
 #include <QElapsedTimer>
 #include <QRegularExpression>
@@ -54,8 +55,9 @@ constexpr int kHidden = 32, kTau = 4;
 constexpr double kTextTestFraction = 0.4, kSeriesTestFraction = 0.4;
 
 // A text for the language model: sentences drawn from a fixed list of words (every letter occurs), with
-// capitals, digits, punctuation, quotes and line breaks for d2l's preprocessing to fold into spaces.
-QByteArray makeText(int chars) {
+// capitals, digits, punctuation, quotes and line breaks for d2l's preprocessing to fold into spaces. With
+// lineEach, every sentence ends its line (the lines partition's samples: short ones padded, long ones cut).
+QByteArray makeText(int chars, bool lineEach = false) {
   static const char* const kWords[] = {
       "the",        "time",      "traveller", "for",      "so",       "it",     "will",       "be",
       "convenient", "to",        "speak",     "of",       "him",      "was",    "expounding", "a",
@@ -77,7 +79,7 @@ QByteArray makeText(int chars) {
       text += w;
       if (i + 1 < n) text += coin(g) == 1 ? ", " : coin(g) == 2 ? " -- " : coin(g) == 3 ? " 1895 " : " ";
     }
-    text += coin(g) < 3 ? ".\n" : coin(g) < 5 ? "; " : ". ";
+    text += lineEach ? (coin(g) < 5 ? ".\n" : "!\r\n") : coin(g) < 3 ? ".\n" : coin(g) < 5 ? "; " : ". ";
   }
   return text;
 }
@@ -140,7 +142,7 @@ class TorchSequencesTest : public QObject {
   QTemporaryDir dir_;
   Runtime rt_;
   Device device_ = Device::cpu();
-  QString textPath_;
+  QString textPath_, linesPath_;
 
   QString path(const QString& name) const { return dir_.filePath(name); }
 
@@ -159,6 +161,10 @@ class TorchSequencesTest : public QObject {
     QFile f(textPath_);
     QVERIFY(f.open(QIODevice::WriteOnly));
     f.write(makeText(19000));
+    linesPath_ = path("lines.txt");
+    QFile lines(linesPath_);
+    QVERIFY(lines.open(QIODevice::WriteOnly));
+    lines.write(makeText(12000, true));
   }
 
   void training_matches_torch_data() {
@@ -185,6 +191,18 @@ class TorchSequencesTest : public QObject {
                          .shuffleSeed = 9,
                          .numSteps = 10};
     QTest::newRow("gru language model, sequential partition, gpunodes' weights, clip 0.27") << sequential;
+    // A sentence per line, padded to 48 steps (or cut there): the padded targets are in no loss, gradient,
+    // accuracy or count.
+    TrainCase lines{.dataset = "text",
+                    .partition = "lines",
+                    .lr = 1,
+                    .clip = 1,
+                    .torchInit = true,
+                    .batch = 8,
+                    .shuffleSeed = 4,
+                    .trainSeed = 1,
+                    .numSteps = 48};
+    QTest::newRow("gru language model, lines partition, padded, torch's weights") << lines;
     TrainCase series{.dataset = "series", .loss = "mse", .lr = 0.2, .batch = 16, .shuffleSeed = 3};
     QTest::newRow("series mlp, mse") << series;
     series.loss = "l1";
@@ -208,15 +226,17 @@ class TorchSequencesTest : public QObject {
     const QString tag = QString(QTest::currentDataTag()).replace(QRegularExpression("[^a-z0-9]+"), "_");
     const bool text = c.dataset == "text";
     const int64_t limit = kBatches * c.batch;
+    const QString textPath = c.partition == "lines" ? linesPath_ : textPath_;
 
     // The datasets as the Dataset node loads them (nodes/dataset_node.cpp: the shuffle seed also draws the
     // text's window offset and the series' noise), limited to five batches per split.
     nn::DatasetPtr train, test;
     if (text) {
       nn::TextOptions o;
-      o.path = textPath_.toStdString();
+      o.path = textPath.toStdString();
       o.num_steps = c.numSteps;
       o.partition = c.partition == "sequential" ? nn::TextOptions::Partition::Sequential
+                    : c.partition == "lines"    ? nn::TextOptions::Partition::Lines
                                                 : nn::TextOptions::Partition::Random;
       o.test_fraction = kTextTestFraction;
       o.seed = static_cast<uint64_t>(c.shuffleSeed);
@@ -291,7 +311,7 @@ class TorchSequencesTest : public QObject {
                            {"limit", static_cast<double>(limit)},
                            {"shuffle_seed", static_cast<double>(c.shuffleSeed)}};
     if (text) {
-      dataParams["path"] = textPath_;
+      dataParams["path"] = textPath;
       dataParams["tokens"] = "char";
       dataParams["num_steps"] = c.numSteps;
       dataParams["partition"] = c.partition;
@@ -358,6 +378,7 @@ class TorchSequencesTest : public QObject {
                     {"lr", c.lr},
                     {"clip_grad_norm", c.clip},
                     {"carry_state", c.partition == "sequential"},
+                    {"pad_target", static_cast<double>(train->pad_target)},
                     {"eval", QJsonArray{QJsonObject{{"x", path(tag + ".test_x.f32")},
                                                     {"y", path(tag + ".test_y.f32")},
                                                     {"count", static_cast<double>(limit)}},
@@ -370,7 +391,7 @@ class TorchSequencesTest : public QObject {
     if (text) {
       QJsonArray tokens;
       for (const std::string& t : train->vocabulary) tokens.append(QString::fromStdString(t));
-      job["text"] = QJsonObject{{"path", textPath_},
+      job["text"] = QJsonObject{{"path", textPath},
                                 {"num_steps", c.numSteps},
                                 {"vocabulary", tokens},
                                 {"partition", c.partition},
@@ -393,8 +414,8 @@ class TorchSequencesTest : public QObject {
           static_cast<long long>(torchMs));
 
     // Every batch's loss: the series holds the mean over the epoch so far after each batch (the last point is
-    // the epoch's), so batch k's own loss is k * mean_k - (k - 1) * mean_(k-1); the batches are equally
-    // large.
+    // the epoch's), so batch k's own loss is (n_k mean_k - n_(k-1) mean_(k-1)) / (n_k - n_(k-1)), n_k the
+    // targets counted so far (all of them but the padding).
     std::vector<double> torchLoss, torchCum, torchSecondCum, values;
     double sum = 0, second = 0, count = 0;
     for (int64_t k = 0; k < kBatches; ++k) {
@@ -413,7 +434,8 @@ class TorchSequencesTest : public QObject {
     QCOMPARE(static_cast<int64_t>(gnCum.size()), kBatches);
     double worstCum = 0, worstStep = 0;
     for (int64_t k = 0; k < kBatches; ++k) {
-      const double step = (k + 1) * gnCum[k] - (k > 0 ? k * gnCum[k - 1] : 0);
+      const double before = k > 0 ? values[k - 1] : 0;
+      const double step = (values[k] * gnCum[k] - (k > 0 ? before * gnCum[k - 1] : 0)) / (values[k] - before);
       QString bad = within(qPrintable(QString("the mean loss after batch %1").arg(k + 1)), gnCum[k],
                            torchCum[k], kLossTol, &worstCum);
       if (bad.isEmpty())
@@ -528,10 +550,13 @@ class TorchSequencesTest : public QObject {
       QString kind;
       Shape pred;
       double delta = 1, smoothing = 0;
+      int64_t ignore = -1;  // cross_entropy: the padding label (every third label is made padding)
     };
     const std::vector<Case> cases{
         {"cross_entropy [4, 7, 9]", "cross_entropy", {4, 7, 9}},
         {"cross_entropy [4, 7, 9] smoothed", "cross_entropy", {4, 7, 9}, 1, 0.15},
+        {"cross_entropy [4, 7, 9] padded with 1", "cross_entropy", {4, 7, 9}, 1, 0, 1},
+        {"cross_entropy [4, 7, 9] padded with 1, smoothed", "cross_entropy", {4, 7, 9}, 1, 0.1, 1},
         {"cross_entropy [6, 5]", "cross_entropy", {6, 5}},
         {"mse [12, 1]", "mse", {12, 1}},
         {"mse [4, 6]", "mse", {4, 6}},
@@ -555,6 +580,8 @@ class TorchSequencesTest : public QObject {
         std::uniform_int_distribution<int> label(0, static_cast<int>(c.pred.back()) - 1);
         target.resize(static_cast<size_t>(n / c.pred.back()));
         for (float& v : target) v = static_cast<float>(label(g));
+        if (c.ignore >= 0)
+          for (size_t j = 0; j < target.size(); j += 3) target[j] = static_cast<float>(c.ignore);
       } else {
         target.resize(pred.size());
         for (float& v : target) v = value(g);
@@ -569,6 +596,7 @@ class TorchSequencesTest : public QObject {
                               {"classes", static_cast<double>(c.pred.back())},
                               {"huber_delta", c.delta},
                               {"label_smoothing", c.smoothing},
+                              {"ignore_index", static_cast<double>(c.ignore)},
                               {"out", base + ".f64"}});
       preds.push_back(std::move(pred));
       targets.push_back(std::move(target));
@@ -586,8 +614,10 @@ class TorchSequencesTest : public QObject {
       if (c.kind == "cross_entropy") {
         Shape labels(c.pred.begin(), c.pred.end() - 1);
         values /= c.pred.back();
-        const nn::CrossEntropy ce = nn::softmax_cross_entropy(
-            pred, from_values(rt_, labels, device_, targets[i]), true, 0, static_cast<float>(c.smoothing));
+        if (c.ignore >= 0)
+          values -= std::count(targets[i].begin(), targets[i].end(), static_cast<float>(c.ignore));
+        const nn::CrossEntropy ce = nn::softmax_cross_entropy(pred, from_values(rt_, labels, device_, targets[i]),
+                                                              true, 0, static_cast<float>(c.smoothing), c.ignore);
         loss = ce.loss, stats = ce.stats, grad = ce.dlogits;
       } else {
         const nn::RegressionLoss kind = c.kind == "mse"  ? nn::RegressionLoss::Mse

@@ -222,6 +222,7 @@ LAYER_DEFAULTS = {
     "Scale": {"scale": 1.0},
     "PositionalEncoding": {"dropout": 0.0, "max_len": 1000},
     "PositionEmbedding": {}, "ClassToken": {}, "FirstStep": {},
+    "ValidLength": {"pad_id": 1},
 }
 
 
@@ -231,13 +232,13 @@ def layer_ports(kind):
     if kind in ("Add", "Concat", "BatchMatMul", "Mul"):
         return ["a", "b"]
     if kind == "MultiheadAttention":
-        return ["q", "k", "v"]
+        return ["q", "k", "v", "valid_lens"]
     return ["in"]
 
 
 def required_ports(kind):
-    """How many of the ports must be wired: all but MultiheadAttention's k and v (self-attention without them,
-    v = k with only k)."""
+    """How many of the ports must be wired: all but MultiheadAttention's k, v and valid_lens (self-attention
+    without k and v, v = k with only k; k and v may be open with valid_lens wired)."""
     return 1 if kind == "MultiheadAttention" else len(layer_ports(kind))
 
 
@@ -357,11 +358,34 @@ class Attention(nn.MultiheadAttention):
         super().__init__(e, heads, dropout=dropout, bias=bias, batch_first=True)
         self.causal = causal
 
-    def forward(self, q, k=None, v=None):
+    def forward(self, q, k=None, v=None, valid_lens=None):
         k = q if k is None else k
         v = k if v is None else v
         mask = causal_mask(q.shape[1], k.shape[1], q.device) if self.causal else None
-        return super().forward(q, k, v, need_weights=False, attn_mask=mask)[0]
+        if valid_lens is None:
+            return super().forward(q, k, v, need_weights=False, attn_mask=mask)[0]
+        # d2l's masked softmax as torch says it: key_padding_mask = arange(Tk) >= len. A sample of length 0
+        # would be all masked, which torch makes NaN; gpunodes gives it all-zero weights, so its output is
+        # out_proj's bias: that sample attends unmasked here and its output is replaced (no gradient reaches
+        # the inputs or in_proj through it, as in gpunodes).
+        lens = valid_lens.reshape(-1, 1)
+        pad = torch.arange(k.shape[1], device=q.device, dtype=lens.dtype)[None, :] >= lens
+        empty = (lens <= 0).reshape(-1)
+        pad = pad & ~empty[:, None]
+        y = super().forward(q, k, v, need_weights=False, attn_mask=mask, key_padding_mask=pad)[0]
+        bias = self.out_proj.bias if self.out_proj.bias is not None else torch.zeros_like(y[0, 0])
+        return torch.where(empty[:, None, None], bias.expand_as(y), y)
+
+
+class ValidLength(nn.Module):
+    """d2l's valid_len = (X != pad).sum(1): token ids [N, T] -> [N, 1], as the inputs' dtype."""
+
+    def __init__(self, pad_id):
+        super().__init__()
+        self.pad_id = pad_id
+
+    def forward(self, x):
+        return (x != self.pad_id).sum(1, keepdim=True).to(x.dtype)
 
 
 class BatchMatMul(nn.Module):
@@ -500,12 +524,14 @@ class GraphNet(nn.Module):
                 if (nid, port) not in wires:
                     if i < required_ports(kind):
                         raise PeerError(f"layer '{nid}' has nothing wired into its {port} input")
-                    later = [q for q in ports[i + 1 :] if (nid, q) in wires]
-                    if later:
-                        raise PeerError(f"layer '{nid}' has {later[0]} wired but not {port}")
-                    break
+                    wired[nid].append(None)  # an open optional port (a hole when a later one is wired)
+                    continue
                 wired[nid].append(port)
                 visit(wires[(nid, port)])
+            while wired[nid] and wired[nid][-1] is None:
+                wired[nid].pop()
+            if kind == "MultiheadAttention" and len(wired[nid]) > 2 and wired[nid][2] and not wired[nid][1]:
+                raise PeerError(f"layer '{nid}' has v wired but not k")
             state[nid] = "done"
             order.append(nid)
 
@@ -516,14 +542,14 @@ class GraphNet(nn.Module):
 
         self.order = order
         self.kinds = {i: nodes[i]["type"] for i in order}
-        self.sources = {i: [wires[(i, p)] for p in wired[i]] for i in order}
+        self.sources = {i: [wires[(i, p)] if p else None for p in wired[i]] for i in order}
         self.output_id = order[-1]
         shapes = {}
         for nid in order:
             kind = self.kinds[nid]
             p = dict(LAYER_DEFAULTS[kind])
             p.update(nodes[nid].get("params", {}))
-            ins = [shapes[s] for s in self.sources[nid]]
+            ins = [shapes[s] if s else None for s in self.sources[nid]]
             module, shapes[nid] = self._layer(nid, kind, p, ins)
             if module is not None:
                 if "." in nid or not nid:
@@ -639,8 +665,10 @@ class GraphNet(nn.Module):
             return nn.LayerNorm(ins[0][-1], eps=float(p["eps"]), elementwise_affine=affine), ins[0]
         if kind == "MultiheadAttention":
             q = ins[0]
-            k = ins[1] if len(ins) > 1 else q
-            v = ins[2] if len(ins) > 2 else k
+            k = ins[1] if len(ins) > 1 and ins[1] else q
+            v = ins[2] if len(ins) > 2 and ins[2] else k
+            if len(ins) > 3 and ins[3] != [1]:
+                raise PeerError(f"MultiheadAttention '{nid}': valid_lens must be [1] per sample, got {ins[3]}")
             if any(len(s) != 2 for s in (q, k, v)):
                 raise PeerError(f"MultiheadAttention '{nid}' needs [T, E] sequences, got q {q}, k {k}, v {v}")
             e, heads = q[1], int(p["num_heads"])
@@ -681,6 +709,9 @@ class GraphNet(nn.Module):
             return ClassToken(e), [t + 1, e]
         if kind == "FirstStep":
             return FirstStep(), [need(2)[1]]
+        if kind == "ValidLength":
+            need(1)
+            return ValidLength(int(p["pad_id"])), [1]
         raise PeerError(f"layer '{nid}' has the unknown type {kind}")
 
     def forward(self, x):
@@ -694,7 +725,7 @@ class GraphNet(nn.Module):
             elif kind == "Concat":
                 values[nid] = torch.cat([values[src[0]], values[src[1]]], dim=1)
             else:  # the layers of several inputs (BatchMatMul, Mul, MultiheadAttention) take them in port order
-                values[nid] = getattr(self, nid)(*[values[s] for s in src])
+                values[nid] = getattr(self, nid)(*[values[s] if s else None for s in src])
         return values[self.output_id]
 
 

@@ -19,8 +19,13 @@ torch.nn.utils.clip_grad_norm_ over all parameters, then torch.optim.SGD (no mom
       "rows": the mean loss per target value (d2l's accumulation: sum of l * numel over sum of numel), its
       exp (the perplexity), correct next tokens (cross-entropy) or the squared and absolute errors' sums and
       every prediction (regression),
+  "pad_target": targets that are padding (the lines partition's <pad>): d2l's MaskedSoftmaxCELoss is
+      differentiated (the mean over every target, a padded one as zero) and losses, accuracy and the eval are
+      per counted target, as gpunodes' trainer does; -1 or absent: none,
   "text": optional, the file the batches were cut from, checked here independently of gpunodes:
-      {"path", "num_steps", "vocabulary": gpunodes' tokens by id, "partition": "random" | "sequential",
+      {"path", "num_steps", "vocabulary": gpunodes' tokens by id, "partition": "random" | "sequential" |
+       "lines" (each line with characters, preprocessed by itself, is d2l 10.5's truncate_pad of <bos> line
+       <eos>, the vocabulary reserving <pad>, <bos>, <eos>, the test split the last lines),
        "test_x", "test_y": the test windows and their targets (.f32), "test_count", "test_fraction"}; the text is tokenized per character
       with d2l's preprocessing, the vocabulary built as d2l's Vocab, and every row of every batch must be a
       window corpus[s : s + T] with its targets corpus[s + 1 : s + T + 1], the training windows s = offset +
@@ -29,14 +34,14 @@ torch.nn.utils.clip_grad_norm_ over all parameters, then torch.optim.SGD (no mom
   "gn_final": gpunodes' trained state (safetensors), "out_torch", "out_gn": .f32 files written here with the
       state torch trained and gpunodes' file's, both flattened in torch's state_dict order, for the C++ side
       to compare.
-Per job one JSON line: {"losses": per batch, "norms": the gradients' 2-norm before clipping, "correct": per
-batch (correct tokens, or the squared errors' sum), "values": target values per batch, "eval": [...],
+Per job one JSON line: {"losses": per batch (per counted target), "norms": the gradients' 2-norm before clipping, "correct": per
+batch (correct tokens, or the squared errors' sum), "values": counted target values per batch, "eval": [...],
 "keys": the state_dict keys, "text": what the check found}.
 
 LOSS computes a loss and its gradient in float64 from float32 inputs:
   {"kind": "cross_entropy" | "mse" | "l1" | "huber", "pred", "target" (.f32), "shape": pred's shape,
    "classes" (cross_entropy: the logits' last axis; targets are the rest of pred's shape), "huber_delta",
-   "label_smoothing", "out": .f64 file: the mean loss, the sum of the per-value losses, the second total
+   "label_smoothing", "ignore_index" (targets not counted; the mean is over the others), "out": .f64 file: the mean loss, the sum of the per-value losses, the second total
    (correct argmax predictions, or the squared errors' sum), then d(mean)/d pred}.
 
 Exit status 3: torch cannot be imported; 1: a job failed (the reason on stderr).
@@ -72,11 +77,48 @@ def d2l_tokens(path):
         return list(re.sub("[^A-Za-z]+", " ", f.read()).lower())
 
 
-def d2l_vocab(tokens):
-    """d2l's Vocab: "<unk>" first, then the tokens by frequency, ties in order of first appearance (Counter
-    keeps insertion order and sorted is stable)."""
+def d2l_vocab(tokens, reserved=()):
+    """d2l's Vocab: "<unk>" first, then the reserved tokens, then the tokens by frequency, ties in order of
+    first appearance (Counter keeps insertion order and sorted is stable)."""
     counts = sorted(Counter(tokens).items(), key=lambda kv: kv[1], reverse=True)
-    return ["<unk>"] + [t for t, _ in counts if t != "<unk>"]
+    return ["<unk>"] + list(reserved) + [t for t, _ in counts if t != "<unk>" and t not in reserved]
+
+
+def check_lines(job, xs, ys):
+    """The lines partition: each line of the text with characters, preprocessed by itself, is one sample,
+    d2l 10.5's truncate_pad of <bos> line <eos> (inputs) and of the same shifted by one (targets)."""
+    t = job["text"]
+    steps = int(t["num_steps"])
+    with open(t["path"], encoding="utf-8") as f:
+        lines = [re.sub("[^A-Za-z]+", " ", line).lower().strip() for line in f.read().split("\n")]
+    lines = [list(line) for line in lines if line]
+    n_test = round(float(t["test_fraction"]) * len(lines))
+    train_lines = lines[: len(lines) - n_test]
+    reserved = ("<pad>", "<bos>", "<eos>")
+    vocab = d2l_vocab([c for line in train_lines for c in line], reserved)
+    if vocab != t["vocabulary"]:
+        raise tp.PeerError(f"gpunodes' vocabulary {t['vocabulary']} is not d2l's {vocab}")
+    index = {tok: i for i, tok in enumerate(vocab)}
+    pad, bos, eos = (index[r] for r in reserved)
+
+    def sample(line):
+        full = [bos] + [index.get(c, 0) for c in line] + [eos]
+        fit = lambda ids: (ids + [pad] * steps)[:steps]  # noqa: E731
+        return tuple(fit(full[:-1])), tuple(fit(full[1:]))
+
+    nb, per = xs.shape[0], xs.shape[1]
+    rows = sorted((tuple(xs[b][i].long().tolist()), tuple(ys[b][i].long().tolist())) for b in range(nb)
+                  for i in range(per))
+    if rows != sorted(sample(line) for line in train_lines[: len(rows)]):
+        raise tp.PeerError("the training rows are not the first lines of the text, padded as d2l's truncate_pad")
+    count = int(t["test_count"])
+    test = list(zip((tuple(r) for r in read_f32(t["test_x"], [count, steps]).long().tolist()),
+                    (tuple(r) for r in read_f32(t["test_y"], [count, steps]).long().tolist())))
+    if test != [sample(line) for line in lines[len(lines) - n_test:][:count]]:
+        raise tp.PeerError("the test rows are not the last lines of the text in order, padded")
+    padded = sum(row[1].count(pad) for row in rows)
+    return {"lines": len(lines), "train_lines": len(train_lines), "vocab": len(vocab),
+            "padded_targets": padded, "targets": len(rows) * steps}
 
 
 def check_text(job, xs, ys):
@@ -143,13 +185,22 @@ def check_text(job, xs, ys):
 # --- training -------------------------------------------------------------------------------------------------
 
 
-def loss_of(kind, out, y, delta):
-    """(mean loss, the second total: correct argmax predictions or the squared errors' sum)."""
+def loss_of(kind, out, y, delta, pad=-1):
+    """(the loss to differentiate, the mean loss per counted target, the second total: correct argmax
+    predictions or the squared errors' sum, the counted targets). Targets equal to pad (>= 0) are padding:
+    d2l's MaskedSoftmaxCELoss, every position in the mean with a padded one as zero, is what is
+    differentiated, and the reported mean is over the other targets, as torch's ignore_index gives it."""
     if kind == "cross_entropy":
         logits = out.reshape(-1, out.shape[-1])
         labels = y.reshape(-1).long()
-        loss = F.cross_entropy(logits, labels)
-        return loss, float((logits.argmax(dim=1) == labels).sum())
+        if pad < 0:
+            loss = F.cross_entropy(logits, labels)
+            return loss, loss.item(), float((logits.argmax(dim=1) == labels).sum()), labels.numel()
+        real = labels != pad
+        total = F.cross_entropy(logits, labels, ignore_index=pad, reduction="sum")
+        counted = int(real.sum())
+        hits = float(((logits.argmax(dim=1) == labels) & real).sum())
+        return total / labels.numel(), total.item() / counted, hits, counted
     pred = out.reshape(-1)
     target = y.reshape(-1)
     if pred.shape != target.shape:
@@ -162,7 +213,7 @@ def loss_of(kind, out, y, delta):
         loss = F.huber_loss(pred, target, delta=delta)
     else:
         raise tp.PeerError(f"unknown loss {kind}")
-    return loss, float(((pred.detach() - target) ** 2).sum())
+    return loss, loss.item(), float(((pred.detach() - target) ** 2).sum()), target.numel()
 
 
 def set_carry(model, on):
@@ -181,8 +232,11 @@ def run_train(job):
     nb, rows = int(job["batches"]), int(job["rows"])
     xs = read_f32(job["x"], [nb, rows] + job["sample"])
     ys = read_f32(job["y"], [nb, rows] + job["target"])
-    found = check_text(job, xs, ys) if job.get("text") else None
+    text = job.get("text")
+    lines = bool(text) and text["partition"] == "lines"
+    found = (check_lines if lines else check_text)(job, xs, ys) if text else None
     kind, delta = job["loss"], float(job.get("huber_delta", 1.0))
+    pad = int(job.get("pad_target", -1))
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=float(job["lr"]))
     clip = float(job.get("clip_grad_norm", 0))
@@ -191,16 +245,16 @@ def run_train(job):
     losses, norms, correct, values = [], [], [], []
     for b in range(nb):
         opt.zero_grad()
-        loss, second = loss_of(kind, model(xs[b]), ys[b], delta)
+        loss, mean, second, counted = loss_of(kind, model(xs[b]), ys[b], delta, pad)
         loss.backward()
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
-        losses.append(loss.item())
+        losses.append(mean)
         norms.append(norm.item())
         correct.append(second)
-        values.append(ys[b].numel())
+        values.append(counted)
     set_carry(model, False)
     model.eval()
     evals = []
@@ -212,9 +266,9 @@ def run_train(job):
             total, count, second, abs_sum, predictions = 0.0, 0, 0.0, 0.0, []
             for begin in range(0, n, rows):
                 out, target = model(x[begin : begin + rows]), y[begin : begin + rows]
-                l, s = loss_of(kind, out, target, delta)
-                total += l.item() * target.numel()
-                count += target.numel()
+                _, mean, s, counted = loss_of(kind, out, target, delta, pad)
+                total += mean * counted
+                count += counted
                 second += s
                 if kind != "cross_entropy":
                     abs_sum += float((out.reshape(-1) - target.reshape(-1)).abs().sum())
@@ -244,9 +298,17 @@ def run_loss(case):
         target = read_f32(case["target"], shape[:-1]).long()
         logits = pred.reshape(-1, classes)
         labels = target.reshape(-1)
-        per = F.cross_entropy(logits, labels, reduction="none",
+        ignore = int(case.get("ignore_index", -1))
+        per = F.cross_entropy(logits, labels, reduction="none", ignore_index=ignore if ignore >= 0 else -100,
                               label_smoothing=float(case.get("label_smoothing", 0)))
-        second = float((logits.argmax(dim=1) == labels).sum())
+        real = labels != ignore
+        second = float(((logits.argmax(dim=1) == labels) & real).sum())
+        if ignore >= 0:  # torch's mean over the targets that count
+            mean = per.sum() / real.sum()
+            mean.backward()
+            out = [mean.item(), per.sum().item(), second] + pred.grad.reshape(-1).tolist()
+            np.asarray(out, "<f8").tofile(case["out"])
+            return
     else:
         target = read_f32(case["target"], [math.prod(shape)]).double()
         p = pred.reshape(-1)

@@ -56,12 +56,13 @@ class NodesTest : public QObject {
     const QStringList names{
         "Device", "AllDevices", "Tensor", "Copy", "MatMul", "Elementwise", "Norm", "Synchronize", "Inspect",
         "Model", "Forward", "Parameters", "SaveParams", "LoadParams", "Dataset", "Train", "Evaluate", "Generate",
+        "ExportONNX",
         // the Layers category
         "Input", "Conv2d", "BatchNorm2d", "BatchNorm1d", "ReLU", "Sigmoid", "Tanh", "GELU", "MaxPool2d",
         "AvgPool2d", "GlobalAvgPool2d", "Flatten", "Linear", "Dropout", "Add", "Concat", "Embedding", "OneHot",
         "RNN", "GRU", "LSTM", "Reshape", "Transpose", "LastStep", "FirstStep", "LayerNorm", "MultiheadAttention",
         "BatchMatMul", "Softmax", "Mul", "Scale", "PositionalEncoding", "PositionEmbedding", "ClassToken",
-        "NadarayaWatson", "Network"};
+        "NadarayaWatson", "ValidLength", "Network"};
     QCOMPARE(plugin()->nodeTypes().size(), names.size());
     for (const QString& name : names) {
       NodeTypePtr t = registry().find(name);

@@ -31,7 +31,8 @@ def cmd_export(spec, weights, opset, out, dynamic=""):
     tensors, _ = torch_peer.read_safetensors(weights)
     model.load_state_dict(tensors, strict=True)
     model.eval()
-    x = torch.randn([2] + list(sample))
+    vocab = getattr(model, "token_vocab", None)  # token ids (Embedding, OneHot): integers in [0, vocab)
+    x = torch.randint(0, vocab, [2] + list(sample)).float() if vocab else torch.randn([2] + list(sample))
     axes = {"x": {0: "batch"}, "logits": {0: "batch"}} if dynamic == "dynamic" else None
     torch.onnx.export(model, (x,), out, opset_version=int(opset), input_names=["x"], output_names=["logits"],
                       dynamic_axes=axes)

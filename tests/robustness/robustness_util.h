@@ -37,19 +37,32 @@ struct Run {
   int exitCode = -1;
   QString out, err;
   qint64 ms = 0;
+  // The child's processor time, user and system, every thread's: what its work cost, whatever else the
+  // machine was running (a wall-clock bound fails on a busy machine, this one on work that grew).
+  qint64 cpuMs = 0;
   QString describe() const {
-    return QStringLiteral("%1 %2 after %3 ms\n--- stdout\n%4\n--- stderr\n%5")
+    return QStringLiteral("%1 %2 after %3 ms (%4 ms of processor time)\n--- stdout\n%5\n--- stderr\n%6")
         .arg(crashed    ? "crashed (signal)"
              : timedOut ? "timed out"
                         : "exit")
         .arg(exitCode)
         .arg(ms)
+        .arg(cpuMs)
         .arg(out.left(2000), err.left(3000));
   }
 };
 
+// The processor time of every finished child so far, in ms (the kernel adds a child's when it is reaped).
+inline qint64 childrenCpuMs() {
+  rusage u{};
+  getrusage(RUSAGE_CHILDREN, &u);
+  const auto ms = [](const timeval& t) { return qint64(t.tv_sec) * 1000 + t.tv_usec / 1000; };
+  return ms(u.ru_utime) + ms(u.ru_stime);
+}
+
 inline Run runProcess(const QString& program, const QStringList& args, const QProcessEnvironment& env,
                       int timeoutMs = 60000) {
+  const qint64 cpuBefore = childrenCpuMs();
   QProcess p;
   p.setProcessEnvironment(env);
   QElapsedTimer timer;
@@ -62,6 +75,7 @@ inline Run runProcess(const QString& program, const QStringList& args, const QPr
     r.timedOut = true;
   }
   r.ms = timer.elapsed();
+  r.cpuMs = childrenCpuMs() - cpuBefore;
   r.crashed = !r.timedOut && p.exitStatus() == QProcess::CrashExit;
   r.exitCode = p.exitCode();
   r.out = QString::fromUtf8(p.readAllStandardOutput());

@@ -59,9 +59,9 @@ class HostileCliTest : public QObject {
     return f.fileName();
   }
 
-  // The contract for one refused file, under both commands. Files of 100,000 nodes get 10 s, not 2 s: they
-  // take 1.5-3.5 s here (validation, and a 66 MB per-node report), and the bound is there to catch
-  // quadratic work, which on 100,000 nodes took 38-213 s each time it crept in.
+  // The contract for one refused file, under both commands. Files of 100,000 nodes get 10 s of processor
+  // time, not 2 s: they take 2-6 s here (validation, and a 69 MB per-node report), and the bound is there to
+  // catch quadratic work, which on 100,000 nodes took 38-213 s each time it crept in.
   void expectRefused(const QString& file, const QString& word, int lines, int budgetMs = 2000) {
     const QString report = dir_.filePath("report.json");
     for (const QString& command : {QStringLiteral("validate"), QStringLiteral("run")}) {
@@ -88,12 +88,14 @@ class HostileCliTest : public QObject {
                qPrintable("the first error does not name \"" + word + "\"\n" + what));
       for (const QString& e : errors)
         QVERIFY2(e.size() < 1000, qPrintable("a long message: " + e.left(1200)));
+      // The budget is processor time, which catches quadratic work (tens of seconds) and not a busy machine:
+      // CI once took 2.1 s of wall time for a 2 s file, and 12.5 s for a 10 s one, with other suites beside it.
       closest_.append(
-          {double(r.ms) / (budgetMs * kTimeScale), QStringLiteral("%1 ms of %2: %3 %4")
-                                                       .arg(r.ms)
-                                                       .arg(budgetMs * kTimeScale)
-                                                       .arg(command, QFileInfo(file).fileName())});
-      QVERIFY2(r.ms < budgetMs * kTimeScale, qPrintable(QStringLiteral("took %1 ms\n").arg(r.ms) + what));
+          {double(r.cpuMs) / (budgetMs * kTimeScale), QStringLiteral("%1 ms of processor time of %2: %3 %4")
+                                                          .arg(r.cpuMs)
+                                                          .arg(budgetMs * kTimeScale)
+                                                          .arg(command, QFileInfo(file).fileName())});
+      QVERIFY2(r.cpuMs < budgetMs * kTimeScale, qPrintable(QStringLiteral("took %1 ms of processor time\n").arg(r.cpuMs) + what));
       // The kernel keeps only the largest child's peak: a rise past the bound is this child's.
       const long rss = childrenPeakRssMiB();
       QVERIFY2(rss == rssBefore || rss < kMaxChildRssMiB,

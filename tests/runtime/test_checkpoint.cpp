@@ -134,6 +134,7 @@ class CheckpointTest : public QObject {
     c.seconds = 1.25;
     c.epoch_seconds = 0.1;
     c.totals = {12.5, 100, 192};
+    c.totals.padded = 17;
     c.shares = {0.25, 0.75};
     c.epochs = {{1, 2.0, 0.5, 0.6, 1.0, 500, 0.2, 1.5, 0.01}, {2, 1.0, 0.7, NAN, 1.1, 450, 0.2, 1.6, 0.02}};
     // A language model's and a regression's epoch measures (the 15-column table).
@@ -159,6 +160,7 @@ class CheckpointTest : public QObject {
     QCOMPARE(r.batches_tracked, 23);
     QCOMPARE(r.seconds, 1.25);
     QCOMPARE(r.totals.loss_sum, 12.5);
+    QCOMPARE(r.totals.padded, int64_t(17));
     QCOMPARE(r.totals.samples, int64_t(192));
     QVERIFY(r.shares == c.shares);
     QCOMPARE(r.epochs.size(), size_t(2));

@@ -579,6 +579,36 @@ class NnRecurrentTest : public QObject {
     for (size_t i = 0; i < g.dweights.size(); ++i) QVERIFY(to_host(g.dweights[i]) == full.dw[i]);
   }
 
+  // A backward holds little beyond what its forward kept: the gate gradients overwrite the saved gates and
+  // the top layer reads dy where it lies, so the peak above the forward's live set is the gradients it
+  // returns, dx's time-major copy, one hidden layer's output gradient and the carried state. Before, the
+  // gate gradients (and the GRU's recurrent ones, and a time-major dy) came on top: 1.6-1.9x the live set.
+  void backward_memory_stays_near_the_forward() {
+    for (RnnKind kind : {RnnKind::Gru, RnnKind::Lstm}) {
+      const RnnOptions o = options(kind, 16, 32, 2, true);
+      const int64_t n = 8, t = 20;
+      const Problem p = make_problem(o, n, t, false, 23);
+      const Tensor x = make(*rt_, device_, {n, t, 16}, p.x);
+      const std::vector<Tensor> w = weight_tensors(*rt_, device_, p);
+      const RnnResult f = rnn_forward(o, x, w, Tensor(), Tensor(), true, 0);
+      const Tensor dy = make(*rt_, device_, f.y.shape(), p.r);
+      rt_->engine().wait_all();
+      const int64_t live = rt_->memory_stats(device_).allocated_bytes.current;
+      rt_->reset_peak_memory();
+      {
+        const RnnGrads g = rnn_backward(o, f, x, w, dy, true);
+        rt_->engine().wait_all();
+      }
+      int64_t returned = 0;
+      for (const Tensor& wt : w) returned += wt.bytes();  // the weight gradients
+      const int64_t hd = 2 * 32, floats = 2 * n * t * 16 + t * n * hd + 2 * n * 32;  // dx twice, d_hidden, dh dc
+      const int64_t bound = returned + 4 * floats + 32 * 1024;  // and the allocator's rounding
+      const int64_t extra = rt_->memory_stats(device_).allocated_bytes.peak - live;
+      QVERIFY2(extra <= bound, qPrintable(QString("%1: %2 bytes above the live set, bound %3")
+                                              .arg(rnn_kind_name(kind)).arg(extra).arg(bound)));
+    }
+  }
+
   void empty_batch() {
     const RnnOptions o = options(RnnKind::Gru, 3, 4, 2, true);
     const Problem p = make_problem(o, 0, 3, false, 17);
@@ -622,6 +652,9 @@ class NnRecurrentTest : public QObject {
     RnnOptions other = o;
     other.bidirectional = false;
     expect_error([&] { rnn_backward(other, train, x, {w.begin(), w.begin() + 8}, dy, true); }, {"options"});
+    // A backward turns the forward's saved gates into its gradients: a second one is refused, not wrong.
+    (void)rnn_backward(o, train, x, w, dy, true);
+    expect_error([&] { rnn_backward(o, train, x, w, dy, true); }, {"already taken by a backward"});
   }
 
   void device_mismatch() {

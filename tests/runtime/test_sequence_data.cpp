@@ -181,6 +181,79 @@ class SequenceDataTest : public QObject {
     QVERIFY2(offsets.size() > 1, "the seed does not move the offset");
   }
 
+  // The lines partition against d2l 10.5's truncate_pad, written here from the line strings: each line
+  // preprocessed by itself, <bos> line <eos> cut or padded with <pad> to T, the reserved ids after <unk>, the
+  // last lines as the test split, and padding reaching a batch's pad_target so that the loss can leave it out.
+  void the_lines_partition_pads_each_line_as_d2l_does() {
+    Files files;
+    const QByteArray text =
+        "Go now.\r\n\n   \nI lost!\nA much longer line than the others, cut at num_steps.\nHi\nwe won\n";
+    for (TokenUnit unit : {TokenUnit::Char, TokenUnit::Word}) {
+      const int64_t steps = unit == TokenUnit::Char ? 8 : 4;
+      TextOptions o = textOptions(files.write("lines.txt", text), steps);
+      o.partition = TextOptions::Partition::Lines;
+      o.tokens = unit;
+      o.test_fraction = 0.4;  // 5 lines with tokens: the last 2 are the test split
+      const TextData d = load_text(o);
+      QVERIFY(d.test);
+      // The independent cut: every line by itself, blank ones left out.
+      std::vector<QStringList> lines;
+      for (const QByteArray& raw : text.split('\n')) {
+        const QString line = d2lPreprocess(raw).trimmed();
+        if (line.isEmpty()) continue;
+        lines.push_back(unit == TokenUnit::Char ? characters(line) : line.split(' ', Qt::SkipEmptyParts));
+      }
+      QCOMPARE(lines.size(), size_t(5));
+      QStringList trainTokens;
+      for (size_t l = 0; l < 3; ++l) trainTokens += lines[l];
+      Counted want = countTokens(trainTokens, 0);
+      want.vocabulary.insert(want.vocabulary.begin() + 1, {"<pad>", "<bos>", "<eos>"});
+      want.counts.insert(want.counts.begin() + 1, {0, 0, 0});
+      QCOMPARE(d.train->vocabulary, want.vocabulary);
+      QCOMPARE(d.train->token_counts, want.counts);
+      QCOMPARE(d.test->vocabulary, want.vocabulary);
+      QCOMPARE(d.train->pad_target, int64_t(1));
+      QCOMPARE(d.train->count, int64_t(3));
+      QCOMPARE(d.test->count, int64_t(2));
+      std::map<QString, float> id;
+      for (size_t i = 0; i < want.vocabulary.size(); ++i) id[QString::fromStdString(want.vocabulary[i])] = float(i);
+      for (size_t l = 0; l < lines.size(); ++l) {
+        const Dataset& set = l < 3 ? *d.train : *d.test;
+        const int64_t i = l < 3 ? int64_t(l) : int64_t(l - 3);
+        // d2l: the input <bos> L, the target L <eos>, each through truncate_pad(·, T, <pad>).
+        std::vector<float> ids;
+        for (const QString& tok : lines[l]) ids.push_back(id.count(tok) ? id[tok] : 0.0f);
+        std::vector<float> x{2}, y = ids;  // <bos>
+        x.insert(x.end(), ids.begin(), ids.end());
+        y.push_back(3);  // <eos>
+        for (std::vector<float>* v : {&x, &y}) v->resize(size_t(steps), 1.0f);  // cut, or padded with <pad>
+        QCOMPARE(row(set.values.data(), steps, i), x);
+        QCOMPARE(row(set.targets.data(), steps, i), y);
+      }
+      // A batch says which labels are padding, and counts them.
+      LoaderOptions lo;
+      lo.batch_size = 3;
+      lo.shuffle = false;
+      DataLoader loader(d.train, lo);
+      loader.start_epoch(0);
+      const HostBatchPtr b = loader.next();
+      QVERIFY(b);
+      QCOMPARE(b->pad_target, int64_t(1));
+      QCOMPARE(b->padded_targets(), int64_t(std::count(d.train->targets.begin(), d.train->targets.end(), 1.0f)));
+      QVERIFY(b->padded_targets() > 0);
+    }
+    // Lines without tokens, or too few lines for both splits.
+    TextOptions blank = textOptions(files.write("blank.txt", "\n  \n!!!\n"), 4);
+    blank.partition = TextOptions::Partition::Lines;
+    expect_error([&] { load_text(blank); }, {"blank.txt", "no line with character tokens"});
+    TextOptions one = textOptions(files.write("one.txt", "just one line\n"), 4);
+    one.partition = TextOptions::Partition::Lines;
+    one.test_fraction = 0.2;
+    expect_error([&] { load_text(one); }, {"one.txt", "1 lines", "too few", "test_fraction"});
+    one.test_fraction = 0;
+    QCOMPARE(load_text(one).train->count, int64_t(1));
+  }
+
   void the_random_partition_is_shuffled_every_epoch() {
     if (gpl3().isEmpty()) QSKIP("/usr/share/common-licenses/GPL-3 is not installed");
     const DatasetPtr d = load_text(textOptions(kGpl3, 10)).train;
@@ -608,6 +681,21 @@ class SequenceDataTest : public QObject {
     TextOptions o = textOptions(files.write("huge-line.txt", QByteArray(4 << 20, 'z')), 64);
     const DatasetPtr d = load_text(o).train;
     QCOMPARE(d->vocabulary, (std::vector<std::string>{"<unk>", "z"}));
+    // By lines: the 4 MB line is one sample, cut to num_steps; four million line breaks are no samples, and
+    // a million one-letter lines are a million samples.
+    o.partition = TextOptions::Partition::Lines;
+    const DatasetPtr one = load_text(o).train;
+    QCOMPARE(one->count, int64_t(1));
+    QCOMPARE(one->values[63], 4.0f);   // <bos> then 63 of "z" (id 4 after the reserved tokens)
+    QCOMPARE(one->targets[63], 4.0f);     // cut: no <eos> in sight
+    TextOptions breaks = textOptions(files.write("breaks.txt", QByteArray(4 << 20, '\n')), 64);
+    breaks.partition = TextOptions::Partition::Lines;
+    expect_error([&] { load_text(breaks); }, {"breaks.txt", "no line with"});
+    QByteArray many;
+    for (int i = 0; i < 1000000; ++i) many += "a\n";
+    TextOptions short_lines = textOptions(files.write("many.txt", many), 3);
+    short_lines.partition = TextOptions::Partition::Lines;
+    QCOMPARE(load_text(short_lines).train->count, int64_t(1000000));
     // Random bytes: refused as not UTF-8 (or NUL), never a crash.
     QByteArray noise(1 << 16, '\0');
     uint32_t state = 12345;

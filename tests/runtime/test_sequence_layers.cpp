@@ -26,6 +26,36 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
   return m;
 }
 
+// Softmax cross-entropy in float64, row by row of `classes` logits: the sum of the losses, the correct argmax
+// predictions, the rows counted and each logit's gradient of the sum (zero in a row labelled `pad`, which
+// counts for nothing).
+struct CeReference {
+  double sum = 0, correct = 0, counted = 0;
+  std::vector<double> grad;
+};
+CeReference ce_reference(const std::vector<float>& z, const std::vector<float>& labels, int64_t classes,
+                         int64_t pad = -1) {
+  CeReference out;
+  out.grad.assign(z.size(), 0.0);
+  for (size_t r = 0; r < labels.size(); ++r) {
+    if (labels[r] == static_cast<float>(pad)) continue;
+    const float* row = z.data() + r * classes;
+    double mx = row[0], se = 0;
+    int64_t arg = 0;
+    for (int64_t j = 1; j < classes; ++j)
+      if (row[j] > mx) mx = row[j], arg = j;
+    for (int64_t j = 0; j < classes; ++j) se += std::exp(row[j] - mx);
+    const int64_t label = static_cast<int64_t>(labels[r]);
+    out.sum += std::log(se) + mx - row[label];
+    out.correct += arg == label;
+    out.counted += 1;
+    for (int64_t j = 0; j < classes; ++j)
+      out.grad[r * classes + j] = std::exp(row[j] - mx) / se - (j == label ? 1.0 : 0.0);
+  }
+  return out;
+}
+
+
 std::vector<float> iota_values(size_t n, float scale = 0.1f) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>((i * 7) % 23) - 1.0f;
@@ -155,17 +185,8 @@ class SequenceLayersTest : public QObject {
     const int64_t n = 2, t = 3, v = 4;
     const std::vector<float> z = iota_values(n * t * v, 0.4f);
     const std::vector<float> labels{3, 0, 1, 2, 2, 0};
-    double sum = 0, correct = 0;
-    for (int64_t r = 0; r < n * t; ++r) {
-      const float* row = z.data() + r * v;
-      double mx = row[0], se = 0;
-      int64_t arg = 0;
-      for (int64_t j = 1; j < v; ++j)
-        if (row[j] > mx) mx = row[j], arg = j;
-      for (int64_t j = 0; j < v; ++j) se += std::exp(row[j] - mx);
-      sum += std::log(se) + mx - row[static_cast<int64_t>(labels[r])];
-      correct += arg == static_cast<int64_t>(labels[r]);
-    }
+    const CeReference want = ce_reference(z, labels, v);
+    const double sum = want.sum, correct = want.correct;
     const CrossEntropy ce = softmax_cross_entropy(from_values(*rt_, {n, t, v}, device_, z),
                                                   from_values(*rt_, {n, t}, device_, labels));
     QCOMPARE(ce.dlogits.shape(), (Shape{n, t, v}));
@@ -173,6 +194,37 @@ class SequenceLayersTest : public QObject {
     QVERIFY(max_abs_diff(to_host(ce.stats), {sum, correct}) < 1e-4);
     expect_error([&] { softmax_cross_entropy(zeros(*rt_, {2, 3, 4}, device_), zeros(*rt_, {2}, device_)); },
                  {"labels", "[2, 3]"});
+  }
+
+  // Padding (ignore_index): a padded row has no loss, no gradient and no count; the mean and, with grad_scale
+  // 0, the gradient are over the counted rows (torch's CrossEntropyLoss(ignore_index)), and an explicit
+  // grad_scale keeps every row in the mean (the trainer's, d2l's MaskedSoftmaxCELoss). Against float64 here.
+  void cross_entropy_leaves_padded_steps_out() {
+    const int64_t n = 2, t = 3, v = 5, pad = 1;
+    const std::vector<float> z = iota_values(n * t * v, 0.3f);
+    const std::vector<float> labels{3, 0, 1, 4, 1, 1};  // rows 2, 4 and 5 are padding
+    const CeReference want = ce_reference(z, labels, v, pad);
+    const double sum = want.sum, correct = want.correct, counted = want.counted;
+    const std::vector<double>& grad = want.grad;
+    const Tensor tz = from_values(*rt_, {n, t, v}, device_, z), tl = from_values(*rt_, {n, t}, device_, labels);
+    const CrossEntropy ce = softmax_cross_entropy(tz, tl, true, 0, 0, pad);
+    QVERIFY(std::fabs(item(ce.loss) - sum / counted) < 1e-5);
+    QVERIFY(max_abs_diff(to_host(ce.stats), {sum, correct}) < 1e-4);
+    std::vector<double> mean_grad(grad.size()), all_rows(grad.size());
+    for (size_t i = 0; i < grad.size(); ++i) mean_grad[i] = grad[i] / counted, all_rows[i] = grad[i] / (n * t);
+    QVERIFY(max_abs_diff(to_host(ce.dlogits), mean_grad) < 1e-6);
+    const CrossEntropy scaled = softmax_cross_entropy(tz, tl, true, 1.0f / float(n * t), 0, pad);
+    QVERIFY(max_abs_diff(to_host(scaled.dlogits), all_rows) < 1e-6);
+    // Only padding: nothing to average (torch's NaN), no gradient.
+    const CrossEntropy none = softmax_cross_entropy(tz, from_values(*rt_, {n, t}, device_, std::vector<float>(6, 1.0f)),
+                                                    true, 0, 0, pad);
+    QVERIFY(std::isnan(item(none.loss)));
+    QVERIFY(max_abs_diff(to_host(none.stats), {0, 0}) == 0);
+    QVERIFY(max_abs_diff(to_host(none.dlogits), std::vector<double>(size_t(n * t * v), 0.0)) == 0);
+    // Without ignore_index a label of -1 is still an error, and ignore_index must be a class.
+    expect_error([&] { item(softmax_cross_entropy(tz, from_values(*rt_, {n, t}, device_, {3, 0, -1, 4, 1, 1})).loss); },
+                 {"not a class index"});
+    expect_error([&] { softmax_cross_entropy(tz, tl, true, 0, 0, v); }, {"ignore_index 5", "[0, 5)"});
   }
 
   void sequence_layers_infer_shapes_counts_and_flops() {

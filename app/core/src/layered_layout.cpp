@@ -2,6 +2,8 @@
 
 #include <QSet>
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "gpunodes/core/graph_document.h"
@@ -123,9 +125,27 @@ QHash<QString, QPointF> layeredLayout(const QList<QString>& ids, const QList<QPa
       bestPos = pos;
     }
   }
+  // Bands of `perBand` columns, one under the other, once one band would be more than twice as wide as
+  // asked: the count whose drawing comes nearest the aspect asked for (compared as a ratio, so too wide and
+  // too tall weigh alike). A drawing that fits the proportions roughly stays one line, easier to follow.
+  double lowest = 0, highest = 0;
+  for (double p : bestPos) lowest = std::min(lowest, p), highest = std::max(highest, p);
+  const double bandHeight = (highest - lowest + 2) * options.rowHeight;
+  const int ranks = std::max<int>(1, int(best.size()));
+  int perBand = ranks;
+  if (options.aspect > 0 && ranks * options.columnWidth / bandHeight > 2 * options.aspect) {
+    double nearest = std::numeric_limits<double>::max();
+    for (int k = 1; k <= ranks; ++k) {
+      const int bands = (ranks + k - 1) / k;
+      const double off = std::abs(std::log(k * options.columnWidth / (bands * bandHeight) / options.aspect));
+      if (off < nearest - 1e-9) nearest = off, perBand = k;
+    }
+  }
   QHash<QString, QPointF> out;
   for (int r = 0; r < best.size(); ++r)
-    for (int v : best[r]) out.insert(ids[v], QPointF(r * options.columnWidth, bestPos[v] * options.rowHeight));
+    for (int v : best[r])
+      out.insert(ids[v], QPointF((r % perBand) * options.columnWidth,
+                                 (r / perBand) * bandHeight + (bestPos[v] - lowest) * options.rowHeight));
   return out;
 }
 

@@ -1,10 +1,12 @@
 #include "canvas/graph_view.h"
 
 #include <QCursor>
+#include <QFileInfo>
 #include <QGraphicsLineItem>
 #include <QKeyEvent>
 #include <QMimeData>
 #include <QScrollBar>
+#include <QUrl>
 #include <QVarLengthArray>
 #include <cmath>
 
@@ -21,10 +23,6 @@ namespace gn::editor {
 using core::Endpoint;
 
 namespace {
-
-bool droppable(const QMimeData* mime) {
-  return mime->hasFormat(kNodeTypeMime) || mime->hasFormat(kBlockMime);
-}
 
 // A node dropped or placed at a point has its title bar under it, a little right of its left edge.
 const QPointF kGrabOffset(20, 13);
@@ -304,6 +302,18 @@ void GraphView::drawBackground(QPainter* p, const QRectF& rect) {
   }
 }
 
+QString GraphView::droppedFile(const QMimeData* mime) const {
+  for (const QUrl& url : mime->urls())
+    if (url.isLocalFile() &&
+        droppableSuffixes_.contains(QFileInfo(url.toLocalFile()).suffix(), Qt::CaseInsensitive))
+      return url.toLocalFile();
+  return {};
+}
+
+bool GraphView::droppable(const QMimeData* mime) const {
+  return mime->hasFormat(kNodeTypeMime) || mime->hasFormat(kBlockMime) || !droppedFile(mime).isEmpty();
+}
+
 void GraphView::dragEnterEvent(QDragEnterEvent* e) {
   if (droppable(e->mimeData()))
     e->acceptProposedAction();
@@ -324,6 +334,12 @@ void GraphView::dropEvent(QDropEvent* e) {
     return;
   }
   const QPointF sp = mapToScene(e->position().toPoint()) - kGrabOffset;
+  if (const QString file = droppedFile(e->mimeData()); !file.isEmpty()) {
+    e->acceptProposedAction();
+    // After the drop returns: the import asks questions, and a file manager waits for the drop to end.
+    QMetaObject::invokeMethod(this, [this, file] { emit fileDropped(file); }, Qt::QueuedConnection);
+    return;
+  }
   if (e->mimeData()->hasFormat(kBlockMime)) {
     emit blockDropped(QString::fromUtf8(e->mimeData()->data(kBlockMime)), sp);
   } else {

@@ -13,6 +13,7 @@
 #include "gpunodes/core/graph_document.h"
 
 class QGraphicsLineItem;
+class QMimeData;
 
 namespace gn::editor {
 
@@ -68,6 +69,8 @@ class GraphView : public QGraphicsView {
 
   FindBar* findBar() const { return findBar_; }
   Minimap* minimap() const { return minimap_; }
+  // Local files with one of these suffixes (no dot, any case) may be dropped on the canvas: fileDropped.
+  void setDroppableSuffixes(const QStringList& suffixes) { droppableSuffixes_ = suffixes; }
 
   // Opens the node search popup at a viewport position; with a dragged port, it lists only compatible types
   // and wires the new node in.
@@ -80,6 +83,8 @@ class GraphView : public QGraphicsView {
   void runToHereRequested(const QStringList& nodeIds);
   // A library block dropped at scenePos: its file, for the window to add (it knows the level's path).
   void blockDropped(const QString& path, QPointF scenePos);
+  // A file with a droppable suffix dropped from outside (a file manager): its local path.
+  void fileDropped(const QString& path);
 
  protected:
   // Ctrl+right-drag cuts wires, middle or Space+left drag pans, a left press on a port drags a wire.
@@ -99,8 +104,13 @@ class GraphView : public QGraphicsView {
   void resizeEvent(QResizeEvent* e) override;
 
  private:
+  // The first dropped local file with a droppable suffix, or empty.
+  QString droppedFile(const QMimeData* mime) const;
+  bool droppable(const QMimeData* mime) const;
+
   void endCut(bool apply);
 
+  QStringList droppableSuffixes_;
   GraphScene* scene_;
   WireDragController* wireDrag_;
   bool panning_ = false, spaceHeld_ = false;

@@ -1,5 +1,7 @@
 #include "canvas/node_painter.h"
 
+#include <algorithm>
+
 #include <QPainter>
 #include <QStyleOptionGraphicsItem>
 
@@ -43,6 +45,7 @@ void NodePainter::paint(QPainter* p, const QStyleOptionGraphicsItem* option, con
     p->drawRect(g.body());
     p->fillRect(QRectF(0, 0, width, kNodeHeader), node.headerColor());
     if (node.runStatus() != RunStatus::Idle) p->fillRect(QRectF(width - 40, 0, 40, kNodeHeader), statusColor);
+    paintOverviewLabel(p, node, lod);
     return;
   }
   if (lod < kLodNoDetail) {
@@ -59,6 +62,7 @@ void NodePainter::paint(QPainter* p, const QStyleOptionGraphicsItem* option, con
                     portColorOf(node, out, i, node.graphScene()->portDimmed(&node, out, i)));
     }
     if (hasErrors && !g.collapsed()) p->fillRect(g.errorStripRect(), style::kErrorStrip);
+    paintOverviewLabel(p, node, lod);
     return;
   }
   p->setRenderHint(QPainter::Antialiasing, true);
@@ -85,6 +89,21 @@ void NodePainter::paintBox(QPainter* p, const NodeItem& node) {
   p->drawRect(g.body());
   p->fillRect(QRectF(0, 0, g.body().width(), kNodeHeader),
               node.ports().missing ? style::kNodeHeaderInactive : node.headerColor());
+}
+
+void NodePainter::paintOverviewLabel(QPainter* p, const NodeItem& node, qreal lod) {
+  // Further out a canvas shows hundreds of nodes and a label each would be noise (and cost).
+  constexpr qreal kLodNoLabel = 0.15, kLabelPixels = 11;
+  const NodeGeometry& g = node.geometry();
+  if (lod < kLodNoLabel || g.collapsed()) return;
+  const QRectF area = g.body().adjusted(4, kNodeHeader, -4, 0);
+  if (area.height() <= 0 || area.width() <= 0) return;
+  QFont font = canvasFonts().title;
+  font.setPixelSize(std::max(1, int(std::min(kLabelPixels / lod, area.height() * 0.8))));
+  p->setFont(font);
+  p->setPen(style::kNodeText);
+  const QString text = QFontMetricsF(font).elidedText(node.id(), Qt::ElideMiddle, area.width());
+  p->drawText(area, Qt::AlignCenter, text);
 }
 
 void NodePainter::paintHeader(QPainter* p, const NodeItem& node) {

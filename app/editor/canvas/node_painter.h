@@ -25,6 +25,9 @@ class NodePainter {
  private:
   // The zoomed-out node: its outline and title bar, without antialiasing.
   static void paintBox(QPainter* p, const NodeItem& node);
+  // Zoomed out, where the header's text is too small to read: the node's id across its body, in a font
+  // that stays about 11 px on screen, so that a framed big graph (an imported ResNet) still names its nodes.
+  static void paintOverviewLabel(QPainter* p, const NodeItem& node, qreal lod);
   static void paintHeader(QPainter* p, const NodeItem& node);
   static void paintPorts(QPainter* p, const NodeItem& node);
   static void paintSummary(QPainter* p, const NodeItem& node);

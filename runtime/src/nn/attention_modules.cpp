@@ -1,6 +1,7 @@
 // The modules of the drawn attention layers (d2l chapter 11): LayerNorm, MultiheadAttention, the primitives
 // of d2l 11.3 (BatchMatMul, Softmax, Mul, Scale), the positional layers, ClassToken and FirstStep. Shapes
 // here include the batch axis: a sequence batch is [N, T, E].
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -80,7 +81,10 @@ void check_weights_fit(const Tensor& like, const std::string& id, int64_t n, int
 // nn.MultiheadAttention(E, num_heads, dropout, bias, batch_first=True), its parameters named and
 // initialised as PyTorch's (in_proj_weight Xavier-uniform, out_proj.weight U(-1/sqrt(E), 1/sqrt(E)), biases
 // zero). With only q wired it is self-attention and projects q once through the fused [3E, E] weight; with
-// k (and v) wired each input goes through its own third. causal masks each query's later keys.
+// k (and v) wired each input goes through its own third. causal masks each query's later keys; valid_lens
+// ([N, 1], whole numbers, the 4th input; k and v may be open before it) gives keys at or past a sample's
+// length no weight (torch's key_padding_mask = arange(Tk) >= len), and a sample of length 0 all-zero weights
+// (its output is out_proj's bias). No gradient reaches valid_lens.
 class MultiheadAttentionM final : public Module {
  public:
   MultiheadAttentionM(Builder& b, const LayerSpec& l, int64_t e, uint64_t seed)
@@ -97,13 +101,21 @@ class MultiheadAttentionM final : public Module {
 
   Tensor forward_inputs(const std::vector<Tensor>& xs, Mode mode) override {
     const Tensor& q = xs.at(0);
-    const Tensor& k = xs.size() > 1 ? xs[1] : q;
-    const Tensor& v = xs.size() > 2 ? xs[2] : k;
+    const bool k_own = xs.size() > 1 && xs[1].defined(), v_own = xs.size() > 2 && xs[2].defined();
+    const Tensor& k = k_own ? xs[1] : q;
+    const Tensor& v = v_own ? xs[2] : k;
     const int64_t n = q.shape()[0], tq = q.shape()[1], tk = k.shape()[1], d = e_ / heads_;
+    Tensor lens;
+    if (xs.size() > 3 && xs[3].defined()) {
+      if (xs[3].numel() != n)
+        throw ShapeError(id_ + ": valid_lens holds " + std::to_string(xs[3].numel()) + " values for " +
+                         std::to_string(n) + " samples of q");
+      lens = xs[3].reshaped({n});
+    }
     check_weights_fit(q, id_, n, heads_, tq, tk);
     Saved s;
-    s.inputs = xs;
-    if (xs.size() == 1) {
+    s.inputs = {q, k_own ? k : Tensor(), v_own ? v : Tensor()};
+    if (!k_own) {
       const Tensor p = linear(rows_of(q), in_w_.value, in_b_.value).reshaped({n, tq, 3 * e_});
       std::vector<Tensor> parts = split_heads(p, 3, heads_);
       s.q = parts[0], s.k = parts[1], s.v = parts[2];
@@ -113,7 +125,7 @@ class MultiheadAttentionM final : public Module {
       s.v = split_heads(linear_part(v, in_w_.value, in_b_.value, 2, 3), 1, heads_)[0];
     }
     const float alpha = 1.0f / std::sqrt(static_cast<float>(d));
-    s.weights = masked_softmax(bmm(s.q, s.k, {false, true, alpha}), {causal_, Tensor(), heads_});
+    s.weights = masked_softmax(bmm(s.q, s.k, {false, true, alpha}), {causal_, lens, heads_});
     s.dropped = s.weights;
     if (mode == Mode::Train && p_ > 0) {
       DropoutResult r = dropout(s.weights, p_, dropout_seed(seed_, train_forwards_));
@@ -145,8 +157,8 @@ class MultiheadAttentionM final : public Module {
     const Tensor d_weights = s.mask.defined() ? dropout_backward(value.da, s.mask) : value.da;
     const float alpha = 1.0f / std::sqrt(static_cast<float>(d));
     BmmGrads score = bmm_backward(s.q, s.k, softmax_backward(s.weights, d_weights), {false, true, alpha}, true, true);
-    std::vector<Tensor> dx(s.inputs.size());
-    if (s.inputs.size() == 1) {
+    std::vector<Tensor> dx(need.size());  // none for valid_lens
+    if (!s.inputs[1].defined()) {
       const Tensor dp = rows_of(merge_heads({score.da, score.db, value.db}, heads_));
       LinearGrads in = linear_backward(rows_of(q), in_w_.value, dp, need.at(0), bias);
       in_w_.grad = in.dw;
@@ -159,16 +171,16 @@ class MultiheadAttentionM final : public Module {
     const Tensor dq = linear_part_backward(q, in_w_.value, merge_heads({score.da}, heads_), 0, 3, in_w_.grad,
                                            in_b_.grad, need.at(0));
     const Tensor& k = s.inputs[1];
-    const Tensor& v = s.inputs.size() > 2 ? s.inputs[2] : k;
     // v = k when v is not wired: both of its gradients reach k.
-    const bool v_own = s.inputs.size() > 2;
+    const bool v_own = s.inputs[2].defined();
+    const Tensor& v = v_own ? s.inputs[2] : k;
     const Tensor dk = linear_part_backward(k, in_w_.value, merge_heads({score.db}, heads_), 1, 3, in_w_.grad,
                                            in_b_.grad, need.at(1));
     const Tensor dv = linear_part_backward(v, in_w_.value, merge_heads({value.db}, heads_), 2, 3, in_w_.grad,
                                            in_b_.grad, v_own ? need.at(2) : need.at(1));
     dx[0] = dq;
     if (need[1]) dx[1] = v_own ? dk : add(dk, dv);
-    if (v_own && need[2]) dx[2] = dv;
+    if (v_own && need.at(2)) dx[2] = dv;
     return dx;
   }
 
@@ -193,7 +205,7 @@ class MultiheadAttentionM final : public Module {
   }
 
  private:
-  // What backward needs: the inputs, the heads of the projections [N * heads, T, d], the weights (before and
+  // What backward needs: q, k and v (k and v undefined where not wired), the heads of the projections [N * heads, T, d], the weights (before and
   // after dropout, with its mask) and the merged values as rows.
   struct Saved {
     std::vector<Tensor> inputs;
@@ -393,6 +405,28 @@ class FirstStepM final : public Module {
   int64_t steps_ = 0;
 };
 
+// d2l's valid_len = (X != pad).sum(1): token ids x [N, T] -> [N, 1], the count of ids that are not pad_id.
+// Composed of element-wise ops and one product, so it runs wherever they do: for whole numbers d = x - pad,
+// relu(1 - relu(d) - relu(-d)) is 1 exactly where d = 0, and T minus their sum is the count. No gradient.
+class ValidLengthM final : public Module {
+ public:
+  explicit ValidLengthM(int64_t pad) : pad_(static_cast<float>(pad)) {}
+  Tensor forward(const Tensor& x, Mode) override {
+    const int64_t n = x.shape()[0], t = x.numel() / std::max<int64_t>(n, 1);
+    const Tensor d = scale_shift(x.reshaped({n, t}), 1, -pad_);
+    const Tensor off = add(relu(d), relu(scale_shift(d, -1, 0)));
+    const Tensor is_pad = relu(scale_shift(off, -1, 1));
+    const Tensor pads = matmul(is_pad, ones(x.runtime(), {t, 1}, x.device()));
+    return scale_shift(pads, -1, static_cast<float>(t));
+  }
+  Tensor backward(const Tensor&, bool) override { return Tensor(); }
+  Shape out_shape(const Shape& in) const override { return {in[0], 1}; }
+  std::string describe() const override { return "ValidLength(pad_id=" + std::to_string(int64_t(pad_)) + ")"; }
+
+ private:
+  float pad_;
+};
+
 // d2l 11.2's NWKernelRegression: rows (query, key, value) of x [N, T, 3]; for each query i the pooling
 // sum_j softmax_j(-((q_i - k_j) w)^2 / 2) v_j over every row's key and value, with w [1] from U(0, 1)
 // (torch.rand). In training each query leaves out the key of its own row (its training point), as d2l
@@ -498,6 +532,8 @@ std::unique_ptr<Module> make_attention_module(Builder& b, const LayerSpec& l, co
       return std::make_unique<FirstStepM>();
     case LayerKind::NadarayaWatson:
       return std::make_unique<NadarayaWatsonM>(b);
+    case LayerKind::ValidLength:
+      return std::make_unique<ValidLengthM>(l.pad_id);
     default:
       return nullptr;
   }

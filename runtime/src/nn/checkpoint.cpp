@@ -170,7 +170,7 @@ void write_checkpoint(const std::string& path, const TrainingCheckpoint& c) {
                            {"seconds", exact(c.seconds)},
                            {"epoch_seconds", exact(c.epoch_seconds)},
                            {"totals", exact(c.totals.loss_sum) + " " + exact(c.totals.correct) + " " +
-                                          std::to_string(c.totals.samples)},
+                                          std::to_string(c.totals.samples) + " " + std::to_string(c.totals.padded)},
                            {"shares", shares},
                            {"metric_series", names}});
   if (c.loss_scale > 0)
@@ -216,9 +216,14 @@ TrainingCheckpoint read_checkpoint(const std::string& path) {
   c.seconds = r.number("seconds");
   c.epoch_seconds = r.number("epoch_seconds");
   const std::vector<double> totals = r.numbers("totals");
-  if (totals.size() != 3 || totals[2] < 0 || totals[2] != std::floor(totals[2]))
-    r.fail("'totals' is not 'loss_sum correct samples'");
-  c.totals = {totals[0], totals[1], static_cast<int64_t>(totals[2])};
+  // A checkpoint written before padded targets were counted has three numbers: none was padding.
+  auto count = [](double v) { return v >= 0 && v == std::floor(v); };
+  if ((totals.size() != 3 && totals.size() != 4) || !count(totals[2]) || (totals.size() == 4 && !count(totals[3])))
+    r.fail("'totals' is not 'loss_sum correct samples padded'");
+  c.totals.loss_sum = totals[0];
+  c.totals.correct = totals[1];
+  c.totals.samples = static_cast<int64_t>(totals[2]);
+  c.totals.padded = totals.size() == 4 ? static_cast<int64_t>(totals[3]) : 0;
   c.shares = r.numbers("shares");
   if (h.find_metadata("loss_scale")) {
     const std::vector<double> ls = r.numbers("loss_scale");

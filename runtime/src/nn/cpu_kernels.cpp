@@ -1,6 +1,6 @@
 // CPU layer kernels. Convolutions (grouped ones too) and activations use oneDNN; linear layers OpenBLAS (as
 // PyTorch does here); batch norm, pooling, dropout, channel concat, the loss and the optimizers are OpenMP
-// loops, being memory-bound.
+// loops, being memory-bound (batch norm in cpu_batchnorm.cpp).
 //
 // Convolution: oneDNN, chosen by measurement on this machine's 2-core AVX-512 EPYC (tests/bench/train_bench
 // prints the table again). Forward + backward, 2 threads, ms, oneDNN vs im2col + OpenBLAS sgemm over the
@@ -43,6 +43,8 @@
 #include "../cpu/host_scratch.h"
 #include "gpunodes/random.h"
 #include "../cpu/cpu_bf16_gemm.h"
+#include "cpu_batchnorm.h"
+#include "cpu_parallel.h"
 #include "kernels.h"
 #include "recurrent_kernels.h"
 
@@ -53,9 +55,7 @@ using dnnl::memory;
 using Tag = memory::format_tag;
 using Dt = memory::data_type;
 
-// Loops go parallel only when the work pays for waking the team: memory-bound loops of fewer elements finish
-// in about the time a parallel region costs, and far faster than one costs on a busy machine.
-constexpr int64_t kParallelMin = 1 << 17;
+constexpr int64_t kParallelMin = kCpuParallelMin;
 
 // --- per-thread oneDNN state -------------------------------------------------------------------------------
 
@@ -135,7 +135,7 @@ struct ConvKeyOf {
   auto operator<=>(const ConvKeyOf&) const = default;
 };
 
-// Our layout of an activation with channel block `block` (1: NCHW).
+// Our layout of an activation with channel block `block` (1: NCHW; all its channels: NHWC, cpu_layout.h).
 memory::desc activation_desc(const memory::dims& d, int64_t block) {
   switch (block) {
     case 1:
@@ -145,7 +145,9 @@ memory::desc activation_desc(const memory::dims& d, int64_t block) {
     case 16:
       return memory::desc(d, Dt::f32, Tag::nChw16c);
   }
-  throw Error("no oneDNN layout for a channel block of " + std::to_string(block));
+  if (block == d[1]) return memory::desc(d, Dt::f32, Tag::nhwc);
+  throw Error("no oneDNN layout for a channel block of " + std::to_string(block) + " of " +
+              std::to_string(d[1]) + " channels");
 }
 
 struct ConvPrims {
@@ -291,145 +293,6 @@ EltPrims& elt_prims(Activation kind, int64_t n) {
   return *slot;
 }
 
-// --- batch norm ------------------------------------------------------------------------------------------
-
-// Batch norm runs over NCHW (block 1) and the blocked layouts alike: value (n, c, j) of a channel block cb =
-// c / B and lane l = c % B sits at ((n * C / B + cb) * HW + j) * B + l. With B a compile-time constant the
-// lane loops vectorise, and a blocked layout's channels are normalised side by side.
-struct BnForward {
-  const float *x, *gamma, *beta, *residual;
-  float *running_mean, *running_var, *y, *save_mean, *save_invstd;
-  bool training;
-  float momentum, eps;
-};
-struct BnBackward {
-  const float *x, *y, *dy, *gamma, *save_mean, *save_invstd;  // y: the output, read with a fused ReLU
-  float *dx, *dresidual, *dgamma, *dbeta;
-};
-
-template <class F>
-void with_block(int64_t block, F f) {
-  switch (block) {
-    case 1:
-      return f(std::integral_constant<int, 1>());
-    case 8:
-      return f(std::integral_constant<int, 8>());
-    case 16:
-      return f(std::integral_constant<int, 16>());
-  }
-  throw Error("batch norm: no kernel for a channel block of " + std::to_string(block));
-}
-
-// Calls f(e, l) for every value of channel block cb: e its index in the array, l its lane. Image by image and
-// position by position, with the block's B lanes as one SIMD loop: every pass of the batch norm kernels.
-template <int B, class F>
-inline void for_each_in_block(const BnShape& s, int64_t cb, F&& f) {
-  const int64_t blocks = s.c / B, plane = s.hw * B;
-  for (int64_t i = 0; i < s.n; ++i) {
-    const int64_t at = (i * blocks + cb) * plane;
-    for (int64_t j = 0; j < s.hw; ++j)
-#pragma omp simd
-      for (int l = 0; l < B; ++l) f(at + j * B + l, l);
-  }
-}
-
-// Relu and Residual (one is added) are template parameters so that the lane loops stay branch-free.
-template <int B, bool Relu, bool Residual>
-void bn_forward(const BnShape& s, const BnForward& a) {
-  const BnForward& st = a;
-  const int64_t blocks = s.c / B, m = s.n * s.hw, plane = s.hw * B;
-#pragma omp parallel for if (s.n * s.c * s.hw > kParallelMin)
-  for (int64_t cb = 0; cb < blocks; ++cb) {
-    double mean[B], invstd[B];
-    if (st.training) {
-      // One pass in double, around each channel's first value: shifted that way, sum(d^2) - sum(d)^2 / m
-      // does not cancel the way the raw E[x^2] - E[x]^2 does for large means, and x is read once, not twice.
-      double k[B], s1[B] = {}, s2[B] = {};
-      for (int l = 0; l < B; ++l) k[l] = a.x[cb * plane + l];
-      for_each_in_block<B>(s, cb, [&](int64_t e, int l) {
-        const double d = a.x[e] - k[l];
-        s1[l] += d;
-        s2[l] += d * d;
-      });
-      for (int l = 0; l < B; ++l) {
-        const int64_t c = cb * B + l;
-        const double sq = std::max(0.0, s2[l] - s1[l] * s1[l] / static_cast<double>(m));
-        const double var = sq / static_cast<double>(m);
-        mean[l] = k[l] + s1[l] / static_cast<double>(m);
-        invstd[l] = 1.0 / std::sqrt(var + st.eps);
-        a.save_mean[c] = static_cast<float>(mean[l]);
-        a.save_invstd[c] = static_cast<float>(invstd[l]);
-        const double unbiased = m > 1 ? sq / static_cast<double>(m - 1) : var;
-        st.running_mean[c] =
-            static_cast<float>((1.0 - st.momentum) * st.running_mean[c] + st.momentum * mean[l]);
-        st.running_var[c] =
-            static_cast<float>((1.0 - st.momentum) * st.running_var[c] + st.momentum * unbiased);
-      }
-    } else {
-      for (int l = 0; l < B; ++l) {
-        mean[l] = st.running_mean[cb * B + l];
-        invstd[l] = 1.0 / std::sqrt(static_cast<double>(st.running_var[cb * B + l]) + st.eps);
-      }
-    }
-    float scale[B], shift[B];
-    for (int l = 0; l < B; ++l) {
-      const int64_t c = cb * B + l;
-      scale[l] = static_cast<float>(a.gamma[c] * invstd[l]);
-      shift[l] = static_cast<float>(st.beta[c] - mean[l] * a.gamma[c] * invstd[l]);
-    }
-    for_each_in_block<B>(s, cb, [&](int64_t e, int l) {
-      float v = a.x[e] * scale[l] + shift[l];
-      if constexpr (Residual) v += a.residual[e];
-      if constexpr (Relu) v = v < 0.0f ? 0.0f : v;  // PyTorch's relu: NaN stays NaN
-      a.y[e] = v;
-    });
-  }
-}
-
-// Relu and Residual (dresidual is written) are template parameters so that the lane loops stay branch-free.
-template <int B, bool Relu, bool Residual>
-void bn_backward(const BnShape& s, const BnBackward& g) {
-  const int64_t blocks = s.c / B;
-  const double m = static_cast<double>(s.n * s.hw);
-  const float *x = g.x, *y = g.y, *dy = g.dy;
-  float *dx = g.dx, *dresidual = g.dresidual;
-  // The gradient past the fused ReLU: dy where the output is positive (both read, then selected).
-  auto grad = [=](int64_t e) {
-    const float d = dy[e];
-    if constexpr (Relu) return y[e] > 0.0f ? d : 0.0f;
-    return d;
-  };
-#pragma omp parallel for if (s.n * s.c * s.hw > kParallelMin)
-  for (int64_t cb = 0; cb < blocks; ++cb) {
-    float mean[B];
-    double mean_d[B], sum_dy[B] = {}, sum_dy_xc[B] = {};  // sums of dy and of dy * (x - mean), in double
-    for (int l = 0; l < B; ++l) mean[l] = g.save_mean[cb * B + l], mean_d[l] = mean[l];
-    for_each_in_block<B>(s, cb, [&](int64_t e, int l) {
-      const double gv = grad(e);
-      sum_dy[l] += gv;
-      sum_dy_xc[l] += gv * (static_cast<double>(x[e]) - mean_d[l]);
-    });
-    // dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)), as dy * k + (x - mean) * kx + k0 with
-    // the per-channel factors rounded once to float: a float pass over the values, like PyTorch's.
-    float k[B], kx[B], k0[B];
-    for (int l = 0; l < B; ++l) {
-      const int64_t c = cb * B + l;
-      const double invstd = g.save_invstd[c], sum_dy_xhat = sum_dy_xc[l] * invstd;
-      g.dbeta[c] = static_cast<float>(sum_dy[l]);
-      g.dgamma[c] = static_cast<float>(sum_dy_xhat);
-      const double scale = g.gamma[c] * invstd;
-      k[l] = static_cast<float>(scale);
-      kx[l] = static_cast<float>(-scale * invstd * sum_dy_xhat / m);
-      k0[l] = static_cast<float>(-scale * sum_dy[l] / m);
-    }
-    for_each_in_block<B>(s, cb, [&](int64_t e, int l) {
-      const float gv = grad(e);
-      if constexpr (Residual) dresidual[e] = gv;
-      dx[e] = gv * k[l] + ((x[e] - mean[l]) * kx[l] + k0[l]);
-    });
-  }
-}
-
 // --- the kernels -------------------------------------------------------------------------------------------
 
 class CpuNnKernels final : public NnKernels {
@@ -506,7 +369,10 @@ class CpuNnKernels final : public NnKernels {
       p.bw_diff_wei.finish(dwei, dw);
       if (dx) {
         kc.op.check_cancelled();
-        memory ddst2 = p.bd_diff_dst.bind(const_cast<float*>(dy));
+        // Both backwards read dy in the same layout as a rule (bf16 NHWC on AMX): staged once for both.
+        memory ddst2 = p.bd_diff_dst.prim_desc == p.bw_diff_dst.prim_desc
+                           ? ddst
+                           : p.bd_diff_dst.bind(const_cast<float*>(dy));
         memory wei = p.bd_wei.bind(const_cast<float*>(w));
         memory dsrc = p.bd_diff_src.bind(dx);
         p.bd.execute(t.stream, {{DNNL_ARG_DIFF_DST, ddst2},
@@ -525,28 +391,14 @@ class CpuNnKernels final : public NnKernels {
                          float* running_mean, float* running_var, const float* residual, float* y,
                          float* save_mean, float* save_invstd, bool training, float momentum, float eps,
                          KernelContext&) override {
-    const BnForward a{x, gamma,     beta,        residual, running_mean, running_var,
-                      y, save_mean, save_invstd, training, momentum,     eps};
-    with_block(s.block, [&](auto block) {
-      constexpr int kBlock = decltype(block)::value;
-      if (s.relu)
-        residual ? bn_forward<kBlock, true, true>(s, a) : bn_forward<kBlock, true, false>(s, a);
-      else
-        residual ? bn_forward<kBlock, false, true>(s, a) : bn_forward<kBlock, false, false>(s, a);
-    });
+    cpu_batchnorm_forward(s, {x, gamma, beta, residual, running_mean, running_var, y, save_mean, save_invstd,
+                              training, momentum, eps});
   }
 
   void batchnorm_backward(const BnShape& s, const float* x, const float* y, const float* dy,
                           const float* gamma, const float* save_mean, const float* save_invstd, float* dx,
                           float* dresidual, float* dgamma, float* dbeta, KernelContext&) override {
-    const BnBackward g{x, y, dy, gamma, save_mean, save_invstd, dx, dresidual, dgamma, dbeta};
-    with_block(s.block, [&](auto block) {
-      constexpr int kBlock = decltype(block)::value;
-      if (s.relu)
-        dresidual ? bn_backward<kBlock, true, true>(s, g) : bn_backward<kBlock, true, false>(s, g);
-      else
-        dresidual ? bn_backward<kBlock, false, true>(s, g) : bn_backward<kBlock, false, false>(s, g);
-    });
+    cpu_batchnorm_backward(s, {x, y, dy, gamma, save_mean, save_invstd, dx, dresidual, dgamma, dbeta});
   }
 
   void activation_forward(Activation kind, const float* x, float* y, int64_t n, KernelContext&) override {
@@ -744,19 +596,28 @@ class CpuNnKernels final : public NnKernels {
 
   void softmax_cross_entropy(int64_t n, int64_t classes, const float* logits, const float* labels,
                              float* loss, float* stats, float* dlogits, float grad_scale,
-                             float label_smoothing, KernelContext&) override {
+                             float label_smoothing, int64_t ignore_index, KernelContext&) override {
+    const float ignored = ignore_index >= 0 ? static_cast<float>(ignore_index) : NAN;  // NaN equals no label
     // Labels are checked before anything is written, so a bad label leaves no half-made gradient behind.
+    int64_t counted = 0;
     for (int64_t i = 0; i < n; ++i) {
       const float l = labels[i];
+      if (l == ignored) continue;
       if (!(l >= 0 && l < static_cast<float>(classes)) || l != std::floor(l))
         throw Error("softmax_cross_entropy: label " + std::to_string(l) + " at row " + std::to_string(i) +
                     " is not a class index in [0, " + std::to_string(classes) + ")");
+      ++counted;
     }
+    const float scale = grad_scale != 0 ? grad_scale : 1.0f / static_cast<float>(counted);
     const double eps = label_smoothing, uniform = eps / static_cast<double>(classes);
     double loss_sum = 0, correct = 0;
 #pragma omp parallel for reduction(+ : loss_sum, correct) if (n * classes > kParallelMin)
     for (int64_t i = 0; i < n; ++i) {
       const float* z = logits + i * classes;
+      if (labels[i] == ignored) {
+        if (dlogits) std::fill(dlogits + i * classes, dlogits + (i + 1) * classes, 0.0f);
+        continue;
+      }
       const int64_t label = static_cast<int64_t>(labels[i]);
       int64_t arg = 0;
       float mx = z[0];
@@ -777,11 +638,11 @@ class CpuNnKernels final : public NnKernels {
         for (int64_t j = 0; j < classes; ++j) {
           const double p = std::exp(z[j] - lse);
           const double target = (j == label ? 1.0 - eps : 0.0) + uniform;
-          g[j] = static_cast<float>((p - target) * grad_scale);
+          g[j] = static_cast<float>((p - target) * scale);
         }
       }
     }
-    *loss = static_cast<float>(loss_sum / static_cast<double>(n));
+    *loss = counted ? static_cast<float>(loss_sum / static_cast<double>(counted)) : NAN;
     stats[0] = static_cast<float>(loss_sum);
     stats[1] = static_cast<float>(correct);
   }

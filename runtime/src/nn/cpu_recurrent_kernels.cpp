@@ -124,23 +124,21 @@ GN_VECTOR_CLONES void gru_forward_row(int64_t h, float* __restrict g, const floa
   }
 }
 
+// In place: g holds r, z, n and gets their gradients; h_n holds W_hn h_prev + b_hn and gets dn_pre * r. Each
+// j reads its elements before writing them, and no other j touches them, so the loop stays a SIMD loop.
 GN_VECTOR_CLONES void gru_backward_row(int64_t h, const float* __restrict d_out, float* __restrict d_rec,
-                                       const float* __restrict g, const float* __restrict h_n,
-                                       const float* __restrict prev, float* __restrict dg,
-                                       float* __restrict dg_hh) {
+                                       float* g, float* h_n, const float* __restrict prev) {
 #pragma omp simd
   for (int64_t j = 0; j < h; ++j) {
-    const float r = g[j], z = g[h + j], nn = g[2 * h + j];
+    const float r = g[j], z = g[h + j], nn = g[2 * h + j], hn = h_n[j];
     const float d = d_out[j] + d_rec[j];
     const float dn_pre = d * (1.0f - z) * (1.0f - nn * nn);
     const float dz_pre = d * (prev[j] - nn) * z * (1.0f - z);
-    const float dr_pre = dn_pre * h_n[j] * r * (1.0f - r);
-    dg[j] = dr_pre;
-    dg_hh[j] = dr_pre;
-    dg[h + j] = dz_pre;
-    dg_hh[h + j] = dz_pre;
-    dg[2 * h + j] = dn_pre;
-    dg_hh[2 * h + j] = dn_pre * r;
+    const float dr_pre = dn_pre * hn * r * (1.0f - r);
+    g[j] = dr_pre;
+    g[h + j] = dz_pre;
+    g[2 * h + j] = dn_pre;
+    h_n[j] = dn_pre * r;
     d_rec[j] = d * z;
   }
 }
@@ -165,20 +163,20 @@ GN_VECTOR_CLONES void lstm_forward_row(int64_t h, float* __restrict g, const flo
   }
 }
 
+// In place: g holds i, f, g, o and gets their gradients (each j reads its elements before writing them).
 GN_VECTOR_CLONES void lstm_backward_row(int64_t h, const float* __restrict d_out,
-                                        const float* __restrict d_rec, float* __restrict d_cell,
-                                        const float* __restrict g, const float* __restrict c,
-                                        const float* __restrict cp, float* __restrict dg) {
+                                        const float* __restrict d_rec, float* __restrict d_cell, float* g,
+                                        const float* __restrict c, const float* __restrict cp) {
 #pragma omp simd
   for (int64_t j = 0; j < h; ++j) {
     const float in = g[j], forget = g[h + j], cand = g[2 * h + j], outg = g[3 * h + j];
     const float d = d_out[j] + d_rec[j];
     const float tc = tanh_poly(c[j]);
     const float dcell = d_cell[j] + d * outg * (1.0f - tc * tc);
-    dg[j] = dcell * cand * in * (1.0f - in);
-    dg[h + j] = dcell * cp[j] * forget * (1.0f - forget);
-    dg[2 * h + j] = dcell * in * (1.0f - cand * cand);
-    dg[3 * h + j] = d * tc * outg * (1.0f - outg);
+    g[j] = dcell * cand * in * (1.0f - in);
+    g[h + j] = dcell * cp[j] * forget * (1.0f - forget);
+    g[2 * h + j] = dcell * in * (1.0f - cand * cand);
+    g[3 * h + j] = d * tc * outg * (1.0f - outg);
     d_cell[j] = dcell * forget;
   }
 }
@@ -304,15 +302,13 @@ class CpuRecurrentKernels final : public RecurrentKernels {
                       h_out + i * ld_out);
   }
 
-  void gru_step_backward(int64_t n, int64_t h, const float* dy, int64_t ld_dy, float* dh, const float* gates,
-                         const float* hn, const float* h_prev, int64_t ld_prev, float* dgates,
-                         float* dgates_hh, KernelContext&) override {
+  void gru_step_backward(int64_t n, int64_t h, const float* dy, int64_t ld_dy, float* dh, float* gates,
+                         float* hn, const float* h_prev, int64_t ld_prev, KernelContext&) override {
     const float* prev = h_prev ? h_prev : zeros(n * h);
     const int64_t ld_p = h_prev ? ld_prev : h;
 #pragma omp parallel for if (n * h >= kParallelGates)
     for (int64_t i = 0; i < n; ++i)
-      gru_backward_row(h, dy + i * ld_dy, dh + i * h, gates + i * 3 * h, hn + i * h, prev + i * ld_p,
-                       dgates + i * 3 * h, dgates_hh + i * 3 * h);
+      gru_backward_row(h, dy + i * ld_dy, dh + i * h, gates + i * 3 * h, hn + i * h, prev + i * ld_p);
   }
 
   void lstm_step_forward(int64_t n, int64_t h, float* gates, const float* gh, const float* b_ih,
@@ -330,13 +326,11 @@ class CpuRecurrentKernels final : public RecurrentKernels {
   }
 
   void lstm_step_backward(int64_t n, int64_t h, const float* dy, int64_t ld_dy, const float* dh, float* dc,
-                          const float* gates, const float* c_t, const float* c_prev, float* dgates,
-                          KernelContext&) override {
+                          float* gates, const float* c_t, const float* c_prev, KernelContext&) override {
     const float* cp = c_prev ? c_prev : zeros(n * h);
 #pragma omp parallel for if (n * h >= kParallelGates)
     for (int64_t i = 0; i < n; ++i)
-      lstm_backward_row(h, dy + i * ld_dy, dh + i * h, dc + i * h, gates + i * 4 * h, c_t + i * h, cp + i * h,
-                        dgates + i * 4 * h);
+      lstm_backward_row(h, dy + i * ld_dy, dh + i * h, dc + i * h, gates + i * 4 * h, c_t + i * h, cp + i * h);
   }
 };
 

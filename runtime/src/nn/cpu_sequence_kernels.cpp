@@ -4,13 +4,14 @@
 #include <cstring>
 #include <string>
 
+#include "cpu_parallel.h"
 #include "gpunodes/errors.h"
 #include "sequence_kernels.h"
 
 namespace gn::nn {
 namespace {
 
-constexpr int64_t kParallelMin = 1 << 17;
+constexpr int64_t kParallelMin = kCpuParallelMin;
 
 // Throws for the first id that is not an integer in [0, range), naming its sample and step.
 void check_ids(const char* op, int64_t n, int64_t steps, int64_t range, const float* ids) {

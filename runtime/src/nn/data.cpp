@@ -187,6 +187,12 @@ int64_t HostBatch::target_numel() const {
   return product(target_shape);
 }
 
+int64_t HostBatch::padded_targets() const {
+  if (pad_target < 0 || !labels) return 0;
+  const auto pad = static_cast<float>(pad_target);
+  return std::count(labels, labels + size * target_numel(), pad);
+}
+
 const char* default_fashion_mnist_dir() {
   return "/usr/share/datasets/fashion-mnist";
 }
@@ -597,6 +603,7 @@ HostBatchPtr DataLoader::make_batch(const std::vector<int64_t>& samples, int64_t
     batch->sample_shape = {data_->channels, out_h_, out_w_};
   }
   batch->global_size = global_size;
+  batch->pad_target = data_->pad_target;
   void* raw = pool_->get();
   std::shared_ptr<Pool> pool = pool_;
   batch->storage = std::shared_ptr<void>(raw, [pool](void* p) { pool->put(p); });

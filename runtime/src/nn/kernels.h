@@ -156,11 +156,13 @@ class NnKernels {
   virtual void global_avg_pool_backward(int64_t planes, int64_t hw, int64_t block, const float* dy, float* dx,
                                         KernelContext& kc) = 0;
 
-  // loss: mean; stats: {sum, correct}; dlogits may be null. The target is (1 - smoothing) * onehot +
-  // smoothing / classes.
+  // loss: the mean over the counted rows (NaN when none is); stats: {sum, correct} over them; dlogits may be
+  // null, else (softmax - target) * grad_scale (0: 1 / counted rows) and zeros in an ignored row. The target is
+  // (1 - smoothing) * onehot + smoothing / classes. A row whose label equals ignore_index (>= 0; -1: none) is
+  // not counted, as torch's CrossEntropyLoss(ignore_index).
   virtual void softmax_cross_entropy(int64_t n, int64_t classes, const float* logits, const float* labels,
                                      float* loss, float* stats, float* dlogits, float grad_scale,
-                                     float label_smoothing, KernelContext& kc) = 0;
+                                     float label_smoothing, int64_t ignore_index, KernelContext& kc) = 0;
 
   // One optimizer update of every tensor (optim.h's formulas) with the step's scalars, which lie in this
   // device's memory (their kind is `kind`). clip is null or grad_clip_coefficient's [2] output; gradients are

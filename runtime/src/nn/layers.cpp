@@ -9,6 +9,7 @@
 
 #include "gpunodes/errors.h"
 #include "gpunodes/runtime.h"
+#include "cpu_layout.h"
 #include "kernels.h"
 #include "op_helpers.h"
 
@@ -38,7 +39,8 @@ int64_t block_of(const std::string& op, Layout layout, Device device, int64_t ch
   const std::string who = op.empty() ? std::string() : op + ": ";
   if (!has_blocked_layout(device)) throw Error(who + device.str() + " has no blocked layout");
   if (device.is_cuda()) return channels;  // NHWC: one block of all the channels
-  const int64_t block = cpu_channel_block();
+  // The precision the op computes in: its convolutions want their own layout (NHWC for bf16 on AMX).
+  const int64_t block = cpu_layout_block(t_precision, channels);
   if (channels % block != 0)
     throw ShapeError(who + "the blocked layout on " + device.str() + " needs a multiple of " +
                      std::to_string(block) + " channels, got " + std::to_string(channels));
@@ -553,7 +555,7 @@ Tensor flatten(const Tensor& x) {
 // --- loss --------------------------------------------------------------------------------------------------
 
 CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool want_grad,
-                                   float grad_scale, float label_smoothing) {
+                                   float grad_scale, float label_smoothing, int64_t ignore_index) {
   check_same_device({&logits, &labels});
   if (!logits.defined() || logits.shape().size() < 2)
     throw ShapeError("softmax_cross_entropy: logits must be [N, classes] or [N, T, classes], got " +
@@ -577,14 +579,17 @@ CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, b
     r.dlogits = Tensor(rt, logits.shape(), logits.device());
     writes.push_back(r.dlogits.var());
   }
-  const float scale = grad_scale != 0 ? grad_scale : 1.0f / static_cast<float>(n);
+  if (ignore_index < -1 || ignore_index >= classes)
+    throw Error("softmax_cross_entropy: ignore_index " + std::to_string(ignore_index) + " is not -1 (none) or a class in [0, " +
+                std::to_string(classes) + ")");
   Tensor loss = r.loss, stats = r.stats, dl = r.dlogits;
   push_kernel(rt, logits.device(), {logits.var(), labels.var()}, writes,
               {"softmax cross-entropy", "", (want_grad ? 2 : 1) * logits.bytes() + labels.bytes(),
                4.0 * dbl(logits.numel())},
               [=](NnKernels& k, KernelContext& kc) {
                 k.softmax_cross_entropy(n, classes, logits.data(), labels.data(), loss.data(), stats.data(),
-                                        dl.defined() ? dl.data() : nullptr, scale, label_smoothing, kc);
+                                        dl.defined() ? dl.data() : nullptr, grad_scale, label_smoothing,
+                                        ignore_index, kc);
               });
   return r;
 }

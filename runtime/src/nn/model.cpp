@@ -394,11 +394,13 @@ class GraphM final : public Module {
       const LayerSpec& l = net_.layers[i];
       const Shape in = l.inputs.empty() ? Shape{} : info_[static_cast<size_t>(l.inputs[0])].out;
       modules_[i] = make_module(b, l, in, splitmix64(seed ^ splitmix64(0x6e6574ull + i)));
-      for (int j : l.inputs) ++uses_[static_cast<size_t>(j)];
-      // A layer's output needs a gradient when it or anything before it has parameters.
+      for (int j : l.inputs)
+        if (j >= 0) ++uses_[static_cast<size_t>(j)];
+      // A layer's output needs a gradient when it or anything before it has parameters; ValidLength's
+      // lengths never do (whole numbers, no gradient reaches them).
       bool need = modules_[i] && modules_[i]->has_params();
-      for (int j : l.inputs) need = need || needs_grad_[static_cast<size_t>(j)];
-      needs_grad_[i] = need;
+      for (int j : l.inputs) need = need || (j >= 0 && needs_grad_[static_cast<size_t>(j)]);
+      needs_grad_[i] = need && l.kind != LayerKind::ValidLength;
     }
   }
 
@@ -408,7 +410,8 @@ class GraphM final : public Module {
     std::vector<int> left = uses_;
     for (size_t i = 0; i < n; ++i) {
       const LayerSpec& l = net_.layers[i];
-      auto in = [&](size_t k) -> const Tensor& { return out[static_cast<size_t>(l.inputs[k])]; };
+      static const Tensor open;  // an open port
+      auto in = [&](size_t k) -> const Tensor& { return l.inputs[k] < 0 ? open : out[static_cast<size_t>(l.inputs[k])]; };
       switch (l.kind) {
         case LayerKind::Input:
           out[i] = x;
@@ -426,7 +429,7 @@ class GraphM final : public Module {
         }
       }
       for (int j : l.inputs)
-        if (--left[static_cast<size_t>(j)] == 0) out[static_cast<size_t>(j)] = Tensor();
+        if (j >= 0 && --left[static_cast<size_t>(j)] == 0) out[static_cast<size_t>(j)] = Tensor();
     }
     return out.back();
   }
@@ -447,7 +450,7 @@ class GraphM final : public Module {
         if (modules_[i]) modules_[i]->clear();
         continue;
       }
-      auto wants = [&](size_t k) { return needs_grad_[static_cast<size_t>(l.inputs[k])]; };
+      auto wants = [&](size_t k) { return l.inputs[k] >= 0 && needs_grad_[static_cast<size_t>(l.inputs[k])]; };
       switch (l.kind) {
         case LayerKind::Input:
           dx = g;
@@ -579,6 +582,7 @@ class GraphM final : public Module {
       case LayerKind::ClassToken:
       case LayerKind::FirstStep:
       case LayerKind::NadarayaWatson:
+      case LayerKind::ValidLength:
         return make_attention_module(b, l, in, seed);
     }
     throw Error("unknown layer type");

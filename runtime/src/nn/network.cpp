@@ -1,6 +1,7 @@
 // Shape inference and the canonical text of drawn networks.
 #include "gpunodes/nn/network.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <map>
@@ -51,6 +52,7 @@ constexpr KindName kKinds[] = {
     {LayerKind::ClassToken, "ClassToken"},
     {LayerKind::FirstStep, "FirstStep"},
     {LayerKind::NadarayaWatson, "NadarayaWatson"},
+    {LayerKind::ValidLength, "ValidLength"},
 };
 
 // Far past any real layer, and small enough that products of a few of them stay exact in a double.
@@ -119,11 +121,17 @@ void need_positive(const char* param, int64_t v, int64_t min = 1) {
 }
 
 // nn.MultiheadAttention(E, num_heads, dropout, bias, batch_first=True) with a fused in_proj of [3E, E]: q
-// [Tq, E], k and v [Tk, E] (k = q and v = k where they are not wired).
+// [Tq, E], k and v [Tk, E] (k = q and v = k where they are not wired), valid_lens [1] (optional).
 LayerInfo infer_attention(const LayerSpec& l, const std::vector<Shape>& inputs) {
+  auto wired = [&](size_t i) { return inputs.size() > i && !inputs[i].empty(); };
+  if (wired(2) && !wired(1))
+    throw LayerError("v", "MultiheadAttention's v is wired but k is not: wire k too (v defaults to k, not k to v)");
   const Shape& q = inputs[0];
-  const Shape& k = inputs.size() > 1 ? inputs[1] : q;
-  const Shape& v = inputs.size() > 2 ? inputs[2] : k;
+  const Shape& k = wired(1) ? inputs[1] : q;
+  const Shape& v = wired(2) ? inputs[2] : k;
+  if (wired(3) && inputs[3] != Shape{1})
+    throw LayerError("valid_lens", "MultiheadAttention's valid_lens is one length per sample, [1], got " +
+                                       dims(inputs[3]) + " (q is " + dims(q) + "): a ValidLength layer gives it");
   const char* ports[] = {"q", "k", "v"};
   const Shape* shapes[] = {&q, &k, &v};
   for (int i = 0; i < 3; ++i)
@@ -210,7 +218,7 @@ std::vector<std::string> layer_ports(LayerKind kind) {
     case LayerKind::Mul:
       return {"a", "b"};
     case LayerKind::MultiheadAttention:
-      return {"q", "k", "v"};
+      return {"q", "k", "v", "valid_lens"};
     default:
       return {"in"};
   }
@@ -222,6 +230,10 @@ int layer_required_ports(LayerKind kind) {
 
 LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
   const int wired = static_cast<int>(inputs.size()), ports = static_cast<int>(layer_ports(l.kind).size());
+  // An open port (an empty shape) is allowed only past the required ones, and not as the last.
+  bool holes_ok = inputs.empty() || !inputs.back().empty();
+  for (int i = 0; i < std::min(wired, layer_required_ports(l.kind)); ++i) holes_ok = holes_ok && !inputs[i].empty();
+  if (!holes_ok) throw LayerError("", name(l) + " has a required input that is not wired");
   if (wired < layer_required_ports(l.kind) || wired > ports)
     throw LayerError("", name(l) + " takes " +
                              (ports == layer_required_ports(l.kind) ? std::to_string(ports)
@@ -401,6 +413,16 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
     case LayerKind::MultiheadAttention:
       info = infer_attention(l, inputs);
       break;
+    case LayerKind::ValidLength:
+      if (in.size() != 1)
+        throw LayerError("in", "ValidLength counts token ids [T] per sample, got " + dims(in) +
+                                   ": wire it to the Input of token ids, before any Embedding");
+      if (l.pad_id < 0 || l.pad_id > kMaxDim)
+        throw LayerError("", "pad_id must be between 0 and " + std::to_string(kMaxDim) + ", got " +
+                                 std::to_string(l.pad_id));
+      info.out = {1};
+      info.flops = 2 * n_in;
+      break;
     case LayerKind::BatchMatMul: {
       const Shape& b = inputs[1];
       if (in.size() != 2 || b.size() != 2)
@@ -502,7 +524,8 @@ LayerNode::~LayerNode() {
 
 LayerNodePtr make_layer(LayerSpec spec, std::vector<LayerNodePtr> inputs) {
   std::vector<Shape> shapes;
-  for (const LayerNodePtr& i : inputs) shapes.push_back(i->info.out);
+  while (!inputs.empty() && !inputs.back()) inputs.pop_back();  // trailing open ports
+  for (const LayerNodePtr& i : inputs) shapes.push_back(i ? i->info.out : Shape{});
   auto node = std::make_shared<LayerNode>();
   node->info = infer_layer(spec, shapes);
   spec.inputs.clear();
@@ -522,6 +545,7 @@ NetworkSpec NetworkSpec::ending_at(const LayerNode& out) {
     auto& [node, next] = stack.back();
     if (next < node->inputs.size()) {
       const LayerNode* in = node->inputs[next++].get();
+      if (!in) continue;  // an open port
       // Layer values are immutable and built from their inputs, so they cannot form a cycle; the check keeps
       // a corrupt structure from looping.
       if (open.count(in)) throw Error("the layer graph has a cycle through " + in->spec.id);
@@ -533,7 +557,8 @@ NetworkSpec NetworkSpec::ending_at(const LayerNode& out) {
     }
     LayerSpec spec = node->spec;
     spec.inputs.clear();
-    for (const LayerNodePtr& in : node->inputs) spec.inputs.push_back(index.at(in.get()));
+    for (const LayerNodePtr& in : node->inputs) spec.inputs.push_back(in ? index.at(in.get()) : -1);
+    while (!spec.inputs.empty() && spec.inputs.back() < 0) spec.inputs.pop_back();
     if (spec.kind == LayerKind::Input) inputs_found.push_back(spec.id);
     index[node] = static_cast<int>(net.layers.size());
     net.layers.push_back(std::move(spec));
@@ -605,6 +630,8 @@ std::string params_text(const LayerSpec& l) {
       return "scale=" + num(l.scale);
     case LayerKind::PositionalEncoding:
       return "dropout=" + num(l.dropout) + ",max_len=" + i(l.max_len);
+    case LayerKind::ValidLength:
+      return "pad_id=" + i(l.pad_id);
     default:
       return "";
   }
@@ -648,7 +675,8 @@ std::string NetworkSpec::text() const {
   for (size_t k = 0; k < layers.size(); ++k) {
     const LayerSpec& l = layers[k];
     out += (k ? "; " : "") + l.id + ":" + layer_kind_name(l.kind) + "(" + params_text(l) + ")";
-    for (size_t j = 0; j < l.inputs.size(); ++j) out += (j ? "," : "<-") + layers[l.inputs[j]].id;
+    for (size_t j = 0; j < l.inputs.size(); ++j)
+      out += (j ? "," : "<-") + (l.inputs[j] < 0 ? std::string() : layers[l.inputs[j]].id);
   }
   return out;
 }
@@ -724,6 +752,8 @@ NetworkSpec NetworkSpec::parse(const std::string& text) {
           l.scale = to_double(text, v);
         } else if (key == "max_len") {
           l.max_len = to_int(text, v);
+        } else if (key == "pad_id") {
+          l.pad_id = to_int(text, v);
         } else {
           bad(text, "unknown param '" + key + "'");
         }
@@ -732,6 +762,10 @@ NetworkSpec NetworkSpec::parse(const std::string& text) {
     if (!rest.empty()) {
       if (rest.compare(0, 2, "<-") != 0) bad(text, "unexpected '" + rest + "' after layer " + l.id);
       for (const std::string& in : split(rest.substr(2), ",")) {
+        if (in.empty() && static_cast<int>(l.inputs.size()) >= layer_required_ports(l.kind)) {
+          l.inputs.push_back(-1);  // an open optional port before a wired one
+          continue;
+        }
         auto it = ids.find(in);
         if (it == ids.end())
           bad(text, "layer " + l.id + " reads '" + in + "', which comes later or not at all");
@@ -739,7 +773,7 @@ NetworkSpec NetworkSpec::parse(const std::string& text) {
       }
     }
     if (static_cast<int>(l.inputs.size()) < layer_required_ports(l.kind) ||
-        l.inputs.size() > layer_ports(l.kind).size())
+        l.inputs.size() > layer_ports(l.kind).size() || (!l.inputs.empty() && l.inputs.back() < 0))
       bad(text, "layer " + l.id + " has " + std::to_string(l.inputs.size()) + " inputs");
     ids[l.id] = static_cast<int>(net.layers.size());
     net.layers.push_back(std::move(l));
@@ -766,7 +800,7 @@ std::vector<LayerInfo> NetworkSpec::infer() const {
   out.reserve(layers.size());
   for (const LayerSpec& l : layers) {
     std::vector<Shape> in;
-    for (int i : l.inputs) in.push_back(out.at(static_cast<size_t>(i)).out);
+    for (int i : l.inputs) in.push_back(i < 0 ? Shape{} : out.at(static_cast<size_t>(i)).out);
     try {
       out.push_back(infer_layer(l, in));
     } catch (const LayerError& e) {

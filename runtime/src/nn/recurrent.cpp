@@ -1,5 +1,6 @@
-// The recurrent layers' ops: argument checks, the buffers, and the recurrence itself, written once against
-// RecurrentKernels (recurrent_kernels.h; cpu_recurrent_kernels.cpp, cuda/cuda_recurrent_kernels.cu).
+// The recurrent layers' ops: argument checks, the buffers, and on the CPU the recurrence itself, written
+// against RecurrentKernels (recurrent_kernels.h, cpu_recurrent_kernels.cpp). A CUDA input, once checked, goes
+// to cuDNN's RNN API instead (cudnn_recurrent.h, cuda/cuda_recurrent_kernels.cu).
 //
 // Each call is one engine op for the whole stack. Inside it the layers work time-major ([T, N, features]),
 // so that every step's rows are one packed block and the products over all steps are single matrix
@@ -9,9 +10,11 @@
 // turned time-major once on the way in, y and dx batch-first once on the way out.
 #include "gpunodes/nn/recurrent.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
+#include "cudnn_recurrent.h"
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/layers.h"
 #include "gpunodes/ops.h"
@@ -35,14 +38,16 @@ struct RnnSaved {
   std::vector<Tensor> gates;  // [T, N, G * H] the activations, GRU r z n, LSTM i f g o
   std::vector<Tensor> cells;  // [T, N, H] LSTM c_t, GRU W_hn h_prev + b_hn
   Tensor h0, c0;              // the initial state forward started from; undefined: zeros
+  bool consumed = false;      // a backward has turned gates (and the GRU's cells) into gradients
+  // A CUDA forward keeps cuDNN's state here instead, and nothing above but options, batch, steps, consumed.
+  std::shared_ptr<CudnnRnnState> cudnn;
 };
 
 namespace {
 
 RecurrentKernels& recurrent_kernels(Device device) {
   if (device.is_cpu()) return cpu_recurrent_kernels();
-  if (RecurrentKernels* k = cuda_recurrent_kernels()) return *k;
-  throw Error("no recurrent kernels for " + device.str() + ": the CUDA backend was not built");
+  throw Error("no recurrent kernels for " + device.str() + ": a CUDA device runs cuDNN (cudnn_recurrent.h)");
 }
 
 // The sizes of one call, and where its parameters lie in rnn_params order.
@@ -241,12 +246,22 @@ void run_forward(RecurrentKernels& k, KernelContext& kc, const Dims& dm, const R
   k.swap_leading_axes(dm.t, n, hd, s.outputs.back().data(), y.data(), kc);
 }
 
-// Scratch of one backward.
+// Scratch of one backward. The GRU's and LSTM's gate gradients need none: each step's overwrite that step's
+// saved activations, which nothing reads after it (and the GRU's recurrent n-block gradient its saved
+// W_hn h_prev + b_hn), so a step's backward holds little beyond what its forward kept.
 struct BackwardBuffers {
-  Tensor dy_tm, d_hidden;    // [T, N, H * D]: a layer's output gradient, and the layer below's (alternating)
-  Tensor dx_tm;              // [T, N, input_size], when dx is wanted
-  Tensor dgates, dgates_hh;  // [T * N, G * H]; dgates_hh for the GRU only (the others share dgates)
-  Tensor dh, dc;             // [N, H]: the gradient carried back through the recurrence (dc: LSTM)
+  Tensor d_hidden[2];  // [T, N, H * D]: the output gradient of a layer below the top (alternating)
+  Tensor dx_tm;        // [T, N, input_size], when dx is wanted
+  Tensor dgates;       // [T * N, H]: an RNN's pre-activation gradients (it keeps no gates)
+  Tensor dh, dc;       // [N, H]: the gradient carried back through the recurrence (dc: LSTM)
+};
+
+// Where the gradient arriving at a layer's output lies: step t's rows start at base + t * step and lie ld
+// apart. The top layer's is dy itself, batch-first; the layers below read the time-major buffer the layer
+// above wrote.
+struct OutputGrad {
+  const float* base;
+  int64_t step, ld;
 };
 
 void run_backward(RecurrentKernels& k, KernelContext& kc, const Dims& dm, const RnnSaved& s,
@@ -258,66 +273,74 @@ void run_backward(RecurrentKernels& k, KernelContext& kc, const Dims& dm, const 
   }
   const int64_t n = dm.n, h = dm.h, gh = dm.gh(), hd = dm.hd(), tn = dm.t * dm.n;
   const bool gru = dm.kind == RnnKind::Gru;
-  k.swap_leading_axes(n, dm.t, hd, dy.data(), b.dy_tm.data(), kc);
-  float* d_out = b.dy_tm.data();
-  float* d_below = dm.layers > 1 ? b.d_hidden.data() : nullptr;
-  float* dg = b.dgates.data();
-  float* dg_hh = gru ? b.dgates_hh.data() : dg;
+  OutputGrad d_out{dy.data(), hd, dm.t * hd};
   float* dh = b.dh.data();
   float* dc = dm.kind == RnnKind::Lstm ? b.dc.data() : nullptr;
   for (int64_t l = dm.layers - 1; l >= 0; --l) {
     const float* in = layer_input(s, l).data();
     const int64_t in_l = dm.in(l);
     const float* out = s.outputs[l].data();
-    float* d_in = l > 0 ? d_below : (dx.defined() ? b.dx_tm.data() : nullptr);
+    float* d_in = l > 0 ? b.d_hidden[l % 2].data() : (dx.defined() ? b.dx_tm.data() : nullptr);
     for (int64_t dir = 0; dir < dm.d; ++dir) {
       const float* w_ih = w[dm.param(l, dir, 0)].data();
       const float* w_hh = w[dm.param(l, dir, 1)].data();
       const int64_t slot = dm.slot(l, dir);
-      const float* gates = s.gates.empty() ? nullptr : s.gates[slot].data();
-      const float* cell = s.cells.empty() ? nullptr : s.cells[slot].data();
+      // The gate gradients of every step: in place of the GRU's and LSTM's gates, an RNN's in scratch.
+      float* dg = s.gates.empty() ? b.dgates.data() : s.gates[slot].data();
+      float* cell = s.cells.empty() ? nullptr : s.cells[slot].data();
       // The final state gets no gradient: the recurrence starts from zeros.
       k.fill_zero(dh, n * h, kc);
       if (dc) k.fill_zero(dc, n * h, kc);
       for (int64_t step = dm.t - 1; step >= 0; --step) {
         kc.op.check_cancelled();
         const int64_t t = dm.step_time(dir, step);
-        const float* dy_t = d_out + t * n * hd + dir * h;
+        const float* dy_t = d_out.base + t * d_out.step + dir * h;
         float* dg_t = dg + t * n * gh;
         switch (dm.kind) {
           case RnnKind::RnnTanh:
           case RnnKind::RnnRelu:
-            k.rnn_step_backward(dm.kind == RnnKind::RnnRelu, n, h, dy_t, hd, dh, out + t * n * hd + dir * h,
-                                hd, dg_t, kc);
+            k.rnn_step_backward(dm.kind == RnnKind::RnnRelu, n, h, dy_t, d_out.ld, dh,
+                                out + t * n * hd + dir * h, hd, dg_t, kc);
             break;
           case RnnKind::Gru: {
             const StepRows prev = previous_h(dm, s, out, l, dir, step);
-            k.gru_step_backward(n, h, dy_t, hd, dh, gates + t * n * gh, cell + t * n * h, prev.p, prev.ld,
-                                dg_t, dg_hh + t * n * gh, kc);
+            k.gru_step_backward(n, h, dy_t, d_out.ld, dh, dg_t, cell + t * n * h, prev.p, prev.ld, kc);
             break;
           }
           case RnnKind::Lstm:
-            k.lstm_step_backward(n, h, dy_t, hd, dh, dc, gates + t * n * gh, cell + t * n * h,
-                                 previous_c(dm, s, cell, l, dir, step), dg_t, kc);
+            k.lstm_step_backward(n, h, dy_t, d_out.ld, dh, dc, dg_t, cell + t * n * h,
+                                 previous_c(dm, s, cell, l, dir, step), kc);
             break;
         }
         // h_prev's gradient through W_hh; none is wanted for the initial state. The GRU's kernel left the
-        // share that bypasses W_hh in dh, the others' have none.
-        if (step > 0)
-          k.gemm(false, false, n, h, gh, 1.0f, dg_hh + t * n * gh, gh, w_hh, h, gru ? 1.0f : 0.0f, dh, h, kc);
+        // share that bypasses W_hh in dh, and its n block's recurrent gradient in the cell buffer: r and z
+        // through their rows of W_hh, n through its own.
+        if (step == 0) continue;
+        if (gru) {
+          k.gemm(false, false, n, h, 2 * h, 1.0f, dg_t, gh, w_hh, h, 1.0f, dh, h, kc);
+          k.gemm(false, false, n, h, h, 1.0f, cell + t * n * h, h, w_hh + 2 * h * h, h, 1.0f, dh, h, kc);
+        } else {
+          k.gemm(false, false, n, h, gh, 1.0f, dg_t, gh, w_hh, h, 0.0f, dh, h, kc);
+        }
       }
       // dW_hh = sum over steps of dgates_hh_t^T h_prev_t: the steps after the first pair with the outputs one
       // step earlier in the direction's order (forward: rows t = 1.. with outputs t - 1; reverse: rows
-      // t = 0..T-2 with outputs t + 1), one product over all of them; the first step pairs with h0.
+      // t = 0..T-2 with outputs t + 1), one product over all of them; the first step pairs with h0. The
+      // GRU's rows of n come from the cell buffer.
       float* dw_hh = dw[dm.param(l, dir, 1)].data();
-      const int64_t paired = (dm.t - 1) * n;
-      const float* dg_later = dir == 0 ? dg_hh + n * gh : dg_hh;
+      const int64_t paired = (dm.t - 1) * n, later = dir == 0 ? n : 0;
       const float* h_before = dir == 0 ? out : out + n * hd + dir * h;
-      k.gemm(true, false, gh, h, paired, 1.0f, dg_later, gh, h_before, hd, 0.0f, dw_hh, h, kc);
+      const int64_t shared_rows = gru ? 2 * h : gh;
+      k.gemm(true, false, shared_rows, h, paired, 1.0f, dg + later * gh, gh, h_before, hd, 0.0f, dw_hh, h, kc);
+      if (gru)
+        k.gemm(true, false, h, h, paired, 1.0f, cell + later * h, h, h_before, hd, 0.0f, dw_hh + 2 * h * h, h,
+               kc);
       if (s.h0.defined()) {
         const int64_t t0 = dm.step_time(dir, 0);
-        k.gemm(true, false, gh, h, n, 1.0f, dg_hh + t0 * n * gh, gh, s.h0.data() + slot * n * h, h, 1.0f,
-               dw_hh, h, kc);
+        const float* h0 = s.h0.data() + slot * n * h;
+        k.gemm(true, false, shared_rows, h, n, 1.0f, dg + t0 * n * gh, gh, h0, h, 1.0f, dw_hh, h, kc);
+        if (gru)
+          k.gemm(true, false, h, h, n, 1.0f, cell + t0 * n * h, h, h0, h, 1.0f, dw_hh + 2 * h * h, h, kc);
       }
       k.gemm(true, false, gh, in_l, tn, 1.0f, dg, gh, in, in_l, 0.0f, dw[dm.param(l, dir, 0)].data(), in_l,
              kc);
@@ -326,10 +349,8 @@ void run_backward(RecurrentKernels& k, KernelContext& kc, const Dims& dm, const 
         float* db_hh = dw[dm.param(l, dir, 3)].data();
         k.column_sums(tn, gh, dg, db_ih, kc);
         // Both biases add to the same pre-activations, except in the GRU's n block.
-        if (gru)
-          k.column_sums(tn, gh, dg_hh, db_hh, kc);
-        else
-          k.copy_rows(1, gh, db_ih, gh, db_hh, gh, kc);
+        k.copy_rows(1, shared_rows, db_ih, gh, db_hh, gh, kc);
+        if (gru) k.column_sums(tn, h, cell, db_hh + 2 * h, kc);
       }
       // The input's gradient, both directions summed.
       if (d_in)
@@ -337,10 +358,20 @@ void run_backward(RecurrentKernels& k, KernelContext& kc, const Dims& dm, const 
     }
     if (l > 0) {
       if (!s.masks.empty()) k.multiply(tn * hd, d_in, s.masks[l - 1].data(), d_in, kc);
-      std::swap(d_out, d_below);  // d_in is the layer below's output gradient; its buffer is free again
+      d_out = {d_in, n * hd, hd};  // the layer below's output gradient, time-major
     }
   }
   if (dx.defined()) k.swap_leading_axes(dm.t, n, dm.f, b.dx_tm.data(), dx.data(), kc);
+}
+
+// Marks a training forward as taken by its backward (which turns what it saved into scratch), refusing a
+// second.
+void take_forward(RnnSaved& s, const char* op) {
+  if (s.consumed)
+    throw Error(std::string(op) +
+                ": this training forward was already taken by a backward (its saved "
+                "activations became that backward's gradients); run the forward again");
+  s.consumed = true;
 }
 
 // Pushes `body` as one op on `device`'s compute stream with its recurrent kernels.
@@ -432,6 +463,21 @@ RnnResult rnn_forward(const RnnOptions& o, const Tensor& x, const std::vector<Te
   check_state(op, "c0", c0, x, dm);
   const Precision precision = current_precision();
   check_precision(precision, x.device(), op);
+  const std::string name = std::string("rnn ") + rnn_kind_name(o.kind) + (training ? "" : " (eval)");
+  const int64_t y_bytes = n * t * dm.hd() * static_cast<int64_t>(sizeof(float));
+  OpInfo info{name, "", x.bytes() + 2 * y_bytes * dm.layers, forward_flops(dm)};
+  if (x.device().is_cuda()) {
+    CudnnRnnOutputs c = cudnn_rnn_forward(o, x, weights, h0, c0, training, seed, precision, std::move(info));
+    RnnResult r{c.y, c.h_n, c.c_n, nullptr};
+    if (training) {
+      r.saved = std::make_shared<RnnSaved>();
+      r.saved->options = o;
+      r.saved->batch = n;
+      r.saved->steps = t;
+      r.saved->cudnn = std::move(c.saved);
+    }
+    return r;
+  }
 
   Runtime& rt = x.runtime();
   const Device dev = x.device();
@@ -455,11 +501,9 @@ RnnResult rnn_forward(const RnnOptions& o, const Tensor& x, const std::vector<Te
     r.saved = saved;
   }
   const bool dropout = training && o.dropout > 0;
-  const std::string name = std::string("rnn ") + rnn_kind_name(o.kind) + (training ? "" : " (eval)");
   const Tensor y = r.y, h_n = r.h_n, c_n = r.c_n;
   const float p = o.dropout;
-  push_recurrent(rt, dev, std::move(reads), std::move(writes),
-                 {name, "", x.bytes() + 2 * y.bytes() * dm.layers, forward_flops(dm)}, precision,
+  push_recurrent(rt, dev, std::move(reads), std::move(writes), std::move(info), precision,
                  [=](RecurrentKernels& k, KernelContext& kc) {
                    run_forward(k, kc, dm, *saved, weights, x, gates, gh, y, h_n, c_n, dropout, p, seed);
                  });
@@ -472,7 +516,7 @@ RnnGrads rnn_backward(const RnnOptions& o, const RnnResult& forward, const Tenso
   check_options(o);
   if (!forward.saved)
     throw Error(std::string(op) + ": the forward kept nothing for backward (it was not a training forward)");
-  const RnnSaved& s = *forward.saved;
+  RnnSaved& s = *forward.saved;
   const RnnOptions& so = s.options;
   if (so.kind != o.kind || so.input_size != o.input_size || so.hidden_size != o.hidden_size ||
       so.num_layers != o.num_layers || so.bidirectional != o.bidirectional || so.bias != o.bias ||
@@ -486,10 +530,17 @@ RnnGrads rnn_backward(const RnnOptions& o, const RnnResult& forward, const Tenso
                      std::to_string(o.input_size) + "]");
   const Dims dm = dims_of(o, n, t);
   if (!dy.defined()) throw Error(std::string(op) + ": the output gradient is undefined");
-  check_same_device({&x, &dy, &s.x_tm});
+  check_same_device({&x, &dy, s.cudnn ? &cudnn_forward_input(*s.cudnn) : &s.x_tm});
   need_shape(op, "output gradient", dy, {n, t, dm.hd()});
   const Precision precision = current_precision();
   check_precision(precision, x.device(), op);
+  // The recurrent product, dW_hh and dW_ih each cost about what forward's products did, dx once more.
+  OpInfo info{std::string("rnn ") + rnn_kind_name(o.kind) + " backward", "", 2 * dy.bytes() * dm.layers,
+              2.0 * forward_flops(dm)};
+  if (s.cudnn) {
+    take_forward(s, op);
+    return cudnn_rnn_backward(o, s.cudnn, dy, need_dx, precision, std::move(info));
+  }
 
   Runtime& rt = x.runtime();
   const Device dev = x.device();
@@ -497,30 +548,34 @@ RnnGrads rnn_backward(const RnnOptions& o, const RnnResult& forward, const Tenso
   for (const RnnParam& p : rnn_params(o)) g.dweights.emplace_back(rt, p.shape, dev);
   if (need_dx) g.dx = Tensor(rt, x.shape(), dev);
   BackwardBuffers b;
-  b.dy_tm = Tensor(rt, {t, n, dm.hd()}, dev);
-  if (dm.layers > 1) b.d_hidden = Tensor(rt, {t, n, dm.hd()}, dev);
+  // Layer l > 0 writes its input's gradient into d_hidden[l % 2], which layer l - 1 reads.
+  for (int64_t l = 1; l < std::min<int64_t>(dm.layers, 3); ++l) b.d_hidden[l % 2] = Tensor(rt, {t, n, dm.hd()}, dev);
   if (need_dx) b.dx_tm = Tensor(rt, {t, n, dm.f}, dev);
-  b.dgates = Tensor(rt, {t * n, dm.gh()}, dev);
-  if (o.kind == RnnKind::Gru) b.dgates_hh = Tensor(rt, {t * n, dm.gh()}, dev);
+  if (s.gates.empty()) b.dgates = Tensor(rt, {t * n, dm.gh()}, dev);
   b.dh = Tensor(rt, {n, dm.h}, dev);
   if (o.kind == RnnKind::Lstm) b.dc = Tensor(rt, {n, dm.h}, dev);
 
-  std::vector<VarPtr> reads = saved_vars(s);
+  // The gates (and the GRU's cell buffers) become gradients: written, and this forward is used up.
+  take_forward(s, op);
+  std::vector<VarPtr> reads, writes;
+  for (const VarPtr& v : saved_vars(s)) {
+    const bool overwritten =
+        std::any_of(s.gates.begin(), s.gates.end(), [&](const Tensor& g) { return g.var() == v; }) ||
+        (o.kind == RnnKind::Gru &&
+         std::any_of(s.cells.begin(), s.cells.end(), [&](const Tensor& c) { return c.var() == v; }));
+    (overwritten ? writes : reads).push_back(v);
+  }
   reads.push_back(dy.var());
   for (const Tensor& w : weights) reads.push_back(w.var());
   if (s.h0.defined()) reads.push_back(s.h0.var());
   if (s.c0.defined()) reads.push_back(s.c0.var());
-  std::vector<VarPtr> writes;
   for (const Tensor& d : g.dweights) writes.push_back(d.var());
   if (need_dx) writes.push_back(g.dx.var());
   const std::shared_ptr<RnnSaved> saved = forward.saved;
   const std::vector<Tensor> dw = g.dweights;
   const Tensor dx = g.dx;
-  // The recurrent product, dW_hh and dW_ih each cost about what forward's products did, dx once more.
-  push_recurrent(rt, dev, std::move(reads), std::move(writes),
-                 {std::string("rnn ") + rnn_kind_name(o.kind) + " backward", "", 2 * dy.bytes() * dm.layers,
-                  2.0 * forward_flops(dm)},
-                 precision, [=](RecurrentKernels& k, KernelContext& kc) {
+  push_recurrent(rt, dev, std::move(reads), std::move(writes), std::move(info), precision,
+                 [=](RecurrentKernels& k, KernelContext& kc) {
                    run_backward(k, kc, dm, *saved, weights, dy, b, dw, dx);
                  });
   return g;

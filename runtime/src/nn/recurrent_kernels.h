@@ -1,7 +1,7 @@
-// What a device kind implements for the recurrent layers (recurrent.h): a strided matrix product and the
-// small passes around it. The recurrence itself (the loop over layers, directions and steps, which product
-// goes where) is written once, in recurrent.cpp, against this interface; every member runs inside that op's
-// body on the device's worker, in stream order (on CUDA, kc.op.native_stream).
+// What the CPU implements for the recurrent layers (recurrent.h): a strided matrix product and the small
+// passes around it. The recurrence itself (the loop over layers, directions and steps, which product goes
+// where) is written in recurrent.cpp against this interface; every member runs inside that op's body on the
+// device's worker. A CUDA device runs cuDNN's RNN API instead (cudnn_recurrent.h).
 //
 // Shapes are in rows: a "[rows, cols]" operand is `rows` rows of `cols` floats; a pointer with an `ld` has
 // its rows `ld` floats apart (a slice of a wider buffer), one without is packed. n is the batch, h the hidden
@@ -50,8 +50,10 @@ class RecurrentKernels {
   // step from a zero state); h_prev [n, h] (ld_prev) is null there too. h_out [n, h] (ld_out) gets h_t.
   //
   // Backward: dy [n, h] (ld_dy) is the gradient arriving at h_t from the layer's output, dh [n, h] the one
-  // arriving from step t + 1 through the recurrence (zeros at the last step); dgates [n, G*h] gets the
-  // gradient of the gates' pre-activations, which is both W_ih's and W_hh's (GRU: see gru_step_backward).
+  // arriving from step t + 1 through the recurrence (zeros at the last step); the gradient of the gates'
+  // pre-activations, which is both W_ih's and W_hh's (GRU: see gru_step_backward), goes to dgates [n, G*h]
+  // for an RNN, and in place of the gate activations for the GRU and LSTM (nothing reads a step's gates after
+  // its backward, and a training step's peak memory stays near what its forward kept).
 
   // h_t = act(gates + b_ih + gh + b_hh), act = relu ? ReLU : tanh. gates is left as it was: an RNN's
   // backward reads h_t from the output instead.
@@ -68,29 +70,28 @@ class RecurrentKernels {
   virtual void gru_step_forward(int64_t n, int64_t h, float* gates, const float* gh, const float* b_ih,
                                 const float* b_hh, const float* h_prev, int64_t ld_prev, float* hn,
                                 float* h_out, int64_t ld_out, KernelContext& kc) = 0;
-  // The GRU's input and recurrent gradients differ in the n block: dgates gets the input side
-  // (d(W_in x + b_in) = dn_pre), dgates_hh the recurrent side (d(W_hn h + b_hn) = dn_pre * r); their r and
-  // z blocks are equal. dh is read and then overwritten with z * (dy + dh), the share of h_prev's gradient
-  // that bypasses W_hh (the caller adds dgates_hh W_hh to it).
-  virtual void gru_step_backward(int64_t n, int64_t h, const float* dy, int64_t ld_dy, float* dh,
-                                 const float* gates, const float* hn, const float* h_prev, int64_t ld_prev,
-                                 float* dgates, float* dgates_hh, KernelContext& kc) = 0;
+  // In place: `gates` [n, 3h] holds the step's activations r, z, n on entry and the gradient of their
+  // pre-activations on return, the input side (d(W_i x + b_i); n's block is dn_pre). `hn` [n, h] holds
+  // W_hn h_prev + b_hn on entry and n's recurrent gradient on return (d(W_hn h_prev + b_hn) = dn_pre * r);
+  // the recurrent side's r and z blocks equal the input side's. dh is read and then overwritten with
+  // z * (dy + dh), the share of h_prev's gradient that bypasses W_hh (the caller adds the rest through W_hh).
+  virtual void gru_step_backward(int64_t n, int64_t h, const float* dy, int64_t ld_dy, float* dh, float* gates,
+                                 float* hn, const float* h_prev, int64_t ld_prev, KernelContext& kc) = 0;
 
   // gates -> i, f, g, o; c_t = f * c_prev + i * g into c_out [n, h], h_t = o * tanh(c_t). c_prev [n, h] null:
   // zeros.
   virtual void lstm_step_forward(int64_t n, int64_t h, float* gates, const float* gh, const float* b_ih,
                                  const float* b_hh, const float* c_prev, float* c_out, float* h_out,
                                  int64_t ld_out, KernelContext& kc) = 0;
-  // c_t [n, h] as forward wrote it, c_prev as forward read it (null: zeros). dc [n, h] is read as the
-  // gradient arriving at c_t from step t + 1 and overwritten with the one leaving for c_prev. dh is only
-  // read.
+  // In place: `gates` [n, 4h] holds the step's activations i, f, g, o on entry and the gradient of their
+  // pre-activations on return. c_t [n, h] as forward wrote it, c_prev as forward read it (null: zeros). dc
+  // [n, h] is read as the gradient arriving at c_t from step t + 1 and overwritten with the one leaving for
+  // c_prev. dh is only read.
   virtual void lstm_step_backward(int64_t n, int64_t h, const float* dy, int64_t ld_dy, const float* dh,
-                                  float* dc, const float* gates, const float* c_t, const float* c_prev,
-                                  float* dgates, KernelContext& kc) = 0;
+                                  float* dc, float* gates, const float* c_t, const float* c_prev,
+                                  KernelContext& kc) = 0;
 };
 
 RecurrentKernels& cpu_recurrent_kernels();
-// Null when the CUDA backend was not built (no_cuda_recurrent.cpp).
-RecurrentKernels* cuda_recurrent_kernels();
 
 }  // namespace gn::nn

@@ -18,6 +18,11 @@ namespace {
 // this large is a file that is not text in words (every token distinct) rather than a language.
 constexpr size_t kMaxVocabulary = 10'000'000;
 const char* const kUnknown = "<unk>";
+// The lines partition's reserved tokens, after "<unk>", as d2l's Vocab(reserved_tokens=[...]) numbers them.
+const char* const kPad = "<pad>";
+const char* const kBos = "<bos>";
+const char* const kEos = "<eos>";
+constexpr int32_t kPadId = 1, kBosId = 2, kEosId = 3;
 
 bool is_ascii_letter(char c) {
   return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z');
@@ -89,6 +94,132 @@ std::shared_ptr<Dataset> text_windows(const std::vector<int32_t>& ids, size_t be
   return d;
 }
 
+// One sample per line of lines [first, last): with full = <bos> line <eos>, x = full[0 : |full| - 1] and y =
+// full[1 : |full|], each cut or padded with <pad> to T (d2l's truncate_pad: <eos> is only a target).
+// line_begin[l] is where line l starts in ids.
+std::shared_ptr<Dataset> text_lines(const std::vector<int32_t>& ids, const std::vector<size_t>& line_begin,
+                                    size_t first, size_t last, int64_t steps) {
+  auto d = std::make_shared<Dataset>();
+  d->count = static_cast<int64_t>(last - first);
+  d->channels = d->height = d->width = 0;
+  d->sample_shape = {steps};
+  d->target_shape = {steps};
+  d->pad_target = kPadId;
+  const auto numel = static_cast<size_t>(d->count * steps);
+  d->values.assign(numel, static_cast<float>(kPadId));
+  d->targets.assign(numel, static_cast<float>(kPadId));
+  std::vector<int32_t> full;
+  for (size_t l = first; l < last; ++l) {
+    full.assign({kBosId});
+    full.insert(full.end(), ids.begin() + static_cast<std::ptrdiff_t>(line_begin[l]),
+                ids.begin() + static_cast<std::ptrdiff_t>(line_begin[l + 1]));
+    full.push_back(kEosId);
+    const size_t row = (l - first) * static_cast<size_t>(steps);
+    for (size_t t = 0; t < static_cast<size_t>(steps) && t + 1 < full.size(); ++t) {
+      d->values[row + t] = static_cast<float>(full[t]);
+      d->targets[row + t] = static_cast<float>(full[t + 1]);
+    }
+  }
+  return d;
+}
+
+// The text's tokens with provisional ids in order of first appearance (which breaks frequency ties), and,
+// for the lines partition, where each line that has a token starts.
+struct Tokenized {
+  std::vector<std::string_view> distinct;
+  std::vector<int32_t> corpus;
+  std::vector<size_t> line_begin;  // lines: one entry per kept line, then corpus.size()
+};
+
+// Cuts `body` into tokens. By lines, each line (its '\r' dropped) is preprocessed and trimmed by itself, and a
+// line without tokens is left out. The views point into `file`, or with the preprocessing into `storage`;
+// then `file` is emptied first, to give its memory back before counting.
+Tokenized tokenize(std::string& file, const TextOptions& o, std::string& storage) {
+  const bool lines = o.partition == TextOptions::Partition::Lines;
+  std::string_view body = without_bom(file);
+  if (o.preprocess) {
+    if (!lines) {
+      storage = preprocessed(body);
+    } else {
+      // Line by line, so that the line breaks survive d2l's folding of everything but letters into spaces.
+      storage.reserve(body.size());
+      for (size_t i = 0; i <= body.size();) {
+        const size_t nl = std::min(body.find('\n', i), body.size());
+        std::string line = preprocessed(body.substr(i, nl - i));
+        const size_t a = line.find_first_not_of(' '), b = line.find_last_not_of(' ');
+        if (a != std::string::npos) storage.append(line, a, b - a + 1);
+        storage += '\n';
+        i = nl + 1;
+      }
+    }
+    std::string().swap(file);
+    body = storage;
+  }
+  Tokenized t;
+  std::unordered_map<std::string_view, int32_t> provisional;
+  if (o.tokens == TokenUnit::Char) t.corpus.reserve(body.size());
+  auto add = [&](std::string_view token) {
+    const auto [it, fresh] = provisional.emplace(token, static_cast<int32_t>(t.distinct.size()));
+    if (fresh) {
+      if (t.distinct.size() == kMaxVocabulary)
+        throw Error("text: " + o.path + " has more than " + std::to_string(kMaxVocabulary) +
+                    " distinct words, too many for a vocabulary (is it text in words?)");
+      t.distinct.push_back(token);
+    }
+    t.corpus.push_back(it->second);
+  };
+  if (!lines) {
+    for_each_token(body, o.tokens, add);
+    return t;
+  }
+  for (size_t i = 0; i < body.size();) {
+    const size_t nl = std::min(body.find('\n', i), body.size());
+    std::string_view line = body.substr(i, nl - i);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    const size_t before = t.corpus.size();
+    for_each_token(line, o.tokens, add);
+    if (t.corpus.size() > before) t.line_begin.push_back(before);
+    i = nl + 1;
+  }
+  t.line_begin.push_back(t.corpus.size());
+  return t;
+}
+
+struct Vocabulary {
+  std::vector<std::string> tokens;  // by id
+  std::vector<int64_t> counts;      // training tokens per id
+  std::vector<int32_t> id_of;       // provisional id -> final id
+};
+
+// "<unk>" is id 0, then the reserved tokens (counted 0), then every token seen at least min_freq times in
+// the first `train_tokens` of the corpus, most frequent first, ties in order of first appearance. A token
+// spelled as "<unk>" or as a reserved token is id 0.
+Vocabulary make_vocabulary(const Tokenized& t, size_t train_tokens, int64_t min_freq,
+                           const std::vector<std::string>& reserved) {
+  std::vector<int64_t> counts(t.distinct.size(), 0);
+  for (size_t i = 0; i < train_tokens; ++i) ++counts[static_cast<size_t>(t.corpus[i])];
+  auto is_special = [&](std::string_view token) {
+    return token == kUnknown || std::find(reserved.begin(), reserved.end(), token) != reserved.end();
+  };
+  std::vector<int32_t> kept;
+  for (size_t p = 0; p < t.distinct.size(); ++p)
+    if (counts[p] > 0 && counts[p] >= min_freq && !is_special(t.distinct[p])) kept.push_back(static_cast<int32_t>(p));
+  std::stable_sort(kept.begin(), kept.end(), [&](int32_t a, int32_t b) { return counts[a] > counts[b]; });
+  Vocabulary v;
+  v.tokens.emplace_back(kUnknown);
+  v.tokens.insert(v.tokens.end(), reserved.begin(), reserved.end());
+  v.counts.assign(v.tokens.size(), 0);
+  v.id_of.assign(t.distinct.size(), 0);
+  for (int32_t p : kept) {
+    v.id_of[static_cast<size_t>(p)] = static_cast<int32_t>(v.tokens.size());
+    v.tokens.emplace_back(t.distinct[static_cast<size_t>(p)]);
+    v.counts.push_back(counts[static_cast<size_t>(p)]);
+  }
+  for (size_t p = 0; p < t.distinct.size(); ++p)
+    if (v.id_of[p] == 0) v.counts[0] += counts[p];
+  return v;
+}
+
 }  // namespace
 
 TextData load_text(const TextOptions& o) {
@@ -101,88 +232,74 @@ TextData load_text(const TextOptions& o) {
   std::string file = read_data_file(o.path, o.max_bytes, kind);
   check_utf8_text(file, kind, o.path);
   std::string processed;
-  std::string_view body = without_bom(file);
-  if (o.preprocess) {
-    processed = preprocessed(body);
-    std::string().swap(file);  // the original is no longer needed: give its memory back before counting
-    body = processed;
+  Tokenized t = tokenize(file, o, processed);
+
+  const bool by_lines = o.partition == TextOptions::Partition::Lines;
+  const int64_t steps = o.num_steps, tokens = static_cast<int64_t>(t.corpus.size());
+  size_t train_tokens = 0, train_lines = 0;
+  if (by_lines) {
+    const auto lines = static_cast<int64_t>(t.line_begin.size() - 1);
+    const int64_t test_lines = std::llround(o.test_fraction * static_cast<double>(lines));
+    if (lines == 0)
+      throw Error("text: " + o.path + " has no line with " + token_noun(o.tokens) + " in it");
+    if (lines - test_lines < 1 || (o.test_fraction > 0 && test_lines < 1))
+      throw Error("text: " + o.path + " has " + std::to_string(lines) + " lines with " + token_noun(o.tokens) +
+                  ": too few for a training and a test split of at least one line each (test_fraction " +
+                  std::to_string(o.test_fraction) + ")");
+    train_lines = static_cast<size_t>(lines - test_lines);
+    train_tokens = t.line_begin[train_lines];
+  } else {
+    const int64_t test_tokens = std::llround(o.test_fraction * static_cast<double>(tokens));
+    train_tokens = static_cast<size_t>(tokens - test_tokens);
+    const std::string one_sample = "one sample (num_steps + 1 = " + std::to_string(steps + 1) + " tokens)";
+    if (tokens < steps + 1)
+      throw Error("text: " + o.path + " has " + std::to_string(tokens) + " " + token_noun(o.tokens) +
+                  ", fewer than " + one_sample);
+    if (static_cast<int64_t>(train_tokens) < steps + 1)
+      throw Error("text: the training split of " + o.path + " (the first " + std::to_string(train_tokens) +
+                  " of " + std::to_string(tokens) + " " + token_noun(o.tokens) + ") is shorter than " +
+                  one_sample);
+    if (o.test_fraction > 0 && test_tokens < steps + 1)
+      throw Error("text: the test split of " + o.path + " (the last " + std::to_string(test_tokens) + " of " +
+                  std::to_string(tokens) + " " + token_noun(o.tokens) + ", test_fraction " +
+                  std::to_string(o.test_fraction) + ") is shorter than " + one_sample);
   }
-
-  // Each distinct token gets a provisional id in order of first appearance, which breaks frequency ties.
-  std::unordered_map<std::string_view, int32_t> provisional;
-  std::vector<std::string_view> distinct;
-  std::vector<int32_t> corpus;
-  if (o.tokens == TokenUnit::Char) corpus.reserve(body.size());
-  for_each_token(body, o.tokens, [&](std::string_view token) {
-    const auto [it, fresh] = provisional.emplace(token, static_cast<int32_t>(distinct.size()));
-    if (fresh) {
-      if (distinct.size() == kMaxVocabulary)
-        throw Error("text: " + o.path + " has more than " + std::to_string(kMaxVocabulary) +
-                    " distinct words, too many for a vocabulary (is it text in words?)");
-      distinct.push_back(token);
-    }
-    corpus.push_back(it->second);
-  });
-
-  const int64_t steps = o.num_steps, tokens = static_cast<int64_t>(corpus.size());
-  const int64_t test_tokens = std::llround(o.test_fraction * static_cast<double>(tokens));
-  const int64_t train_tokens = tokens - test_tokens;
-  const std::string one_sample = "one sample (num_steps + 1 = " + std::to_string(steps + 1) + " tokens)";
-  if (tokens < steps + 1)
-    throw Error("text: " + o.path + " has " + std::to_string(tokens) + " " + token_noun(o.tokens) +
-                ", fewer than " + one_sample);
-  if (train_tokens < steps + 1)
-    throw Error("text: the training split of " + o.path + " (the first " + std::to_string(train_tokens) +
-                " of " + std::to_string(tokens) + " " + token_noun(o.tokens) + ") is shorter than " +
-                one_sample);
-  if (o.test_fraction > 0 && test_tokens < steps + 1)
-    throw Error("text: the test split of " + o.path + " (the last " + std::to_string(test_tokens) + " of " +
-                std::to_string(tokens) + " " + token_noun(o.tokens) + ", test_fraction " +
-                std::to_string(o.test_fraction) + ") is shorter than " + one_sample);
 
   // The vocabulary, from the training tokens only: the test split must not choose it.
-  std::vector<int64_t> counts(distinct.size(), 0);
-  for (int64_t i = 0; i < train_tokens; ++i) ++counts[static_cast<size_t>(corpus[i])];
-  std::vector<int32_t> kept;
-  for (size_t p = 0; p < distinct.size(); ++p)
-    if (counts[p] > 0 && counts[p] >= o.min_freq && distinct[p] != kUnknown)
-      kept.push_back(static_cast<int32_t>(p));
-  std::stable_sort(kept.begin(), kept.end(), [&](int32_t a, int32_t b) { return counts[a] > counts[b]; });
-  std::vector<int32_t> final_id(distinct.size(), 0);
-  std::vector<std::string> vocabulary{kUnknown};
-  std::vector<int64_t> token_counts{0};
-  vocabulary.reserve(kept.size() + 1);
-  for (size_t r = 0; r < kept.size(); ++r) {
-    final_id[kept[r]] = static_cast<int32_t>(r + 1);
-    vocabulary.emplace_back(distinct[kept[r]]);
-    token_counts.push_back(counts[kept[r]]);
-  }
-  for (size_t p = 0; p < distinct.size(); ++p)
-    if (final_id[p] == 0) token_counts[0] += counts[p];
-  for (int32_t& id : corpus) id = final_id[static_cast<size_t>(id)];
+  const Vocabulary v = make_vocabulary(t, train_tokens, o.min_freq,
+                                       by_lines ? std::vector<std::string>{kPad, kBos, kEos}
+                                                : std::vector<std::string>{});
+  std::vector<int32_t>& ids = t.corpus;
+  for (int32_t& id : ids) id = v.id_of[static_cast<size_t>(id)];
 
-  // The training windows start at an offset drawn from the seed, one that leaves room for a window.
-  const int64_t max_offset = std::min(steps - 1, train_tokens - steps - 1);
-  const int64_t offset =
-      static_cast<int64_t>(philox::philox4x32_10(0, o.seed).v[0] % static_cast<uint64_t>(max_offset + 1));
   auto describe = [&](Dataset& d, const char* split) {
     d.name = std::string("text/") + split;
     d.source = o.path;
-    d.classes = static_cast<int64_t>(vocabulary.size());
+    d.classes = static_cast<int64_t>(v.tokens.size());
     d.sequential = o.partition == TextOptions::Partition::Sequential;
-    d.vocabulary = vocabulary;
-    d.token_counts = token_counts;
+    d.vocabulary = v.tokens;
+    d.token_counts = v.counts;
     d.tokenizer = {o.tokens, o.preprocess};
   };
-  TextData out;
-  if (o.test_fraction > 0) {
-    auto test = text_windows(corpus, static_cast<size_t>(train_tokens), corpus.size(), 0, steps);
-    describe(*test, "test");
-    out.test = test;
+  std::shared_ptr<Dataset> train, test;
+  if (by_lines) {
+    // The last round(test_fraction * lines) lines are the test split.
+    const size_t lines = t.line_begin.size() - 1;
+    if (o.test_fraction > 0) test = text_lines(ids, t.line_begin, train_lines, lines, steps);
+    train = text_lines(ids, t.line_begin, 0, train_lines, steps);
+  } else {
+    // The training windows start at an offset drawn from the seed, one that leaves room for a window.
+    const int64_t max_offset = std::min(steps - 1, static_cast<int64_t>(train_tokens) - steps - 1);
+    const int64_t offset =
+        static_cast<int64_t>(philox::philox4x32_10(0, o.seed).v[0] % static_cast<uint64_t>(max_offset + 1));
+    if (o.test_fraction > 0) test = text_windows(ids, train_tokens, ids.size(), 0, steps);
+    train = text_windows(ids, 0, train_tokens, offset, steps);
   }
-  auto train = text_windows(corpus, 0, static_cast<size_t>(train_tokens), offset, steps);
+  TextData out;
+  if (test) describe(*test, "test");
   describe(*train, "train");
   out.train = train;
+  out.test = test;
   return out;
 }
 

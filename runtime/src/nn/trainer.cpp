@@ -36,10 +36,13 @@ struct LossStep {
   Tensor stats, doutput;
 };
 
-// The loss of `output` against `labels` (targets), its gradient scaled by `scale` per target value.
-LossStep training_loss(const TrainOptions& o, const Tensor& output, const Tensor& labels, bool want_grad, float scale) {
+// The loss of `output` against `labels` (targets), its gradient scaled by `scale` per target value; labels
+// equal to pad_target (>= 0) are padding, which the cross-entropy leaves out.
+LossStep training_loss(const TrainOptions& o, const Tensor& output, const Tensor& labels, bool want_grad, float scale,
+                       int64_t pad_target) {
   if (o.loss == LossKind::CrossEntropy) {
-    CrossEntropy ce = softmax_cross_entropy(output, labels, want_grad, scale, static_cast<float>(o.label_smoothing));
+    CrossEntropy ce =
+        softmax_cross_entropy(output, labels, want_grad, scale, static_cast<float>(o.label_smoothing), pad_target);
     return {ce.stats, ce.dlogits};
   }
   RegressionLossResult r =
@@ -176,10 +179,12 @@ void Trainer::step(const HostBatchPtr& batch) {
   // global_size 0 means the batch is not a shard: its size is the whole.
   if (!batch || (batch->size < 1 && !world_) || (batch->global_size != 0 && batch->global_size < batch->size))
     throw Error("training step: empty batch");
+  pad_target_ = batch->pad_target;
   if (!try_captured_step(batch)) {
     step_by_step(batch);
     capture_->count_uncaptured_step();
   }
+  replicas_->add_padded(batch->padded_targets());
   while (static_cast<int64_t>(in_flight_.size()) > options_.steps_in_flight) {
     auto markers = std::move(in_flight_.front());
     in_flight_.erase(in_flight_.begin());
@@ -276,7 +281,8 @@ int64_t Trainer::forward_backward(size_t r, const Tensor& images, const Tensor& 
   // A sample of sequence targets holds one per step; the loss is their mean, as d2l's per-token loss.
   const int64_t n = labels.shape().empty() ? 1 : labels.shape()[0];
   values_per_sample_ = n > 0 ? std::max<int64_t>(1, labels.numel() / n) : 1;
-  LossStep loss = training_loss(options_, output, labels, true, scale / static_cast<float>(values_per_sample_));
+  LossStep loss =
+      training_loss(options_, output, labels, true, scale / static_cast<float>(values_per_sample_), pad_target_);
   m.backward(loss.doutput);
   add_into(replicas_->totals(r), loss.stats);
   for (Parameter* p : m.parameters()) grads.push_back(p->grad);
@@ -365,7 +371,7 @@ EvalMetrics Trainer::evaluate_metrics(const DatasetPtr& data) {
       if (sizes[r] == 0) continue;
       DeviceBatch db = to_device(rt_, batch, offset, offset + sizes[r], devices[r]);
       Tensor output = (*replicas_)[r].forward(db.images, Mode::Eval);
-      sums[r] = add(sums[r], training_loss(options_, output, db.labels, false, 0).stats);
+      sums[r] = add(sums[r], training_loss(options_, output, db.labels, false, 0, batch->pad_target).stats);
       values += db.labels.numel();
       if (regression) {
         const std::vector<float> pred = to_host(output), want = to_host(db.labels);
@@ -375,6 +381,7 @@ EvalMetrics Trainer::evaluate_metrics(const DatasetPtr& data) {
       recent.push_back(sums[r].var());
       offset += sizes[r];
     }
+    values -= batch->padded_targets();  // padding is in no measure
     while (recent.size() > 2 * replicas_->size()) {
       rt_.engine().wait(recent.front());
       recent.erase(recent.begin());

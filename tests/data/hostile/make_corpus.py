@@ -527,6 +527,14 @@ att_variant("att-nadaraya-watson-rows.json", "a NadarayaWatson fed [35, 16] inst
             "[T, 3]",
             lambda g: (add_node(g, "nw", "NadarayaWatson"), rewire(g, "fc.in", "nw.out"),
                        g["connections"].append({"from": "emb.out", "to": "nw.in"})))
+att_variant("att-valid-lens-shape.json", "valid_lens fed the [35, 16] embeddings instead of lengths [1]",
+            "valid_lens",
+            lambda g: g["connections"].append({"from": "emb.out", "to": "attn.valid_lens"}))
+att_variant("att-valid-length-of-features.json", "a ValidLength over [35, 16] features instead of token ids",
+            "token ids",
+            lambda g: (add_node(g, "vl", "ValidLength"),
+                       g["connections"].extend([{"from": "emb.out", "to": "vl.in"},
+                                                {"from": "vl.out", "to": "attn.valid_lens"}])))
 att_variant("att-weights-too-large.json",
             "self-attention over 30,000 steps with 64 heads: 230 GB of attention weights for one sample",
             "attention weights",

@@ -11,7 +11,10 @@
 // A rank that gives up on an exchange ends its own process within a bound, whatever the launcher does: a
 // wait that times out arms a watchdog that ends the process (_exit) kGiveUpGrace later, and abort() one
 // that ends it kAbortGrace after MPI_Abort was called, since MPI_Abort relies on mpirun and its daemons,
-// which a partition may have cut off (docs/distributed.md, "Faults across hosts").
+// which a partition may have cut off (docs/distributed.md, "Across hosts"). And since mpirun then
+// waits for the lost host's daemon (forever for a frozen host, whose kernel still answers Open MPI's
+// keepalives), a rank that gave up leaves a watcher process behind it that interrupts its launcher (mpirun,
+// or this host's orted) if that still runs kAbortGrace after the abort, and kills it 4 s later.
 #pragma once
 #include <chrono>
 #include <cstddef>
@@ -94,8 +97,8 @@ class World {
   std::string waiting(std::chrono::milliseconds at_least = std::chrono::milliseconds(1000)) const;
   // Rank 0 of a job across several hosts: a warning when Open MPI's daemons would notice a lost host later
   // than the ranks give up on it (the oob_tcp_keepalive_* MCA params mpirun passes in the environment,
-  // against timeout()). mpirun and the far daemon then outlive the ranks after a partition, since a rank
-  // can end only its own process. Empty otherwise.
+  // against timeout()). A partition then ends the job only when the ranks give up, and only because the
+  // ranks' watcher interrupts mpirun and the far daemon (see below). Empty otherwise.
   std::string launcher_warning() const;
   // Called while waiting: when it returns true the wait ends with Stopped.
   using StopCheck = std::function<bool()>;

@@ -73,6 +73,9 @@ struct Dataset {
   // Text read with the sequential partition: the loader serves consecutive windows in d2l's
   // seq_data_iter_sequential order and never shuffles (see LoaderOptions).
   bool sequential = false;
+  // Targets equal to this (>= 0) are padding, not data: the cross-entropy gives them no loss, no gradient and
+  // no count (text by lines pads with "<pad>", 1). -1: every target counts.
+  int64_t pad_target = -1;
   std::string source;  // the file the dataset was read from, for messages; empty for a made one
 
   // Text: token id i is vocabulary[i], seen token_counts[i] times in the training tokens. Id 0 is "<unk>",
@@ -185,6 +188,10 @@ struct HostBatch {
   const float* images = nullptr;
   const float* labels = nullptr;
   bool pinned = false;
+  int64_t pad_target = -1;  // Dataset::pad_target: labels equal to it are padding
+
+  // The labels equal to pad_target: the target values a loss leaves out.
+  int64_t padded_targets() const;
 
   // sample_shape, or {channels, height, width} for a batch built by hand that sets only those.
   Shape sample_dims() const {

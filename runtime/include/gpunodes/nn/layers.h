@@ -148,15 +148,19 @@ Tensor reshape(const Tensor& x, const Shape& shape);  // same element count; a c
 // computed with the log-sum-exp shift so that large logits do not overflow. With label smoothing e (PyTorch's
 // CrossEntropyLoss(label_smoothing=e)) the target is (1 - e) * onehot + e / classes: each sample's loss is
 // (1 - e) * (-log p[label]) + e * mean over the classes of -log p[j], and its gradient softmax - target.
+// A row labelled ignore_index (a class; -1: none) is padding, as in torch's CrossEntropyLoss(ignore_index):
+// no loss, no gradient, not counted.
 struct CrossEntropy {
-  Tensor loss;     // [] mean over the rows
-  Tensor stats;    // [2] {sum of the per-row losses, number of correct argmax predictions}
-  Tensor dlogits;  // logits' shape: (softmax - target) * grad_scale; undefined unless asked for
+  Tensor loss;     // [] mean over the counted rows (NaN when every row is ignored)
+  Tensor stats;    // [2] {sum of the counted rows' losses, number of correct argmax predictions among them}
+  Tensor dlogits;  // logits' shape: (softmax - target) * grad_scale, zeros in ignored rows; unless asked for,
+                   // undefined
 };
-// grad_scale 0 means 1/rows, the gradient of the mean. Data parallel replicas pass 1/(total batch) so that
-// their gradients sum to the whole batch's. 0 <= label_smoothing <= 1; accuracy ignores it.
+// grad_scale 0 means 1/(counted rows), the gradient of the mean. Data parallel replicas pass 1/(total batch)
+// so that their gradients sum to the whole batch's (with padding: d2l's MaskedSoftmaxCELoss, where every
+// position counts in the mean and a padded one as zero). 0 <= label_smoothing <= 1; accuracy ignores it.
 CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels, bool want_grad = true,
-                                   float grad_scale = 0, float label_smoothing = 0);
+                                   float grad_scale = 0, float label_smoothing = 0, int64_t ignore_index = -1);
 
 // --- in-place helpers the trainer and loaders use ---------------------------------------------------------
 // dst <- src, between any two devices (same shape). Ordered after everything that reads or writes dst.

@@ -56,21 +56,24 @@ enum class LayerKind {
   ClassToken,
   FirstStep,
   NadarayaWatson,  // d2l 11.2's NWKernelRegression: rows (query, key, value) [T, 3] -> [T]
+  ValidLength,     // token ids [T] -> [1], the count of ids that are not pad_id (d2l's (X != pad).sum(1))
 };
 const char* layer_kind_name(LayerKind kind);  // "Conv2d": also the node type's name
 std::optional<LayerKind> parse_layer_kind(const std::string& name);
 // The input ports' names, in order: {} for Input, {"a", "b"} for Add, Concat, BatchMatMul and Mul, {"q", "k",
-// "v"} for MultiheadAttention, {"in"} otherwise.
+// "v", "valid_lens"} for MultiheadAttention, {"in"} otherwise.
 std::vector<std::string> layer_ports(LayerKind kind);
-// How many of those ports must be wired: all but MultiheadAttention's k and v (self-attention without them;
-// v alone is not allowed, so a layer's inputs are always its first ports).
+// How many of those ports must be wired: all but MultiheadAttention's k, v and valid_lens (self-attention
+// without k and v; v without k is refused). An open optional port before a wired one is a hole: -1 in
+// LayerSpec::inputs, a null pointer in LayerNode::inputs, an empty Shape for infer_layer and an empty name in
+// the canonical text ("<-x,,,lens"); trailing open ports are left out, so a prefix reads as before.
 int layer_required_ports(LayerKind kind);
 
 // One layer: its kind and the params that kind reads (the others keep their defaults and are ignored).
 struct LayerSpec {
   std::string id;  // the node id: parameter names are "<id>.weight"
   LayerKind kind = LayerKind::ReLU;
-  std::vector<int> inputs;  // NetworkSpec only: indices of earlier layers, in port order
+  std::vector<int> inputs;  // NetworkSpec only: indices of earlier layers, in port order (-1: an open port)
   Shape shape;              // Input: the shape per sample, [C, H, W], [T, F] or [features]; Reshape: the
                             // shape per sample wanted, one -1 allowed
   int64_t features = 0;     // Conv2d out_channels, Linear out_features, RNN/GRU/LSTM hidden_size,
@@ -97,6 +100,7 @@ struct LayerSpec {
   bool affine = true;       // LayerNorm elementwise_affine
   double scale = 1;         // Scale: the factor
   int64_t max_len = 1000;   // PositionalEncoding: the longest sequence its table covers
+  int64_t pad_id = 1;       // ValidLength: the id that pads a sequence, not counted
   // The pool stride in effect.
   int64_t pool_stride() const { return stride > 0 ? stride : kernel; }
   // The per-sample output of Reshape for an input of `values` values: `shape` with its -1 resolved. Throws

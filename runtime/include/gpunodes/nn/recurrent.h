@@ -81,7 +81,8 @@ struct RnnGrads {
 // The gradients for an output gradient dy [N, T, H * directions] of `forward`, a training forward of the
 // same options, x and weights. The initial state is a constant (no gradient to h0 or c0; d2l detaches it)
 // and the final state gets no incoming gradient. need_dx false leaves dx undefined (a first layer's input
-// needs none).
+// needs none). It takes the forward's saved activations for its scratch (the gate gradients overwrite the
+// gates), so each training forward has one backward: a second is refused with an Error.
 RnnGrads rnn_backward(const RnnOptions& o, const RnnResult& forward, const Tensor& x,
                       const std::vector<Tensor>& weights, const Tensor& dy, bool need_dx);
 

@@ -24,8 +24,8 @@ struct TextOptions {
   int64_t num_steps = 35;  // T: tokens per sample
   // Random: the loader shuffles the windows every epoch (when its options say so). Sequential: it reads them
   // in d2l's seq_data_iter_sequential order, so that a recurrent network can carry its state between
-  // batches (Dataset::sequential, LoaderOptions::shuffle).
-  enum class Partition { Random, Sequential } partition = Partition::Random;
+  // batches (Dataset::sequential, LoaderOptions::shuffle). Lines: one sample per line, padded (below).
+  enum class Partition { Random, Sequential, Lines } partition = Partition::Random;
   // The end of the corpus, this fraction of its tokens, is the test split, in [0, 1); 0: no test split.
   double test_fraction = 0;
   uint64_t seed = 0;      // draws the training windows' offset
@@ -53,8 +53,19 @@ struct TextData {
 // than 2^24), sample_shape and target_shape {T}, classes the vocabulary's size; Dataset::tokenizer says how
 // the text was cut.
 //
+// The lines partition (d2l 10.5's sentences, padded): each line of the file that has a token is one sample,
+// preprocessed and cut by itself (its line break and surrounding spaces dropped). The vocabulary reserves
+// "<pad>" 1, "<bos>" 2 and "<eos>" 3 after "<unk>" (d2l's Vocab(reserved_tokens=[...]); counted 0; a token
+// spelled as one of them is id 0). With the line's ids L, x = <bos> L and y = L <eos>, each cut to T or
+// padded with <pad> (d2l's truncate_pad), so that every real token and the
+// end of the line is a target, and padded steps have the target <pad>: Dataset::pad_target is 1, which the
+// trainer's cross-entropy leaves out. A ValidLength (pad_id 1) on x gives min(|L| + 1, T). The last
+// round(test_fraction * lines) lines are the test split; the lines keep the file's order (the loader shuffles
+// them when asked).
+//
 // Refused: a file that is not UTF-8 or holds a NUL byte (its byte offset, line and column), empty, larger
-// than max_bytes, with fewer tokens than one sample (num_steps + 1) in either split, or with more than
+// than max_bytes, with fewer tokens than one sample (num_steps + 1) in either split (by lines: without a line
+// of tokens, or too few lines for one in each split), or with more than
 // 10,000,000 distinct words (checked while counting, before any window is made).
 TextData load_text(const TextOptions& options);
 

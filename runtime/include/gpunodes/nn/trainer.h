@@ -191,7 +191,10 @@ struct StepTotals {
   double correct = 0;  // classes: correct predictions; regression: the sum of squared errors
   int64_t samples = 0;
   int64_t values_per_sample = 1;
-  double values() const { return static_cast<double>(samples) * static_cast<double>(values_per_sample); }
+  int64_t padded = 0;  // target values that were padding (Dataset::pad_target): in no loss, accuracy or count
+  double values() const {
+    return static_cast<double>(samples) * static_cast<double>(values_per_sample) - static_cast<double>(padded);
+  }
   double loss() const { return samples ? loss_sum / values() : NAN; }
   double accuracy() const { return samples ? correct / values() : NAN; }
   double mse() const { return accuracy(); }  // regression: the mean of the squared errors
@@ -329,6 +332,7 @@ class Trainer {
   // Targets per sample of the batches seen (a sequence's steps; 1 otherwise): what the totals divide by.
   int64_t values_per_sample_ = 1;
   bool carries_state_ = false;  // fit() on a sequential text: recurrent state carried across batches
+  int64_t pad_target_ = -1;     // the current batch's padding label (HostBatch::pad_target); -1: none
   std::vector<std::vector<VarPtr>> in_flight_;  // per outstanding step: one marker per device
   // Written by every collective op, so that they run in the order they were enqueued, which is the same on
   // every rank: MPI and NCCL need every rank to call the same collectives in the same order.

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <string>
@@ -380,17 +381,36 @@ __global__ void nhwc_broadcast_kernel(const float* __restrict__ dy, float* __res
 
 // (::exp and ::log: inside gn, plain exp would find gn::exp on tensors.)
 // The whole batch in one block: each thread takes rows, the block sums loss and hits in double in a fixed
-// order, so the result is the same on every run. `bad` gets the first invalid label's row, or stays -1.
+// order, so the result is the same on every run. `bad` gets the first invalid label's row, or keeps its fill.
+// A row labelled `ignored` (NaN: none, which no label equals) counts for nothing and gets zeros;
+// with scale 0 the gradient is that of the mean over the counted rows, so they are counted first.
 __global__ void softmax_ce_kernel(const float* __restrict__ z, const float* __restrict__ labels, int64_t n,
                                   int64_t classes, float* __restrict__ loss, float* __restrict__ stats,
-                                  float* __restrict__ dz, float scale, float smoothing,
+                                  float* __restrict__ dz, float scale, float smoothing, float ignored,
                                   long long* __restrict__ bad) {
   const double eps = smoothing, uniform = eps / static_cast<double>(classes);
   __shared__ double s_loss[kThreads];
   __shared__ double s_hit[kThreads];
+  __shared__ double s_count[kThreads];
+  double counted = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) counted += labels[i] == ignored ? 0.0 : 1.0;
+  s_count[threadIdx.x] = counted;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) s_count[threadIdx.x] += s_count[threadIdx.x + s];
+    __syncthreads();
+  }
+  const double rows = s_count[0];
+  // As the CPU spells it (1.0f / float), so that a CPU and a GPU replica take bit-equal steps.
+  const float g = scale != 0.0f ? scale : 1.0f / static_cast<float>(rows);
   double acc = 0, hits = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const float lf = labels[i];
+    if (lf == ignored) {
+      if (dz)
+        for (int64_t j = 0; j < classes; ++j) dz[i * classes + j] = 0.0f;
+      continue;
+    }
     const int64_t label = static_cast<int64_t>(lf);
     if (!(lf >= 0.0f && lf < static_cast<float>(classes)) || static_cast<float>(label) != lf) {
       atomicMin(bad, static_cast<long long>(i));
@@ -414,7 +434,7 @@ __global__ void softmax_ce_kernel(const float* __restrict__ z, const float* __re
     if (dz)
       for (int64_t j = 0; j < classes; ++j) {
         const double target = (j == label ? 1.0 - eps : 0.0) + uniform;
-        dz[i * classes + j] = static_cast<float>((::exp(row[j] - lse) - target) * scale);
+        dz[i * classes + j] = static_cast<float>((::exp(row[j] - lse) - target) * g);
       }
   }
   s_loss[threadIdx.x] = acc;
@@ -428,7 +448,7 @@ __global__ void softmax_ce_kernel(const float* __restrict__ z, const float* __re
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    *loss = static_cast<float>(s_loss[0] / static_cast<double>(n));
+    *loss = rows > 0 ? static_cast<float>(s_loss[0] / rows) : __int_as_float(0x7fc00000);  // NaN
     stats[0] = static_cast<float>(s_loss[0]);
     stats[1] = static_cast<float>(s_hit[0]);
   }
@@ -1045,7 +1065,7 @@ class CudaNnKernels final : public NnKernels {
 
   void softmax_cross_entropy(int64_t n, int64_t classes, const float* logits, const float* labels,
                              float* loss, float* stats, float* dlogits, float grad_scale,
-                             float label_smoothing, KernelContext& kc) override {
+                             float label_smoothing, int64_t ignore_index, KernelContext& kc) override {
     Stream s(kc);
     Workspace flag(kc.allocator, s, sizeof(long long));
     auto* bad = static_cast<long long*>(flag.get());
@@ -1053,7 +1073,9 @@ class CudaNnKernels final : public NnKernels {
     constexpr long long none = 0x7f7f7f7f7f7f7f7fLL;
     GN_CUDA_CHECK(cudaMemsetAsync(bad, 0x7f, sizeof(long long), s.get()));
     softmax_ce_kernel<<<1, kThreads, 0, s.get()>>>(logits, labels, n, classes, loss, stats, dlogits,
-                                                   grad_scale, label_smoothing, bad);
+                                                   grad_scale, label_smoothing,
+                                                   ignore_index >= 0 ? static_cast<float>(ignore_index) : NAN,
+                                                   bad);
     GN_CUDA_CHECK_LAUNCH();
     // A captured step cannot read the flag back: the trainer checks a captured step's labels on the host.
     if (capturing(s.get())) return;

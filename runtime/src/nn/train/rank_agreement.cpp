@@ -82,9 +82,14 @@ bool RankAgreement::agree_to_stop(bool asked, const std::function<bool()>& engin
 StepTotals RankAgreement::sum(StepTotals t) const {
   if (!world_) return t;
   // Every rank calls this at the same batches, so the sums over the ranks are everyone's numbers.
-  double sums[3] = {t.loss_sum, t.correct, static_cast<double>(t.samples)};
-  world_->allreduce_sum(sums, 3, "summing the loss over the ranks", dist::World::Channel::Host, give_up_);
-  return {sums[0], sums[1], static_cast<int64_t>(sums[2])};
+  double sums[4] = {t.loss_sum, t.correct, static_cast<double>(t.samples), static_cast<double>(t.padded)};
+  world_->allreduce_sum(sums, 4, "summing the loss over the ranks", dist::World::Channel::Host, give_up_);
+  StepTotals all = t;
+  all.loss_sum = sums[0];
+  all.correct = sums[1];
+  all.samples = static_cast<int64_t>(sums[2]);
+  all.padded = static_cast<int64_t>(sums[3]);
+  return all;
 }
 
 std::vector<double> RankAgreement::sum_values(std::vector<double> local) const {

@@ -94,6 +94,7 @@ StepTotals ReplicaSet::local_totals() const {
     t.correct += v[1];
     t.samples += samples_[r];
   }
+  t.padded = padded_;
   return t;
 }
 
@@ -104,6 +105,7 @@ void ReplicaSet::reset_totals(const StepTotals& start) {
                                     : std::vector<float>{0.0f, 0.0f});
   std::fill(samples_.begin(), samples_.end(), 0);
   samples_[0] = start.samples;
+  padded_ = start.padded;
 }
 
 void ReplicaSet::pull_from_model() {

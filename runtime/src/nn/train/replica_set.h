@@ -43,6 +43,8 @@ class ReplicaSet {
   // adds into this very tensor).
   const Tensor& totals(size_t r) const { return totals_[r]; }
   void add_samples(size_t r, int64_t n) { samples_[r] += n; }
+  // Target values of this process's batches that were padding (HostBatch::padded_targets), all replicas'.
+  void add_padded(int64_t n) { padded_ += n; }
   // Samples trained on this process since the reset.
   int64_t samples() const;
   // This process's totals (a blocking read of every replica's).
@@ -71,6 +73,7 @@ class ReplicaSet {
   std::vector<double> shares_;
   std::vector<Tensor> totals_;
   std::vector<int64_t> samples_;
+  int64_t padded_ = 0;  // add_padded
   size_t balance_span_ = 0;
   std::vector<int64_t> balance_samples_;
 };

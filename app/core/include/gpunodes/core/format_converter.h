@@ -44,11 +44,31 @@ class FormatConverter {
   // Writes the network that ends at node `networkNode` of `doc` (a path id for one inside a subgraph) to
   // `outPath`, with the parameters in `paramsFile` (a parameter file saved from that network), or, when it
   // is empty, the weights the network starts from (its init and seed). On failure nothing is written.
+  // An existing `outPath` that is not gpunodes' own file (file_access.h's isGpunodesFile: a model another
+  // program wrote, or anything else) is refused with an error naming it and left as it was, unless
+  // `replaceForeign` (the CLI's export-<fmt> --force), when it is replaced like gpunodes' own. A folder is
+  // never replaced. The default (false) is the one callers through a FormatConverter get; an override
+  // must keep the same default and the same rule.
   virtual ConvertResult exportModel(const GraphDocument& doc, const QString& networkNode,
                                     const QString& paramsFile, const QString& outPath,
-                                    const ConvertProgress& progress = {}) const;
+                                    const ConvertProgress& progress = {}, bool replaceForeign = false) const;
 };
 using FormatConverterPtr = std::shared_ptr<const FormatConverter>;
+
+// The weights file an import writes when none is named: GRAPH.safetensors beside the graph file.
+QString defaultWeightsPath(const QString& graphPath);
+
+// The whole import, as the CLI's import-<fmt> and the editor's File > Import do it: reads `modelPath` with
+// `converter` into `doc`, writes the weights to `weightsPath` (empty: defaultWeightsPath) and the graph to
+// `graphPath`. File params that name a file inside the graph's folder are written relative to it, so that
+// the graph and its weights can move together. The weights file must differ from the model and the graph.
+// An existing graph or weights file is replaced only when it is one of gpunodes' own (isGpunodesFile), or
+// with `replaceForeign` (the CLI's --force); a folder never. On failure nothing is left written (the
+// weights go again when the graph cannot be saved), `doc` is unchanged, and the error names what failed.
+ConvertResult importToGraphFile(const FormatConverter& converter, const NodeTypeRegistry& registry,
+                                const QString& modelPath, const QString& graphPath, QString weightsPath,
+                                GraphDocument& doc, const ConvertProgress& progress = {},
+                                bool replaceForeign = false);
 
 // Every converter the registry's plugins offer, in plugin order; the first of a name wins.
 QList<FormatConverterPtr> formatConverters(const NodeTypeRegistry& registry);
