@@ -18,19 +18,11 @@ std::vector<int64_t> intsOf(const NodeProto& n, const char* name) {
     if (a.name() == name && a.type() == AttributeProto::INTS) return {a.ints().begin(), a.ints().end()};
   return {};
 }
-bool hasAttr(const NodeProto& n, const char* name) {
-  for (const AttributeProto& a : n.attribute())
-    if (a.name() == name) return true;
-  return false;
-}
 // An integer attribute, `def` when absent, nullopt when it is there but not an integer.
 std::optional<int64_t> intOf(const NodeProto& n, const char* name, int64_t def) {
   for (const AttributeProto& a : n.attribute())
     if (a.name() == name) return a.type() == AttributeProto::INT ? std::optional<int64_t>(a.i()) : std::nullopt;
   return def;
-}
-bool is(const NodeProto* n, const char* op, int inputs) {
-  return n && n->op_type() == op && n->input_size() == inputs && n->output_size() == 1;
 }
 
 // 0 where query q sees key k (k <= q + Tk - Tq, as gpunodes' causal mask), and at most -1e9 (-inf as gpunodes
@@ -89,7 +81,7 @@ const TensorValues& Importer::constAt(const std::string& name, const char* what)
 void Importer::findAttention(int i) {
   const NodeProto& split = g_.node(i);
   if (split.input_size() < 1 || split.output_size() != 3 || !isInitializer(split.input(0)) ||
-      intOf(split, "axis", 0) != 0 || hasAttr(split, "split"))
+      intOf(split, "axis", 0) != 0 || attrOf(split, "split"))
     return;
   Pattern pat{LayerKind::MultiheadAttention, "", "", -1};
   std::vector<int> nodes{i};
@@ -101,21 +93,21 @@ void Importer::findAttention(int i) {
   std::string xs[3], heads[3];
   for (int k = 0; k < 3; ++k) {
     const NodeProto* t = soleConsumer(split.output(k));
-    if (!is(t, "Transpose", 1) || intsOf(*t, "perm") != std::vector<int64_t>{1, 0}) return;
+    if (!isOp(t, "Transpose", 1) || intsOf(*t, "perm") != std::vector<int64_t>{1, 0}) return;
     const NodeProto* mm = soleConsumer(t->output(0));
-    if (!is(mm, "MatMul", 2) || mm->input(1) != t->output(0)) return;
+    if (!isOp(mm, "MatMul", 2) || mm->input(1) != t->output(0)) return;
     xs[k] = mm->input(0);
     nodes.push_back(indexOfNode(t));
     nodes.push_back(indexOfNode(mm));
     std::string projected = mm->output(0);
     const NodeProto* next = soleConsumer(projected);
-    if (is(next, "Add", 2)) {
+    if (isOp(next, "Add", 2)) {
       const std::string* b = other(*next, projected);
       const auto p = b ? producer_.find(*b) : producer_.end();
       if (p == producer_.end()) return;
       const NodeProto& bs = g_.node(p->second);
       if (bs.op_type() != "Split" || bs.input_size() < 1 || bs.output_size() != 3 || bs.output(k) != *b ||
-          !isInitializer(bs.input(0)) || intOf(bs, "axis", 0) != 0 || hasAttr(bs, "split"))
+          !isInitializer(bs.input(0)) || intOf(bs, "axis", 0) != 0 || attrOf(bs, "split"))
         return;
       if (k == 0) biasSplit = &bs;
       else if (biasSplit != &bs) return;
@@ -125,10 +117,10 @@ void Importer::findAttention(int i) {
     } else if (biasSplit) {
       return;  // q has a bias and k or v none: not gpunodes' layer
     }
-    if (!is(next, "Reshape", 2) || next->input(0) != projected) return;
+    if (!isOp(next, "Reshape", 2) || next->input(0) != projected) return;
     pat.consts[shapeRole[k]] = next->input(1);
     const NodeProto* ht = soleConsumer(next->output(0));
-    if (!is(ht, "Transpose", 1) || intsOf(*ht, "perm") != headPerm[k]) return;
+    if (!isOp(ht, "Transpose", 1) || intsOf(*ht, "perm") != headPerm[k]) return;
     nodes.push_back(indexOfNode(next));
     nodes.push_back(indexOfNode(ht));
     heads[k] = ht->output(0);
@@ -139,10 +131,10 @@ void Importer::findAttention(int i) {
     if (biasSplit->input_size() > 1 && !biasSplit->input(1).empty()) pat.consts["in_b_sizes"] = biasSplit->input(1);
   }
   const NodeProto* raw = soleConsumer(heads[0]);
-  if (!is(raw, "MatMul", 2) || raw->input(0) != heads[0] || raw->input(1) != heads[1] || soleConsumer(heads[1]) != raw)
+  if (!isOp(raw, "MatMul", 2) || raw->input(0) != heads[0] || raw->input(1) != heads[1] || soleConsumer(heads[1]) != raw)
     return;
   const NodeProto* scale = soleConsumer(raw->output(0));
-  const std::string* alphaName = is(scale, "Mul", 2) ? other(*scale, raw->output(0)) : nullptr;
+  const std::string* alphaName = isOp(scale, "Mul", 2) ? other(*scale, raw->output(0)) : nullptr;
   const std::optional<double> alpha = alphaName ? scalar(*alphaName) : std::nullopt;
   if (!alpha) return;
   pat.factor = *alpha;
@@ -150,7 +142,7 @@ void Importer::findAttention(int i) {
   nodes.push_back(indexOfNode(scale));
   std::string scores = scale->output(0);
   const NodeProto* next = soleConsumer(scores);
-  if (is(next, "Add", 2)) {
+  if (isOp(next, "Add", 2)) {
     const std::string* mask = other(*next, scores);
     if (!mask || !isConstantNode(*mask)) return;
     pat.consts["mask"] = *mask;
@@ -161,21 +153,21 @@ void Importer::findAttention(int i) {
   // The key padding mask of valid_lens: valid = Less(key indices, Reshape(lens, [0, 1, 1, 1])), the scores
   // Where(valid, scores, -1e9), and the Softmax's weights multiplied by Cast(valid).
   std::string keep;
-  if (is(next, "Where", 3) && next->input(1) == scores) {
+  if (isOp(next, "Where", 3) && next->input(1) == scores) {
     const std::string& valid = next->input(0);
     const std::optional<double> masked = scalar(next->input(2));
     const auto lp = producer_.find(valid);
     if (!masked || !(*masked <= -1e9) || lp == producer_.end()) return;
     const NodeProto& less = g_.node(lp->second);
-    if (!is(&less, "Less", 2) || !isConstantNode(less.input(0))) return;
+    if (!isOp(&less, "Less", 2) || !isConstantNode(less.input(0))) return;
     const auto rp = producer_.find(less.input(1));
     if (rp == producer_.end()) return;
     const NodeProto& lens = g_.node(rp->second);
-    if (!is(&lens, "Reshape", 2) || soleConsumer(lens.output(0)) != &less) return;
+    if (!isOp(&lens, "Reshape", 2) || soleConsumer(lens.output(0)) != &less) return;
     const std::vector<const NodeProto*> uses = consumersOf(valid, 2);
     if (uses.size() != 2 || (uses[0] != next && uses[1] != next)) return;
     const NodeProto* cast = uses[0] == next ? uses[1] : uses[0];
-    if (!is(cast, "Cast", 1) || intOf(*cast, "to", 0) != ::onnx::TensorProto::FLOAT) return;
+    if (!isOp(cast, "Cast", 1) || intOf(*cast, "to", 0) != ::onnx::TensorProto::FLOAT) return;
     pat.consts["key_index"] = less.input(0);
     pat.consts["lens_shape"] = lens.input(1);
     pat.lens = lens.input(0);
@@ -184,32 +176,32 @@ void Importer::findAttention(int i) {
     scores = next->output(0);
     next = soleConsumer(scores);
   }
-  if (!is(next, "Softmax", 1)) return;
+  if (!isOp(next, "Softmax", 1)) return;
   const std::optional<int64_t> axis = intOf(*next, "axis", -1);
   if (axis != -1 && axis != 3) return;
   nodes.push_back(indexOfNode(next));
   std::string weights = next->output(0);
   if (!keep.empty()) {
     const NodeProto* kept = soleConsumer(weights);
-    if (!is(kept, "Mul", 2) || kept->input(0) != weights || kept->input(1) != keep || soleConsumer(keep) != kept)
+    if (!isOp(kept, "Mul", 2) || kept->input(0) != weights || kept->input(1) != keep || soleConsumer(keep) != kept)
       return;
     nodes.push_back(indexOfNode(kept));
     weights = kept->output(0);
   }
   const NodeProto* ctx = soleConsumer(weights);
-  if (!is(ctx, "MatMul", 2) || ctx->input(0) != weights || ctx->input(1) != heads[2] || soleConsumer(heads[2]) != ctx)
+  if (!isOp(ctx, "MatMul", 2) || ctx->input(0) != weights || ctx->input(1) != heads[2] || soleConsumer(heads[2]) != ctx)
     return;
   const NodeProto* ct = soleConsumer(ctx->output(0));
-  if (!is(ct, "Transpose", 1) || intsOf(*ct, "perm") != std::vector<int64_t>{0, 2, 1, 3}) return;
+  if (!isOp(ct, "Transpose", 1) || intsOf(*ct, "perm") != std::vector<int64_t>{0, 2, 1, 3}) return;
   const NodeProto* merged = soleConsumer(ct->output(0));
-  if (!is(merged, "Reshape", 2) || merged->input(0) != ct->output(0)) return;
+  if (!isOp(merged, "Reshape", 2) || merged->input(0) != ct->output(0)) return;
   pat.consts["merged_shape"] = merged->input(1);
   const NodeProto* om = soleConsumer(merged->output(0));
-  if (!is(om, "MatMul", 2) || om->input(0) != merged->output(0)) return;
+  if (!isOp(om, "MatMul", 2) || om->input(0) != merged->output(0)) return;
   const auto owt = producer_.find(om->input(1));
   if (owt == producer_.end()) return;
   const NodeProto& wt = g_.node(owt->second);
-  if (!is(&wt, "Transpose", 1) || intsOf(wt, "perm") != std::vector<int64_t>{1, 0} || !isInitializer(wt.input(0)) ||
+  if (!isOp(&wt, "Transpose", 1) || intsOf(wt, "perm") != std::vector<int64_t>{1, 0} || !isInitializer(wt.input(0)) ||
       soleConsumer(wt.output(0)) != om)
     return;
   pat.consts["out_w"] = wt.input(0);
@@ -218,14 +210,14 @@ void Importer::findAttention(int i) {
   pat.first = indexOfNode(om);
   if (biasSplit) {  // gpunodes' bias param gives both projections their biases, or neither
     const NodeProto* ob = soleConsumer(out);
-    const std::string* b = is(ob, "Add", 2) ? other(*ob, out) : nullptr;
+    const std::string* b = isOp(ob, "Add", 2) ? other(*ob, out) : nullptr;
     if (!b || !isInitializer(*b)) return;
     pat.consts["out_b"] = *b;
     nodes.push_back(indexOfNode(ob));
     pat.first = indexOfNode(ob);
     out = ob->output(0);
   }
-  if (const NodeProto* named = soleConsumer(out); is(named, "Identity", 1)) {
+  if (const NodeProto* named = soleConsumer(out); isOp(named, "Identity", 1)) {
     nodes.push_back(indexOfNode(named));
     pat.first = indexOfNode(named);
     out = named->output(0);
@@ -239,17 +231,18 @@ void Importer::findAttention(int i) {
   addPattern(std::move(pat), nodes);
 }
 
+int Importer::activationOf(const std::string& name, const char* what) {
+  const auto it = values_.find(name);
+  if (it == values_.end() || it->second.kind != Value::Layer || it->second.form != Value::Batch || it->second.pad ||
+      !it->second.maskNode.empty() || it->second.transposedB)
+    fail("reads " + quoted(name) + " as its " + what + ", which is not a batch-first activation");
+  checkDepth(it->second, name);
+  return it->second.layer;
+}
+
 int Importer::emitAttention(const Pattern& p, int q) {
-  auto activation = [&](const std::string& name, const char* what) {
-    const auto it = values_.find(name);
-    if (it == values_.end() || it->second.kind != Value::Layer || it->second.form != Value::Batch ||
-        it->second.pad || !it->second.maskNode.empty() || it->second.transposedB)
-      fail("reads " + quoted(name) + " as its " + what + ", which is not a batch-first activation");
-    checkDepth(it->second, name);
-    return it->second.layer;
-  };
   std::vector<int> ins{q};
-  for (const std::string& name : p.more) ins.push_back(activation(name, "keys or values"));
+  for (const std::string& name : p.more) ins.push_back(activationOf(name, "keys or values"));
   const Shape& sq = shapeOf(q);
   const Shape& sk = shapeOf(ins.size() > 1 ? ins[1] : q);
   if (sq.size() != 2 || sk.size() != 2)
@@ -296,7 +289,7 @@ int Importer::emitAttention(const Pattern& p, int q) {
     weights.emplace_back("out_proj.bias", outB);
   }
   if (!p.lens.empty()) {
-    const int lens = activation(p.lens, "valid lengths");
+    const int lens = activationOf(p.lens, "valid lengths");
     if (shapeOf(lens) != Shape{1})
       fail("masks the keys by " + quoted(p.lens) + " of shape " + shapeStr(shapeOf(lens)) +
            ": gpunodes' valid_lens is one length per sample, [1]");
@@ -315,25 +308,35 @@ int Importer::emitAttention(const Pattern& p, int q) {
 }
 
 // ValidLength as gpunodes' export writes it: Equal of the ids to pad_id, Not, Cast to float, ReduceSum along
-// axis 1 keeping it.
+// axis 1 keeping it; or as torch writes torch_peer's (x != pad).sum(1, keepdim=True).to(x.dtype): the Cast to
+// int64, the ReduceSum, and a Cast back to float.
 void Importer::findValidLength(int i) {
   const NodeProto& eq = g_.node(i);
-  if (!is(&eq, "Equal", 2)) return;
+  if (!isOp(&eq, "Equal", 2)) return;
   const int x = scalar(eq.input(1)) ? 0 : scalar(eq.input(0)) ? 1 : -1;
   if (x < 0) return;
   const NodeProto* no = soleConsumer(eq.output(0));
-  if (!is(no, "Not", 1)) return;
+  if (!isOp(no, "Not", 1)) return;
   const NodeProto* cast = soleConsumer(no->output(0));
-  if (!is(cast, "Cast", 1) || intOf(*cast, "to", 0) != ::onnx::TensorProto::FLOAT) return;
+  const std::optional<int64_t> to = isOp(cast, "Cast", 1) ? intOf(*cast, "to", 0) : std::nullopt;
+  if (to != ::onnx::TensorProto::FLOAT && to != ::onnx::TensorProto::INT64) return;
   const NodeProto* sum = soleConsumer(cast->output(0));
   if (!sum || sum->op_type() != "ReduceSum" || sum->output_size() != 1 || sum->input_size() < 1 ||
       sum->input(0) != cast->output(0) || intOf(*sum, "keepdims", 1) != 1)
     return;
-  Pattern pat{LayerKind::ValidLength, eq.input(x), sum->output(0), i};
+  std::vector<int> nodes{i, indexOfNode(no), indexOfNode(cast), indexOfNode(sum)};
+  std::string out = sum->output(0);
+  if (to == ::onnx::TensorProto::INT64) {
+    const NodeProto* back = soleConsumer(out);
+    if (!isOp(back, "Cast", 1) || intOf(*back, "to", 0) != ::onnx::TensorProto::FLOAT) return;
+    nodes.push_back(indexOfNode(back));
+    out = back->output(0);
+  }
+  Pattern pat{LayerKind::ValidLength, eq.input(x), out, i};
   if (sum->input_size() > 1 && !sum->input(1).empty()) pat.consts["axes"] = sum->input(1);
   else if (intsOf(*sum, "axes") != std::vector<int64_t>{1}) return;
   pat.factor = *scalar(eq.input(1 - x));
-  addPattern(std::move(pat), {i, indexOfNode(no), indexOfNode(cast), indexOfNode(sum)});
+  addPattern(std::move(pat), nodes);
 }
 
 int Importer::emitValidLength(const Pattern& p, int in) {
@@ -354,7 +357,7 @@ int Importer::emitValidLength(const Pattern& p, int in) {
 // Softmax, MatMul by the values as a column, Reshape to [N, T].
 void Importer::findNadarayaWatson(int i) {
   const NodeProto& sub = g_.node(i);
-  if (!is(&sub, "Sub", 2)) return;
+  if (!isOp(&sub, "Sub", 2)) return;
   std::vector<int> nodes{i};
   std::string x;
   Pattern pat{LayerKind::NadarayaWatson, "", "", -1};
@@ -363,11 +366,11 @@ void Importer::findNadarayaWatson(int i) {
     const auto u = producer_.find(value);
     if (u == producer_.end() || soleConsumer(value) != reader) return false;
     const NodeProto& un = g_.node(u->second);
-    if (!is(&un, "Unsqueeze", 2)) return false;
+    if (!isOp(&un, "Unsqueeze", 2)) return false;
     const auto gi = producer_.find(un.input(0));
     if (gi == producer_.end() || soleConsumer(un.input(0)) != &un) return false;
     const NodeProto& ga = g_.node(gi->second);
-    if (!is(&ga, "Gather", 2) || intOf(ga, "axis", 0) != 2 || (!x.empty() && ga.input(0) != x)) return false;
+    if (!isOp(&ga, "Gather", 2) || intOf(ga, "axis", 0) != 2 || (!x.empty() && ga.input(0) != x)) return false;
     x = ga.input(0);
     pat.consts[std::string(role) + "_index"] = ga.input(1);
     pat.consts[std::string(role) + "_axes"] = un.input(1);
@@ -377,24 +380,24 @@ void Importer::findNadarayaWatson(int i) {
   };
   if (!column(sub.input(0), &sub, "q") || !column(sub.input(1), &sub, "k")) return;
   const NodeProto* scaled = soleConsumer(sub.output(0));
-  const std::string* w = is(scaled, "Mul", 2) ? other(*scaled, sub.output(0)) : nullptr;
+  const std::string* w = isOp(scaled, "Mul", 2) ? other(*scaled, sub.output(0)) : nullptr;
   if (!w || !isInitializer(*w)) return;
   pat.consts["w"] = *w;
   const std::vector<const NodeProto*> sq = consumersOf(scaled->output(0), 2);
-  if (sq.size() != 2 || sq[0] != sq[1] || !is(sq[0], "Mul", 2) || sq[0]->input(0) != scaled->output(0) ||
+  if (sq.size() != 2 || sq[0] != sq[1] || !isOp(sq[0], "Mul", 2) || sq[0]->input(0) != scaled->output(0) ||
       sq[0]->input(1) != scaled->output(0))
     return;
   const NodeProto* half = soleConsumer(sq[0]->output(0));
-  const std::string* h = is(half, "Mul", 2) ? other(*half, sq[0]->output(0)) : nullptr;
+  const std::string* h = isOp(half, "Mul", 2) ? other(*half, sq[0]->output(0)) : nullptr;
   if (!h || !near(scalar(*h), -0.5)) return;
   const NodeProto* sm = soleConsumer(half->output(0));
-  if (!is(sm, "Softmax", 1)) return;
+  if (!isOp(sm, "Softmax", 1)) return;
   const std::optional<int64_t> axis = intOf(*sm, "axis", -1);
   if (axis != -1 && axis != 2) return;
   const NodeProto* pooled = soleConsumer(sm->output(0));
-  if (!is(pooled, "MatMul", 2) || pooled->input(0) != sm->output(0) || !column(pooled->input(1), pooled, "v")) return;
+  if (!isOp(pooled, "MatMul", 2) || pooled->input(0) != sm->output(0) || !column(pooled->input(1), pooled, "v")) return;
   const NodeProto* out = soleConsumer(pooled->output(0));
-  if (!is(out, "Reshape", 2) || out->input(0) != pooled->output(0)) return;
+  if (!isOp(out, "Reshape", 2) || out->input(0) != pooled->output(0)) return;
   pat.consts["out_shape"] = out->input(1);
   for (const NodeProto* n : {scaled, sq[0], half, sm, pooled, out}) nodes.push_back(indexOfNode(n));
   pat.input = x;
@@ -485,7 +488,7 @@ bool Importer::transposedForMatMul(const Value& v, const std::vector<int64_t>& p
       !v.maskNode.empty() || v.transposedB || shapeOf(v.layer).size() != 2 || node_->output_size() != 1)
     return false;
   const NodeProto* mm = soleConsumer(node_->output(0));
-  if (!is(mm, "MatMul", 2) || mm->input(1) != node_->output(0) || mm->input(0) == node_->output(0)) return false;
+  if (!isOp(mm, "MatMul", 2) || mm->input(1) != node_->output(0) || mm->input(0) == node_->output(0)) return false;
   Value w = v;
   w.transposedB = true;
   setOutput(0, w);

@@ -2,12 +2,9 @@
 // writes it: self-attention (one in_proj MatMul Sliced into q, k and v, with or without biases, causal or not)
 // and cross-attention (q from one tensor, k and v from another, or from two), each read back as one
 // MultiheadAttention layer. Apart from onnx_import_patterns.cpp because torch's shape arithmetic, which every
-// Reshape and Slice of these reads, needs an evaluator of its own.
+// Reshape and Slice of these reads, needs an evaluator of its own (onnx_import_torch_shapes.cpp); the masks torch
+// adds to the scores are read in onnx_import_torch_mask.cpp.
 #include "onnx_importer_internal.h"
-
-#include <algorithm>
-#include <cstring>
-#include <functional>
 
 #include "../layer_nodes.h"
 
@@ -15,66 +12,10 @@ namespace gn::nodes::onnx::import_detail {
 
 namespace {
 
-bool isOp(const NodeProto* n, const char* op, int inputs) {
-  return n && n->op_type() == op && n->input_size() == inputs && n->output_size() == 1;
-}
-const AttributeProto* attrOf(const NodeProto& n, const char* name) {
-  for (const AttributeProto& a : n.attribute())
-    if (a.name() == name) return &a;
-  return nullptr;
-}
-std::vector<int64_t> permOf(const NodeProto& n) {
-  const AttributeProto* a = attrOf(n, "perm");
-  if (!a || a->type() != AttributeProto::INTS) return {};
-  return {a->ints().begin(), a->ints().end()};
-}
-// An integer attribute that is absent (def) or an integer equal to want.
-bool intIs(const NodeProto& n, const char* name, int64_t def, int64_t want) {
-  const AttributeProto* a = attrOf(n, name);
-  return a ? a->type() == AttributeProto::INT && a->i() == want : def == want;
-}
+// A float attribute that is absent (Gemm's alpha and beta, 1 by default) or equal to want.
 bool floatIs(const NodeProto& n, const char* name, float want) {
   const AttributeProto* a = attrOf(n, name);
   return a ? a->type() == AttributeProto::FLOAT && a->f() == want : want == 1.0f;
-}
-
-// ConstantOfShape's fill: one value of that type equal to `want` (no value attribute: a float 0).
-bool fillIs(const NodeProto& n, int type, double want) {
-  const AttributeProto* a = attrOf(n, "value");
-  if (!a) return type == ::onnx::TensorProto::FLOAT && want == 0;
-  if (!a->has_t() || a->t().data_type() != type) return false;
-  const ::onnx::TensorProto& t = a->t();
-  for (int64_t d : t.dims())
-    if (d != 1) return false;
-  if (type == ::onnx::TensorProto::BOOL) {
-    if (t.int32_data_size() == 1) return t.int32_data(0) == want;
-    return t.raw_data().size() == 1 && static_cast<unsigned char>(t.raw_data()[0]) == want;
-  }
-  if (t.float_data_size() == 1) return t.float_data(0) == want;
-  float f = 0;
-  if (t.raw_data().size() != 4) return false;
-  std::memcpy(&f, t.raw_data().data(), 4);
-  return f == want;
-}
-
-// torch's exporter computes its reshapes' shapes from the tensors' Shape, so they hold the dynamic batch N: each
-// entry is a * N + b (n * heads, T * N), and `scalar` says the value has rank 0 (a Gather of one index).
-struct Lin {
-  int64_t a = 0, b = 0;
-  bool operator==(const Lin&) const = default;
-};
-struct Sym {
-  std::vector<Lin> v;
-  bool scalar = false;
-};
-std::string symStr(const std::vector<Lin>& v) {
-  std::string s = "[";
-  for (size_t k = 0; k < v.size(); ++k) {
-    std::string e = v[k].a ? (v[k].a == 1 ? "N" : std::to_string(v[k].a) + "N") : "";
-    if (v[k].b || !v[k].a) e += (v[k].a && v[k].b > 0 ? "+" : "") + std::to_string(v[k].b);
-    s += (k ? ", " : "") + e;
-  }
-  return s + "]";
 }
 
 }  // namespace
@@ -98,7 +39,8 @@ const NodeProto* Importer::torchOnly(const std::string& value) const {
 // three Slices of the last axis into q, k and v, each Reshaped to [T, N * heads, d] and Transposed to
 // [N * heads, T, d] (k to [N * heads, d, T]); q Div by sqrt(d); MatMul, Softmax, MatMul by v; Transpose and
 // Reshape to [T * N, E]; out_proj as a Gemm with transB (with its bias) or a MatMul by the transposed weight
-// (without); Reshape to [T, N, E] and Transpose back. The Slices' bounds and the Reshapes' shapes are
+// (without); Reshape to [T, N, E] and Transpose back; a causal attn_mask or a key_padding_mask added to the scores
+// before the Softmax (findTorchMask). The Slices' bounds and the Reshapes' shapes are
 // computed from Shape nodes of these tensors (Gather, Div, Mul, Unsqueeze, Concat...): those nodes belong to
 // the pattern, and every value the pattern makes is read only inside it, or the nodes are read one by one.
 void Importer::findTorchAttention(int i) {
@@ -164,7 +106,7 @@ void Importer::findTorchAttention(int i) {
     pat.consts[r + "_shape"] = re->input(1);
     pat.consts[r + "_heads"] = re->output(0);
     roots.push_back(re->input(1));
-    const NodeProto* t = only(re->output(0));
+    const NodeProto* t = k == 1 ? torchKeyHeadsReader(re->output(0)) : only(re->output(0));
     if (!isOp(t, "Transpose", 1) || permOf(*t) != headPerm[k]) return;
     for (const NodeProto* n : {sl[k], re, t}) nodes.push_back(indexOfNode(n));
     heads[k] = t->output(0);
@@ -179,53 +121,9 @@ void Importer::findTorchAttention(int i) {
   if (!isOp(raw, "MatMul", 2) || raw->input(0) != div->output(0) || raw->input(1) != heads[1] ||
       only(heads[1]) != raw)
     return;
-  std::string scores = raw->output(0);
+  const std::string scores = findTorchMask(pat, raw->output(0), nodes, roots, shaped);
+  if (scores.empty()) return;
   const NodeProto* sm = only(scores);
-  // attn_mask causal (torch_peer's ones(T, T).triu(1 + Tk - Tq) of bools): torch computes the mask in the
-  // graph, Where(Cast(Unsqueeze(Trilu(ConstantOfShape(true, [T, T]), 1))), -inf, zeros), and adds it as
-  // baddbmm does, Mul(scores, 1) + Mul(mask, 1).
-  if (isOp(sm, "Mul", 2)) {
-    const NodeProto* mul = sm;
-    const std::string* one = other(*mul, scores);
-    const NodeProto* add = only(mul->output(0));
-    const std::string* masked = isOp(add, "Add", 2) ? other(*add, mul->output(0)) : nullptr;
-    if (!one || !near(scalar(*one), 1.0) || !masked) return;
-    auto made = [&](const std::string& v, const char* op, int inputs) -> const NodeProto* {
-      const auto it = producer_.find(v);
-      return it != producer_.end() && isOp(&g_.node(it->second), op, inputs) ? &g_.node(it->second) : nullptr;
-    };
-    const NodeProto* alpha = made(*masked, "Mul", 2);
-    if (!alpha) return;
-    const NodeProto* where = nullptr;
-    for (int k = 0; k < 2; ++k)
-      if (const NodeProto* w = made(alpha->input(k), "Where", 3); w && near(scalar(alpha->input(1 - k)), 1.0)) where = w;
-    if (!where) return;
-    const std::optional<double> inf = scalar(where->input(1));
-    const NodeProto* cast = made(where->input(0), "Cast", 1);
-    const NodeProto* zeros = made(where->input(2), "ConstantOfShape", 1);
-    if (!inf || !(*inf <= -1e9) || !cast || !intIs(*cast, "to", 0, ::onnx::TensorProto::BOOL) || !zeros ||
-        !fillIs(*zeros, ::onnx::TensorProto::FLOAT, 0))
-      return;
-    const NodeProto* unsq = made(cast->input(0), "Unsqueeze", 2);
-    const NodeProto* zshape = made(zeros->input(0), "Shape", 1);
-    if (!unsq || !zshape || zshape->input(0) != unsq->output(0) || attrOf(*zshape, "start") || attrOf(*zshape, "end"))
-      return;
-    const NodeProto* tri = made(unsq->input(0), "Trilu", 2);
-    if (!tri || !intIs(*tri, "upper", 1, 1)) return;
-    const NodeProto* ones = made(tri->input(0), "ConstantOfShape", 1);
-    if (!ones || !fillIs(*ones, ::onnx::TensorProto::BOOL, 1)) return;
-    pat.consts["mask_shape"] = ones->input(0);
-    pat.consts["mask_ones"] = ones->output(0);
-    pat.consts["mask_k"] = tri->input(1);
-    pat.consts["mask_tri"] = tri->output(0);
-    pat.consts["mask_axes"] = unsq->input(1);
-    pat.consts["mask_unsqueezed"] = unsq->output(0);
-    for (const std::string& r : {ones->input(0), tri->input(1), unsq->input(1)}) roots.push_back(r);
-    for (const NodeProto* n : {mul, add, alpha, where, cast, zeros, zshape, unsq, tri, ones}) nodes.push_back(indexOfNode(n));
-    shaped.insert(pat.input);  // the mask's T from the Shape of the batch-first input
-    scores = add->output(0);
-    sm = only(scores);
-  }
   for (const NodeProto* n : {div, raw}) nodes.push_back(indexOfNode(n));
   finishTorchAttention(std::move(pat), sm, heads[2], std::move(nodes), std::move(roots), std::move(shaped));
 }
@@ -240,10 +138,6 @@ void Importer::findTorchCrossAttention(int i) {
   const NodeProto& t0 = g_.node(i);
   if (!isOp(&t0, "Transpose", 1) || permOf(t0) != std::vector<int64_t>{1, 0, 2}) return;
   auto only = [&](const std::string& v) { return torchOnly(v); };
-  auto made = [&](const std::string& v, const char* op, int inputs) -> const NodeProto* {
-    const auto it = producer_.find(v);
-    return it != producer_.end() && isOp(&g_.node(it->second), op, inputs) ? &g_.node(it->second) : nullptr;
-  };
   Pattern pat{LayerKind::MultiheadAttention, t0.input(0), "", i};
   pat.torch = true;
   std::vector<int> nodes;
@@ -265,12 +159,12 @@ void Importer::findTorchCrossAttention(int i) {
       return true;
     }
     if (matrix) {
-      const NodeProto* tr = made(v, "Transpose", 1);
+      const NodeProto* tr = madeBy(v, "Transpose", 1);
       if (!tr || permOf(*tr) != std::vector<int64_t>{1, 0}) return false;
       nodes.push_back(indexOfNode(tr));
       v = tr->input(0);
     }
-    const NodeProto* sl = made(v, "Slice", 4);
+    const NodeProto* sl = madeBy(v, "Slice", 4);
     if (!sl || !isInitializer(sl->input(0))) return false;
     pat.consts[role] = sl->input(0);
     pat.consts[role + "_start"] = sl->input(1);
@@ -282,16 +176,16 @@ void Importer::findTorchCrossAttention(int i) {
   };
   // A projection back from its output: [Add of the bias to] MatMul of the time-major Transpose of `source`.
   auto projection = [&](const std::string& r, const std::string& pv, std::string* source) {
-    const NodeProto* add = made(pv, "Add", 2);
-    const NodeProto* pm = made(pv, "MatMul", 2);
+    const NodeProto* add = madeBy(pv, "Add", 2);
+    const NodeProto* pm = madeBy(pv, "MatMul", 2);
     std::string bias;
     for (int k = 0; add && k < 2; ++k)
-      if (const NodeProto* m = made(add->input(k), "MatMul", 2)) {
+      if (const NodeProto* m = madeBy(add->input(k), "MatMul", 2)) {
         pm = m;
         bias = add->input(1 - k);
       }
     if (!pm || (add && bias.empty())) return false;
-    const NodeProto* tx = made(pm->input(0), "Transpose", 1);
+    const NodeProto* tx = madeBy(pm->input(0), "Transpose", 1);
     if (!tx || permOf(*tx) != std::vector<int64_t>{1, 0, 2}) return false;
     if (!weight(r + "_w", pm->input(1), true) || (add && !weight(r + "_b", bias, false))) return false;
     pat.consts[r + "_x"] = pm->input(0);
@@ -305,8 +199,8 @@ void Importer::findTorchCrossAttention(int i) {
   };
   // A role's heads back from the Transpose into [N * heads, T, d] (k's into [N * heads, d, T]) and its Reshape.
   auto headsOf = [&](const std::string& r, const std::string& h, const std::vector<int64_t>& perm) -> std::string {
-    const NodeProto* t = made(h, "Transpose", 1);
-    const NodeProto* re = t && permOf(*t) == perm ? made(t->input(0), "Reshape", 2) : nullptr;
+    const NodeProto* t = madeBy(h, "Transpose", 1);
+    const NodeProto* re = t && permOf(*t) == perm ? madeBy(t->input(0), "Reshape", 2) : nullptr;
     if (!re || !intIs(*re, "allowzero", 0, 0)) return {};
     pat.consts[r + "_shape"] = re->input(1);
     pat.consts[r + "_heads"] = re->output(0);
@@ -326,14 +220,15 @@ void Importer::findTorchCrossAttention(int i) {
   pat.consts["scaled"] = div->output(0);
   const NodeProto* raw = only(div->output(0));
   if (!isOp(raw, "MatMul", 2) || raw->input(0) != div->output(0)) return;
-  const NodeProto* sm = only(raw->output(0));
+  const std::string scores = findTorchMask(pat, raw->output(0), nodes, roots, shaped);
+  const NodeProto* sm = scores.empty() ? nullptr : only(scores);
   const NodeProto* ctx = sm ? only(sm->output(0)) : nullptr;
   if (!isOp(ctx, "MatMul", 2)) return;
   const std::string ks = headsOf("k", raw->input(1), {1, 2, 0}), vs = headsOf("v", ctx->input(1), {1, 0, 2});
   if (ks.empty() || vs.empty()) return;
   std::string k, v;
-  const NodeProto* kSl = made(ks, "Slice", 4);
-  const NodeProto* vSl = made(vs, "Slice", 4);
+  const NodeProto* kSl = madeBy(ks, "Slice", 4);
+  const NodeProto* vSl = madeBy(vs, "Slice", 4);
   if (kSl && vSl && kSl->input(0) == vSl->input(0)) {  // v = k: one projection of 2E, sliced
     for (const auto& [r, sl] : {std::pair{std::string("k"), kSl}, std::pair{std::string("v"), vSl}}) {
       pat.consts[r + "_start"] = sl->input(1);
@@ -406,10 +301,16 @@ void Importer::finishTorchAttention(Pattern pat, const NodeProto* sm, const std:
   if (!isOp(tb, "Transpose", 1) || permOf(*tb) != std::vector<int64_t>{1, 0, 2}) return;
   for (const NodeProto* n : {ctx, ct, merged, op, back, tb}) nodes.push_back(indexOfNode(n));
   pat.output = tb->output(0);
+  // Every node is torch's but one of its key padding mask: that node is at fault.
+  if (pat.refused) {
+    node_ = pat.refused;
+    fail(pat.refusal);
+  }
+  if (pat.consts.count("kpm_flat") && !finishTorchKeyPadding(pat, tb, nodes, roots, shaped)) return;
   // The shape arithmetic behind the roots, back to the Constants (left to the walk, which reads them) and the
   // Shapes of the pattern's own tensors.
-  static const std::set<std::string> arithmetic{"Shape", "Gather", "Unsqueeze", "Concat", "Add", "Sub", "Mul",
-                                                "Div", "Cast", "Slice", "Squeeze"};
+  static const std::set<std::string> arithmetic{"Shape", "Gather", "Unsqueeze", "Concat", "Add", "Sub", "Mul", "Div",
+                                                "Cast", "Slice", "Squeeze", "ConstantOfShape", "Equal", "Where"};
   std::set<int> all(nodes.begin(), nodes.end());
   std::set<std::string> seen;
   while (!roots.empty()) {
@@ -449,192 +350,61 @@ int Importer::emitTorchAttention(const Pattern& p, int in) {
   // Cross-attention reads its keys (and values) from p.more, activations as the layer's q is.
   const bool cross = !p.more.empty();
   std::vector<int> ins{in};
-  for (const std::string& name : p.more) {
-    const auto it = values_.find(name);
-    if (it == values_.end() || it->second.kind != Value::Layer || it->second.form != Value::Batch ||
-        it->second.pad || !it->second.maskNode.empty() || it->second.transposedB)
-      fail("reads " + quoted(name) + " as its keys or values, which is not a batch-first activation");
-    checkDepth(it->second, name);
-    ins.push_back(it->second.layer);
-  }
+  for (const std::string& name : p.more) ins.push_back(activationOf(name, "keys or values"));
   const Shape& s = shapeOf(in);
   const Shape& sk = shapeOf(ins.back());
   if (s.size() != 2 || sk.size() != 2 || sk[1] != s[1] || (ins.size() == 3 && shapeOf(ins[1]) != sk))
     fail("attends over " + shapeStr(s) + " and " + shapeStr(sk) + ": gpunodes' MultiheadAttention reads [T, E] "
          "queries and [Tk, E] keys and values");
   const int64_t t = s[0], e = s[1], tk = sk[0];
-  // A refusal names the node at fault: the producer of the value of that role.
-  auto at = [&](const char* role) { node_ = &g_.node(producer_.at(p.consts.at(role))); };
   // The tensors whose Shape torch reads, as a * N + b per axis.
-  std::map<std::string, std::vector<Lin>> shapes;
+  TorchShapes sh(g_, producer_, values_);
   const std::vector<Lin> timeMajor{{0, t}, {1, 0}, {0, e}}, rows{{t, 0}, {0, e}}, keysMajor{{0, tk}, {1, 0}, {0, e}};
   if (!cross) {
-    shapes[p.consts.at("xt")] = timeMajor;
-    shapes[p.consts.at("proj_mm")] = shapes[p.consts.at("proj")] = {{0, t}, {1, 0}, {0, 3 * e}};
+    sh.shapes[p.consts.at("xt")] = timeMajor;
+    sh.shapes[p.consts.at("proj_mm")] = sh.shapes[p.consts.at("proj")] = {{0, t}, {1, 0}, {0, 3 * e}};
   } else {
     for (const std::string r : {"q", "k", "v", "kv"})
       if (p.consts.count(r + "_x")) {
         const std::vector<Lin> tm = r == "q" ? timeMajor : keysMajor;
-        shapes[p.consts.at(r + "_x")] = tm;
-        shapes[p.consts.at(r + "_mm")] = shapes[p.consts.at(r + "_proj")] = {tm[0], tm[1], {0, r == "kv" ? 2 * e : e}};
+        sh.shapes[p.consts.at(r + "_x")] = tm;
+        sh.shapes[p.consts.at(r + "_mm")] = sh.shapes[p.consts.at(r + "_proj")] = {tm[0], tm[1], {0, r == "kv" ? 2 * e : e}};
       }
-    if (p.consts.count("kv_x")) shapes[p.consts.at("k")] = shapes[p.consts.at("v")] = keysMajor;
+    if (p.consts.count("kv_x")) sh.shapes[p.consts.at("k")] = sh.shapes[p.consts.at("v")] = keysMajor;
   }
-  std::function<std::optional<Sym>(const std::string&, int)> eval = [&](const std::string& name,
-                                                                       int depth) -> std::optional<Sym> {
-    if (depth > 64) return std::nullopt;
-    const auto pr = producer_.find(name);
-    if (pr == producer_.end() || g_.node(pr->second).op_type() == "Constant") {
-      const auto it = values_.find(name);
-      if (it == values_.end() || it->second.kind != Value::Const || it->second.zeros || it->second.expanded ||
-          !it->second.c.integer || it->second.c.dims.size() > 1 || it->second.c.i.size() > 8)
-        return std::nullopt;
-      Sym r;
-      r.scalar = it->second.c.dims.empty();
-      for (int64_t v : it->second.c.i) {
-        if (v == kBatch) return std::nullopt;
-        r.v.push_back({0, v});
-      }
-      return r;
-    }
-    const NodeProto& n = g_.node(pr->second);
-    const std::string& op = n.op_type();
-    if (op == "Shape") {
-      const auto it = shapes.find(n.input(0));
-      if (it == shapes.end() || attrOf(n, "start") || attrOf(n, "end")) return std::nullopt;
-      return Sym{it->second, false};
-    }
-    std::vector<Sym> a;
-    for (const std::string& x : n.input()) {
-      std::optional<Sym> v = x.empty() ? std::nullopt : eval(x, depth + 1);
-      if (!v) return std::nullopt;
-      // Small shapes only: the arithmetic below cannot overflow. A Slice's bounds are only clamped, and torch
-      // ends its Slice of a Shape at INT64_MAX.
-      const bool bound = op == "Slice" && !a.empty();
-      for (const Lin& l : v->v)
-        if (std::abs(l.a) > (int64_t(1) << 31) || (!bound && std::abs(l.b) > (int64_t(1) << 31))) return std::nullopt;
-      a.push_back(std::move(*v));
-    }
-    if (op == "Cast") {
-      if (a.size() != 1 || !(intIs(n, "to", 0, ::onnx::TensorProto::INT64) || intIs(n, "to", 0, ::onnx::TensorProto::INT32)))
-        return std::nullopt;
-      return a[0];
-    }
-    if (op == "Gather") {
-      if (a.size() != 2 || !intIs(n, "axis", 0, 0) || a[0].scalar) return std::nullopt;
-      Sym r;
-      r.scalar = a[1].scalar;
-      for (const Lin& j : a[1].v) {
-        const int64_t size = int64_t(a[0].v.size());
-        const int64_t at = j.b < 0 ? j.b + size : j.b;
-        if (j.a || at < 0 || at >= size) return std::nullopt;
-        r.v.push_back(a[0].v[size_t(at)]);
-      }
-      return r;
-    }
-    if (op == "Unsqueeze") {  // a scalar into [1]: the axes an input from opset 13, an attribute before
-      const AttributeProto* axes = attrOf(n, "axes");
-      const bool zero = a.size() == 2 ? a[1].v == std::vector<Lin>{{0, 0}}
-                                      : axes && axes->ints_size() == 1 && axes->ints(0) == 0;
-      if (a.empty() || !a[0].scalar || !zero) return std::nullopt;
-      return Sym{a[0].v, false};
-    }
-    // A part of a shape (torch reads E as Squeeze(Slice(Shape, [2], [3], [0])) to slice in_proj_weight by it).
-    if (op == "Slice") {
-      if (a.size() < 3 || a[0].scalar || a[1].v.size() != 1 || a[2].v.size() != 1 || a[1].v[0].a || a[2].v[0].a ||
-          (a.size() > 3 && a[3].v != std::vector<Lin>{{0, 0}}) || (a.size() > 4 && a[4].v != std::vector<Lin>{{0, 1}}))
-        return std::nullopt;
-      const int64_t size = int64_t(a[0].v.size());
-      auto clamp = [&](int64_t x) { return std::clamp(x < 0 ? x + size : x, int64_t(0), size); };
-      const int64_t from = clamp(a[1].v[0].b), to = clamp(a[2].v[0].b);
-      if (from >= to) return std::nullopt;
-      return Sym{std::vector<Lin>(a[0].v.begin() + from, a[0].v.begin() + to), false};
-    }
-    if (op == "Squeeze") {  // [1] into a scalar: the axes an input from opset 13, an attribute before
-      const AttributeProto* axes = attrOf(n, "axes");
-      const bool zero = a.size() == 2 ? a[1].v == std::vector<Lin>{{0, 0}}
-                                      : !axes || (axes->ints_size() == 1 && axes->ints(0) == 0);
-      if (a.empty() || a.size() > 2 || a[0].scalar || a[0].v.size() != 1 || !zero) return std::nullopt;
-      return Sym{a[0].v, true};
-    }
-    if (op == "Concat") {
-      if (!intIs(n, "axis", INT64_MIN, 0)) return std::nullopt;
-      Sym r;
-      for (const Sym& x : a) {
-        if (x.scalar) return std::nullopt;
-        r.v.insert(r.v.end(), x.v.begin(), x.v.end());
-      }
-      return r;
-    }
-    if (a.size() != 2) return std::nullopt;
-    const Sym &x = a[0], &y = a[1];
-    if (x.v.empty() || y.v.empty() || (x.v.size() != y.v.size() && x.v.size() != 1 && y.v.size() != 1))
-      return std::nullopt;
-    Sym r;
-    r.scalar = x.scalar && y.scalar;
-    for (size_t k = 0; k < std::max(x.v.size(), y.v.size()); ++k) {
-      const Lin u = x.v[x.v.size() == 1 ? 0 : k], w = y.v[y.v.size() == 1 ? 0 : k];
-      if (op == "Add") r.v.push_back({u.a + w.a, u.b + w.b});
-      else if (op == "Sub") r.v.push_back({u.a - w.a, u.b - w.b});
-      else if (op == "Mul" && (!u.a || !w.a)) r.v.push_back({u.a * w.b + w.a * u.b, u.b * w.b});
-      // Integer division of values that are never negative here; N's coefficient must divide exactly.
-      else if (op == "Div" && !w.a && w.b > 0 && u.a >= 0 && u.b >= 0 && u.a % w.b == 0)
-        r.v.push_back({u.a / w.b, u.b / w.b});
-      else return std::nullopt;
-    }
-    return r;
-  };
-  auto values = [&](const char* role, const char* what, const char* reader) {
-    at(reader);
-    const std::optional<Sym> v = eval(p.consts.at(role), 0);
-    if (!v) fail("computes " + std::string(what) + " by other operations than torch's shape arithmetic of its "
-                 "own tensors (Shape, Gather, Slice, Squeeze, Unsqueeze, Concat, Add, Sub, Mul, Div, Cast of integers)");
-    return v->v;
-  };
   // Self-attention slices q, k and v from one projection of 3E; cross-attention with v = k slices k and v from
   // one of 2E.
   const int64_t first = cross ? 1 : 0;
   for (int k = first; k < (cross && !p.consts.count("kv_x") ? 0 : 3); ++k) {
     const std::string r = k == 0 ? "q" : k == 1 ? "k" : "v";
     const int64_t from = (k - first) * e, to = from + e, width = (3 - first) * e;
-    const std::vector<Lin> start = values((r + "_start").c_str(), "a slice's start", r.c_str()),
-                           end = values((r + "_end").c_str(), "a slice's end", r.c_str()),
-                           axes = values((r + "_axes").c_str(), "a slice's axes", r.c_str());
+    const std::vector<Lin> start = torchValues(sh, p, r + "_start", "a slice's start", r),
+                           end = torchValues(sh, p, r + "_end", "a slice's end", r),
+                           axes = torchValues(sh, p, r + "_axes", "a slice's axes", r);
     if (start != std::vector<Lin>{{0, from}} || end != std::vector<Lin>{{0, to}} ||
         !(axes == std::vector<Lin>{{0, -1}} || axes == std::vector<Lin>{{0, 2}}))
       fail("slices " + r + " from the in_proj projection [T, N, " + str(width) + "] as " + symStr(start) + " to " +
            symStr(end) + " along " + symStr(axes) + ", not " + str(from) + " to " + str(to) + " of the last axis");
-    if (!cross) shapes[p.consts.at(r)] = timeMajor;
+    if (!cross) sh.shapes[p.consts.at(r)] = timeMajor;
   }
-  const std::vector<Lin> qs = values("q_shape", "the heads' shape", "q_heads");
+  const std::vector<Lin> qs = torchValues(sh, p, "q_shape", "the heads' shape", "q_heads");
   const std::vector<Lin> ks{{0, tk}, qs.size() > 1 ? qs[1] : Lin{}, qs.size() > 2 ? qs[2] : Lin{}};
   if (qs.size() != 3 || qs[0] != Lin{0, t} || qs[1].b || qs[1].a < 1 || qs[2].a || qs[2].b < 1 ||
       qs[1].a * qs[2].b != e)
     fail("reshapes q [" + str(t) + ", N, " + str(e) + "] into heads as " + symStr(qs) +
          ": nn.MultiheadAttention reshapes to [T, N * heads, E / heads]");
   const int64_t heads = qs[1].a, d = qs[2].b;
-  if (values("k_shape", "the heads' shape", "k_heads") != ks || values("v_shape", "the heads' shape", "v_heads") != ks)
+  if (torchValues(sh, p, "k_shape", "the heads' shape", "k_heads") != ks ||
+      torchValues(sh, p, "v_shape", "the heads' shape", "v_heads") != ks)
     fail("reshapes k or v into heads otherwise than q (" + symStr(ks) + ", the keys' T and q's heads)");
-  if (const std::vector<Lin> ms = values("merged_shape", "the merged heads' shape", "merged"); ms != rows)
+  if (const std::vector<Lin> ms = torchValues(sh, p, "merged_shape", "the merged heads' shape", "merged"); ms != rows)
     fail("merges the heads as " + symStr(ms) + ", not [" + str(t) + "N, " + str(e) + "]");
-  shapes[p.consts.at("outp")] = rows;
-  if (const std::vector<Lin> os = values("out_shape", "the output's shape", "out"); os != timeMajor)
+  sh.shapes[p.consts.at("outp")] = rows;
+  if (const std::vector<Lin> os = torchValues(sh, p, "out_shape", "the output's shape", "out"); os != timeMajor)
     fail("reshapes out_proj's rows to " + symStr(os) + ", not [" + str(t) + ", N, " + str(e) + "]");
-  bool causal = false;
-  if (p.consts.count("mask_shape")) {
-    shapes[p.input] = {{1, 0}, {0, t}, {0, e}};
-    const std::vector<Lin> ms = values("mask_shape", "the mask's shape", "mask_ones");
-    if (ms != std::vector<Lin>{{0, t}, {0, t}})
-      fail("fills a mask of " + symStr(ms) + ", not [" + str(t) + ", " + str(t) + "]: the causal mask of self-attention");
-    const std::vector<Lin> k = values("mask_k", "the mask's diagonal", "mask_tri");
-    if (k != std::vector<Lin>{{0, 1}})
-      fail("masks from diagonal " + symStr(k) + ", not 1: gpunodes' causal mask hides every later key, and only those");
-    if (const std::vector<Lin> axes = values("mask_axes", "the mask's axes", "mask_unsqueezed");
-        axes != std::vector<Lin>{{0, 0}})
-      fail("unsqueezes the mask along " + symStr(axes) + ", not 0 (before the batch and heads)");
-    causal = true;
-  }
-  at("scaled");
+  const bool causal = torchCausal(p, sh, t, e);
+  const int lens = p.consts.count("kpm_flat") ? torchKeyPadding(p, sh, e, heads, d, tk) : -1;
+  blame(p, "scaled");
   if (!near(p.factor, std::sqrt(double(d))))
     fail("divides q by " + std::to_string(p.factor) + ", not sqrt(" + str(d) +
          "): nn.MultiheadAttention scales by 1/sqrt(E / heads)");
@@ -649,7 +419,7 @@ int Importer::emitTorchAttention(const Pattern& p, int in) {
   const bool biased = p.consts.count("in_b") > 0;
   TensorValues inW, inB;
   if (!cross) {
-    at("proj_mm");
+    blame(p, "proj_mm");
     const TensorValues& inWt = constAt(p.consts.at("in_w"), "in_proj_weight");
     needDims(inWt, {e, 3 * e}, "the in_proj MatMul's weight (in_proj_weight transposed)");
     inW = transposed(inWt);
@@ -661,7 +431,7 @@ int Importer::emitTorchAttention(const Pattern& p, int in) {
     // A projection's rows of in_proj_weight (or its part of in_proj_bias), named by its MatMul: the initializer
     // torch's folding left ([E, rows], transposed), or the rows torch's Slice takes from in_proj_weight.
     auto part = [&](const std::string& role, const std::string& reader, int64_t n, bool matrix) {
-      at(reader.c_str());
+      blame(p, reader);
       const char* what = matrix ? "a projection's weight" : "a projection's bias";
       const TensorValues& w = constAt(p.consts.at(role), what);
       if (!p.consts.count(role + "_start")) {
@@ -671,9 +441,9 @@ int Importer::emitTorchAttention(const Pattern& p, int in) {
       if (w.integer || w.dims.size() != (matrix ? 2u : 1u) || (matrix && w.dims[1] != e))
         fail("slices " + std::string(what) + " from " + shapeStr(w.dims) + ", not from in_proj's [3E" +
              (matrix ? ", " + str(e) : std::string()) + "]");
-      const std::vector<Lin> from = values((role + "_start").c_str(), "a slice's start", reader.c_str()),
-                             to = values((role + "_end").c_str(), "a slice's end", reader.c_str()),
-                             axes = values((role + "_axes").c_str(), "a slice's axes", reader.c_str());
+      const std::vector<Lin> from = torchValues(sh, p, role + "_start", "a slice's start", reader),
+                             to = torchValues(sh, p, role + "_end", "a slice's end", reader),
+                             axes = torchValues(sh, p, role + "_axes", "a slice's axes", reader);
       if (from.size() != 1 || to.size() != 1 || from[0].a || to[0].a || axes != std::vector<Lin>{{0, 0}} ||
           from[0].b < 0 || to[0].b - from[0].b != n || to[0].b > w.dims[0])
         fail("slices " + std::string(what) + " as rows " + symStr(from) + " to " + symStr(to) + " along " +
@@ -701,7 +471,7 @@ int Importer::emitTorchAttention(const Pattern& p, int in) {
   }
   std::vector<std::pair<std::string, TensorValues>> weights{{"in_proj_weight", std::move(inW)}};
   if (biased) weights.emplace_back("in_proj_bias", std::move(inB));
-  at("outp");
+  blame(p, "outp");
   const TensorValues& outW = constAt(p.consts.at("out_w"), "out_proj.weight");
   needDims(outW, {e, e}, "out_proj.weight");
   weights.emplace_back("out_proj.weight", p.gemm ? outW : transposed(outW));
@@ -710,9 +480,29 @@ int Importer::emitTorchAttention(const Pattern& p, int in) {
     needDims(outB, {e}, "out_proj.bias");
     weights.emplace_back("out_proj.bias", outB);
   }
+  if (lens >= 0) {
+    while (ins.size() < 3) ins.push_back(-1);  // k and v open before valid_lens
+    ins.push_back(lens);
+  }
   node_ = &g_.node(p.first);  // the layer is named by its first node, the Transpose to time-major
-  return addLayer(LayerKind::MultiheadAttention, {{"num_heads", qint64(heads)}, {"bias", biased}, {"causal", causal}},
-                  ins, std::move(weights));
+  const int layer = addLayer(LayerKind::MultiheadAttention,
+                             {{"num_heads", qint64(heads)}, {"bias", biased}, {"causal", causal}}, ins, std::move(weights));
+  if (lens >= 0 && !p.consts.count("kpm_guard"))
+    net_.warnings.append(net_.layers[layer].id + ": torch's key_padding_mask has no guard for a sample of length 0, "
+                         "whose every key it masks: torch gives that sample NaN, gpunodes all-zero weights (each step "
+                         "out_proj's bias); every other sample is the same");
+  return layer;
+}
+
+// The values of `role` as torch's shape arithmetic computes them; a refusal names the producer of `reader`'s value.
+std::vector<Lin> Importer::torchValues(const TorchShapes& sh, const Pattern& p, const std::string& role, const char* what,
+                                       const std::string& reader) {
+  blame(p, reader);
+  const std::optional<Sym> v = sh.eval(p.consts.at(role));
+  if (!v) fail("computes " + std::string(what) + " by other operations than torch's shape arithmetic of its "
+               "own tensors (Shape, Gather, Slice, Squeeze, Unsqueeze, Concat, Add, Sub, Mul, Div, Cast, "
+               "ConstantOfShape, Equal and Where of integers)");
+  return v->v;
 }
 
 }  // namespace gn::nodes::onnx::import_detail

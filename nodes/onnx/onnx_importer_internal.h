@@ -1,7 +1,8 @@
 // The ONNX importer's state and steps, shared by the files that hold them: onnx_importer.cpp (the graph's
 // order, values, attributes and layers), onnx_import_patterns.cpp (multi-node forms found before the walk),
 // onnx_import_torch_attention.cpp (torch's own nn.MultiheadAttention, self- and cross-attention),
-// onnx_import_ops.cpp (one operation each), onnx_import_constants.cpp (constant folding and shape arithmetic),
+// onnx_import_torch_mask.cpp (the masks torch adds to its scores: causal, key padding), onnx_import_torch_shapes.cpp
+// (torch's shape arithmetic, evaluated), onnx_import_ops.cpp (one operation each), onnx_import_constants.cpp (constant folding and shape arithmetic),
 // onnx_import_sequence.cpp (the sequence layers) and onnx_import_attention.cpp (the attention layers, as
 // gpunodes' own export writes them). Private to nodes/onnx.
 #pragma once
@@ -46,6 +47,26 @@ inline double shortest(float f) {
 // A name as the ONNX graph has it, shortened for a message.
 inline std::string quoted(const std::string& s) { return "'" + (s.size() > 200 ? s.substr(0, 200) + "..." : s) + "'"; }
 
+// Node tests the patterns share: an op with that many inputs and one output, an attribute by name, a Transpose's
+// perm, and an integer attribute that is absent (def) or an integer equal to want.
+inline bool isOp(const NodeProto* n, const char* op, int inputs) {
+  return n && n->op_type() == op && n->input_size() == inputs && n->output_size() == 1;
+}
+inline const AttributeProto* attrOf(const NodeProto& n, const char* name) {
+  for (const AttributeProto& a : n.attribute())
+    if (a.name() == name) return &a;
+  return nullptr;
+}
+inline std::vector<int64_t> permOf(const NodeProto& n) {
+  const AttributeProto* a = attrOf(n, "perm");
+  if (!a || a->type() != AttributeProto::INTS) return {};
+  return {a->ints().begin(), a->ints().end()};
+}
+inline bool intIs(const NodeProto& n, const char* name, int64_t def, int64_t want) {
+  const AttributeProto* a = attrOf(n, name);
+  return a ? a->type() == AttributeProto::INT && a->i() == want : def == want;
+}
+
 struct Value {
   enum Kind { Layer, Const } kind = Const;
   // Layer: how the ONNX tensor holds the layer's output (a sample [T, F], or the recurrent layer's [T, D*H]):
@@ -70,6 +91,45 @@ struct Value {
   bool expanded = false;
   std::string param;
   TensorValues c;          // Const; integers may hold kBatch
+};
+
+// torch's exporter computes its reshapes' shapes from the tensors' Shape, so they hold the dynamic batch N: each
+// entry is a * N + b (n * heads, T * N), and `scalar` says the value has rank 0 (a Gather of one index).
+struct Lin {
+  int64_t a = 0, b = 0;
+  bool operator==(const Lin&) const = default;
+};
+struct Sym {
+  std::vector<Lin> v;
+  bool scalar = false;
+};
+inline std::string symStr(const std::vector<Lin>& v) {
+  std::string s = "[";
+  for (size_t k = 0; k < v.size(); ++k) {
+    std::string e = v[k].a ? (v[k].a == 1 ? "N" : std::to_string(v[k].a) + "N") : "";
+    if (v[k].b || !v[k].a) e += (v[k].a && v[k].b > 0 ? "+" : "") + std::to_string(v[k].b);
+    s += (k ? ", " : "") + e;
+  }
+  return s + "]";
+}
+
+// torch's shape arithmetic evaluated (onnx_import_torch_shapes.cpp): a value that Shape nodes of tensors whose
+// shapes are known (`shapes`) and integer constants make through Gather, Slice, Squeeze, Unsqueeze, Concat, Add, Sub,
+// Mul, Div, Cast, ConstantOfShape, Equal and Where; nullopt for anything else. Apart from the Importer because a
+// torch layer's checks fill `shapes` as they learn them, and only then read the values.
+class TorchShapes {
+ public:
+  TorchShapes(const ::onnx::GraphProto& g, const std::map<std::string, int>& producer,
+              const std::map<std::string, Value>& values)
+      : g_(g), producer_(producer), values_(values) {}
+  std::map<std::string, std::vector<Lin>> shapes;  // a tensor's shape, as a * N + b per axis
+  std::optional<Sym> eval(const std::string& name, int depth = 0) const;
+
+ private:
+  std::optional<Sym> constant(const std::string& name) const;
+  const ::onnx::GraphProto& g_;
+  const std::map<std::string, int>& producer_;
+  const std::map<std::string, Value>& values_;
 };
 
 // One ONNX graph's import: run() walks the nodes in topological order and builds the layers.
@@ -170,6 +230,10 @@ class Importer {
     double factor = 0;
     bool biased = false;
     std::string lens;  // MultiheadAttention: the valid lengths its key padding mask reads (none: empty)
+  // torch's nn.MultiheadAttention whose key padding mask is torch's but for one node (`refused`, the reason in
+  // `refusal`): refused once the rest of the layer is found (onnx_import_torch_mask.cpp).
+  const NodeProto* refused = nullptr;
+  std::string refusal;
     // MultiheadAttention as torch.onnx.export writes nn.MultiheadAttention (onnx_import_torch_attention.cpp): its
     // consts name the values by role, and `gemm` says out_proj is a Gemm (its weight as torch holds it) rather
     // than a MatMul by the transposed weight.
@@ -181,6 +245,12 @@ class Importer {
   const NodeProto* soleConsumer(const std::string& value) const;
   // The nodes of a RepeatedPtrField are not contiguous: their indices come from a map.
   int indexOfNode(const NodeProto* n) const { return nodeIndex_.at(n); }
+  // The producer of `value` when it is that op with that many inputs and one output (the patterns follow a value
+  // back to its node).
+  const NodeProto* madeBy(const std::string& value, const char* op, int inputs) const {
+    const auto it = producer_.find(value);
+    return it != producer_.end() && isOp(&g_.node(it->second), op, inputs) ? &g_.node(it->second) : nullptr;
+  }
   // A constant scalar's value: an initializer or a Constant node's, of one element.
   std::optional<double> scalar(const std::string& name) const;
   bool isConstName(const std::string& name, int depth = 0) const;
@@ -214,6 +284,29 @@ class Importer {
   std::vector<const NodeProto*> torchReaders(const std::string& value) const;
   const NodeProto* torchOnly(const std::string& value) const;
   int emitTorchAttention(const Pattern& p, int in);
+  // A refusal of a torch layer's check names the node that makes the value of `role`; the values of a role as the
+  // shape arithmetic computes them, or a refusal naming the producer of `reader`'s value.
+  void blame(const Pattern& p, const std::string& role) { node_ = &g_.node(producer_.at(p.consts.at(role))); }
+  std::vector<Lin> torchValues(const TorchShapes& sh, const Pattern& p, const std::string& role, const char* what,
+                               const std::string& reader);
+  // The masks torch adds to the scores (onnx_import_torch_mask.cpp): from the scores, the causal mask, the key
+  // padding mask or both; the masked scores, the scores when there is no mask, empty when the nodes are not torch's.
+  std::string findTorchMask(Pattern& pat, const std::string& scores, std::vector<int>& nodes,
+                            std::vector<std::string>& roots, std::set<std::string>& shaped);
+  bool findTorchCausal(const NodeProto* unsqueeze, Pattern& pat, std::vector<int>& nodes, std::vector<std::string>& roots);
+  bool findTorchKeyPadding(const NodeProto* flat, Pattern& pat, std::vector<int>& nodes, std::vector<std::string>& roots);
+  // A Transpose of k's heads into [N * heads, Tk, d] that only Shape nodes read: torch takes the keys' count for the
+  // key padding mask from it.
+  bool torchShapeOnly(const NodeProto* n) const;
+  // The one reader of k's heads but such a Transpose.
+  const NodeProto* torchKeyHeadsReader(const std::string& heads) const;
+  // After the layer's output (tb): the Transpose above, the keys' Shape and the guard's Where, which then is the
+  // layer's output.
+  bool finishTorchKeyPadding(Pattern& pat, const NodeProto* tb, std::vector<int>& nodes, std::vector<std::string>& roots,
+                             std::set<std::string>& shaped);
+  // The masks' values checked when the layer is made: causal or not, and the valid lengths' layer (-1: none).
+  bool torchCausal(const Pattern& p, TorchShapes& sh, int64_t t, int64_t e);
+  int torchKeyPadding(const Pattern& p, TorchShapes& sh, int64_t e, int64_t heads, int64_t d, int64_t tk);
   void addPattern(Pattern p, const std::vector<int>& nodes);
 
   void emitPattern(int index);
@@ -301,6 +394,8 @@ class Importer {
   bool transposedForMatMul(const Value& v, const std::vector<int64_t>& perm);
   // The value `name` as a constant, for a pattern's checks.
   const TensorValues& constAt(const std::string& name, const char* what);
+  // The layer whose batch-first output `name` is, read as an attention layer's `what` (its keys, its valid lengths).
+  int activationOf(const std::string& name, const char* what);
 
   // --- the sequence layers -------------------------------------------------------------------------------------
   std::vector<int64_t> axesOf(int input);

@@ -32,6 +32,7 @@
 #include <QElapsedTimer>
 #include <QTemporaryDir>
 #include <QtTest>
+#include <cmath>
 #include <fstream>
 #include <random>
 
@@ -129,6 +130,50 @@ QJsonObject crossAttentionGraph(bool ownV) {
   return graphOf(nodes, wires);
 }
 
+// gpunodes' valid lengths as torch_peer writes them in torch (tests/interop/torch_peer.py): token ids into an
+// Embedding (9 ids, E = 8) and a ValidLength (pad_id 1) whose lengths are the valid_lens of a MultiheadAttention of
+// 2 heads with biases, torch's key_padding_mask = arange(Tk) >= lens with the guard that gives a sample of length
+// 0 out_proj's bias (a torch.where after the module), then a Linear to 5 on every step. Causal, torch joins the
+// two masks by Or; as cross-attention (k from a Linear of the embedding, v = k) the keys' T comes from k. The ids
+// give lengths 3, 0 and 6: a mask read from the wrong end, a guard missing or a length read off by one moves the
+// logits.
+QJsonObject keyPaddingGraph(bool causal, bool cross) {
+  QJsonArray nodes{node("x", "Input", {{"shape", QJsonArray{6}}}),
+                   node("emb", "Embedding", {{"num_embeddings", 9}, {"embedding_dim", 8}}),
+                   node("vl", "ValidLength", {{"pad_id", 1}}),
+                   node("attn", "MultiheadAttention", {{"num_heads", 2}, {"causal", causal}}),
+                   node("fc", "Linear", {{"out_features", 5}}),
+                   node("net", "Network", {{"init", "kaiming"}, {"seed", 3}})};
+  QJsonArray wires{wire("x.out", "emb.in"), wire("x.out", "vl.in"), wire("emb.out", "attn.q"),
+                   wire("vl.out", "attn.valid_lens"), wire("attn.out", "fc.in"), wire("fc.out", "net.out")};
+  if (cross) {
+    nodes.append(node("kin", "Linear", {{"out_features", 8}}));
+    wires.append(wire("emb.out", "kin.in"));
+    wires.append(wire("kin.out", "attn.k"));
+  }
+  return graphOf(nodes, wires);
+}
+
+// torch_peer's Attention as a torch user writes valid lengths without its guard: key_padding_mask = arange(Tk) >=
+// lens and nothing after the module, so that a sample of length 0 (every key masked) is NaN in torch. Runs
+// onnx_peer.py (export) or torch_peer.py (logits) with that forward: python3 -c SCRIPT TORCH_PEER ONNX_PEER
+// COMMAND ARGS...
+const char* kUnguardedPeer = R"(
+import os, sys
+peer, onnx_peer_py = sys.argv[1:3]
+sys.path[:0] = [os.path.dirname(peer), os.path.dirname(onnx_peer_py)]
+import torch, torch_peer
+def forward(self, q, k=None, v=None, valid_lens=None):
+    k = q if k is None else k
+    v = k if v is None else v
+    lens = valid_lens.reshape(-1, 1)
+    pad = torch.arange(k.shape[1], device=q.device, dtype=lens.dtype)[None, :] >= lens
+    return torch.nn.MultiheadAttention.forward(self, q, k, v, need_weights=False, key_padding_mask=pad)[0]
+torch_peer.Attention.forward = forward
+import onnx_peer
+sys.exit((onnx_peer if sys.argv[3] == "export" else torch_peer).main(sys.argv[3:]))
+)";
+
 // The imported graph with a batch of `x` as a Tensor on its Device, Forward of the model its LoadParams gives,
 // and an Inspect "logits" of the result.
 QJsonObject withForward(QJsonObject graph, const QJsonArray& sampleShape, const std::vector<float>& x,
@@ -210,6 +255,17 @@ class OnnxImportTest : public QObject {
       if (opset >= 14)
         QTest::newRow(qPrintable("torch-mha-causal" + o))
             << "torch-mha-causal" << attentionGraph(true, true) << "" << QJsonArray{6, 5} << opset << 0;
+      // Valid lengths through torch's key_padding_mask (the ids: keyPaddingGraph), causal only where torch writes
+      // the triu; unguarded, the sample of length 0 is left out of the comparison (torch's NaN).
+      QTest::newRow(qPrintable("torch-mha-kpm" + o))
+          << "torch-mha-kpm" << keyPaddingGraph(false, false) << "" << QJsonArray{6} << opset << 9;
+      QTest::newRow(qPrintable("torch-mha-kpm-cross" + o))
+          << "torch-mha-kpm-cross" << keyPaddingGraph(false, true) << "" << QJsonArray{6} << opset << 9;
+      QTest::newRow(qPrintable("torch-mha-kpm-unguarded" + o))
+          << "torch-mha-kpm-unguarded" << keyPaddingGraph(false, false) << "" << QJsonArray{6} << opset << 9;
+      if (opset >= 14)
+        QTest::newRow(qPrintable("torch-mha-kpm-causal" + o))
+            << "torch-mha-kpm-causal" << keyPaddingGraph(true, false) << "" << QJsonArray{6} << opset << 9;
     }
   }
   void torch_export_imports_and_runs_the_same() {
@@ -240,6 +296,8 @@ class OnnxImportTest : public QObject {
     for (const QJsonValue& d : sample) numel *= d.toInteger();
     std::vector<float> x(static_cast<size_t>(numel));
     for (float& v : x) v = vocab > 0 ? float(ids(gen)) : dist(gen);
+    const bool kpm = name.startsWith("torch-mha-kpm"), unguarded = name == "torch-mha-kpm-unguarded";
+    if (kpm) x = {3, 4, 5, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 3, 4, 5, 6, 7};  // pad_id 1: lengths 3, 0 and 6
     const QString xFile = dir_.filePath(tag + ".x.f32"), torchOut = dir_.filePath(tag + ".torch.f32");
     interop::write_floats(xFile, x);
     if (name == "torch-mha-nobias") {
@@ -261,11 +319,15 @@ model(x.requires_grad_()).detach().numpy().astype("<f4").tofile(out)
 )";
       p = run(GN_PYTHON, {"-c", script, spec, weights, xFile, QString::number(kBatch), torchOut, GN_TORCH_PEER});
     } else {
-      p = run(GN_PYTHON, {GN_TORCH_PEER, "logits", spec, weights, xFile, QString::number(kBatch), torchOut});
+      const QStringList logits{"logits", spec, weights, xFile, QString::number(kBatch), torchOut};
+      p = unguarded ? run(GN_PYTHON, QStringList{"-c", kUnguardedPeer, GN_TORCH_PEER, GN_ONNX_PEER} + logits)
+                    : run(GN_PYTHON, QStringList{GN_TORCH_PEER} + logits);
     }
     QVERIFY2(p.exitCode == 0, qPrintable(p.err));
     const QString model = dir_.filePath(tag + ".onnx");
-    p = run(GN_PYTHON, {GN_ONNX_PEER, "export", spec, weights, QString::number(opset), model, "dynamic"});
+    const QStringList exportArgs{"export", spec, weights, QString::number(opset), model, "dynamic"};
+    p = unguarded ? run(GN_PYTHON, QStringList{"-c", kUnguardedPeer, GN_TORCH_PEER, GN_ONNX_PEER} + exportArgs)
+                  : run(GN_PYTHON, QStringList{GN_ONNX_PEER} + exportArgs);
     QVERIFY2(p.exitCode == 0, qPrintable("torch.onnx.export: " + p.err));
     qInfo("%s: torch wrote %s", qPrintable(tag), qPrintable(p.out.trimmed()));
 
@@ -277,8 +339,10 @@ model(x.requires_grad_()).detach().numpy().astype("<f4").tofile(out)
     QVERIFY2(p.exitCode == 0, qPrintable(QStringLiteral("import-onnx: exit %1\n%2").arg(p.exitCode).arg(p.err)));
     const QJsonObject graphOut = readJson(imported);
     QVERIFY2(!graphOut.isEmpty(), "the imported graph did not load");
+    // Only the unguarded mask is imported with a warning: the sample of length 0 that torch makes NaN.
+    QCOMPARE(p.err.contains("warning") && p.err.contains("no guard for a sample of length 0"), unguarded);
     if (name.startsWith("torch-mha")) {  // one layer under the module's name, with its params and its wires
-      const bool bias = name != "torch-mha-nobias" && name != "torch-mha-cross-kv", causal = name == "torch-mha-causal";
+      const bool bias = name != "torch-mha-nobias" && name != "torch-mha-cross-kv", causal = name.endsWith("causal");
       bool found = false;
       for (const QJsonValue& v : graphOut["nodes"].toArray())
         if (v["id"].toString() == "attn") {
@@ -290,11 +354,20 @@ model(x.requires_grad_()).detach().numpy().astype("<f4").tofile(out)
       for (const QJsonValue& w : graphOut["connections"].toArray())
         if (w["to"].toString().startsWith("attn.")) into << w["from"].toString() + ">" + w["to"].toString();
       into.sort();
-      const QStringList want = name == "torch-mha-cross"      ? QStringList{"kin.out>attn.k", "qin.out>attn.q"}
-                               : name == "torch-mha-cross-kv" ? QStringList{"kin.out>attn.k", "qin.out>attn.q",
-                                                                            "vin.out>attn.v"}
-                                                              : QStringList{};
+      const QStringList want =
+          name == "torch-mha-cross"         ? QStringList{"kin.out>attn.k", "qin.out>attn.q"}
+          : name == "torch-mha-cross-kv"    ? QStringList{"kin.out>attn.k", "qin.out>attn.q", "vin.out>attn.v"}
+          : name == "torch-mha-kpm-cross" ? QStringList{"emb.out>attn.q", "kin.out>attn.k", "vl.out>attn.valid_lens"}
+          : kpm                             ? QStringList{"emb.out>attn.q", "vl.out>attn.valid_lens"}
+                                            : QStringList{};
       if (!want.isEmpty()) QVERIFY2(into == want, qPrintable("the attention's wires: " + into.join(", ")));
+      if (kpm) {  // the lengths: torch's (x != pad).sum(1) read back as the ValidLength it came from
+        bool lengths = false;
+        for (const QJsonValue& v : graphOut["nodes"].toArray())
+          lengths = lengths || (v["id"].toString() == "vl" && v["type"].toString() == "ValidLength" &&
+                                v["params"]["pad_id"].toInt() == 1);
+        QVERIFY2(lengths, "no ValidLength 'vl' with pad_id 1 in the imported graph");
+      }
     }
     for (const QJsonValue& v : graphOut["nodes"].toArray())
       if (v.toObject()["type"].toString() == "LoadParams") {
@@ -311,10 +384,18 @@ model(x.requires_grad_()).detach().numpy().astype("<f4").tofile(out)
     QVERIFY(writeJson(runFile, runGraph));
     p = run(GN_GPUNODES, {"run", runFile, "--quiet", "--report", report});
     QVERIFY2(p.exitCode == 0, qPrintable(QStringLiteral("gpunodes run: exit %1\n%2").arg(p.exitCode).arg(p.err)));
-    const std::vector<float> got = interop::inspected(readJson(report), "logits");
+    std::vector<float> got = interop::inspected(readJson(report), "logits");
     std::vector<float> want = interop::read_floats(torchOut);
     // Inspect reports the first 1000 values of a batch (the GRU language model's logits are 3 x 35 x 28).
     if (got.size() == 1000 && want.size() > 1000) want.resize(1000);
+    for (float v : got) QVERIFY2(std::isfinite(v), qPrintable(tag + ": gpunodes gave a logit that is not finite"));
+    if (unguarded) {  // the second sample, of length 0, is torch's NaN: the others are compared
+      QCOMPARE(got.size(), want.size());
+      const size_t per = got.size() / kBatch;
+      QVERIFY2(std::isnan(want[per]), "torch's sample of length 0 was not NaN without the guard");
+      got.erase(got.begin() + qsizetype(per), got.begin() + qsizetype(2 * per));
+      want.erase(want.begin() + qsizetype(per), want.begin() + qsizetype(2 * per));
+    }
     const QString diff = interop::compare(got, want);
     qInfo("%s: %lld ms", qPrintable(tag), qlonglong(clock.elapsed()));
     QVERIFY2(diff.isEmpty(), qPrintable(tag + ": gpunodes' import against torch: " + diff));
@@ -421,18 +502,32 @@ onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), out
     QTest::newRow("cross-slice") << "cross-slice"
                                  << QStringList{"'/attn/MatMul' (MatMul)", "as rows [1] to [8] along [0] of [24, 8]"};
     QTest::newRow("cross-kv-scale") << "cross-kv-scale" << QStringList{"(Div)", "divides q by 3.000000, not sqrt(2)"};
+    // The key padding mask (keyPaddingGraph(false, false)): arange(Tk) > lens, a guard of the lengths <= 1, the
+    // key indices unsqueezed along 1 (a column, not a row), and the guard's Where left out.
+    QTest::newRow("kpm-greater") << "kpm-greater"
+                                 << QStringList{"'/attn/GreaterOrEqual' (Greater)", "compares the key indices with "
+                                                "the valid lengths: torch writes a GreaterOrEqual there"};
+    QTest::newRow("kpm-threshold") << "kpm-threshold" << QStringList{"(LessOrEqual)", "not <= 0"};
+    QTest::newRow("kpm-row-axis") << "kpm-row-axis"
+                                  << QStringList{"(Unsqueeze)", "the key indices' unsqueezed axis is [1], not [0]"};
+    QTest::newRow("kpm-no-guard") << "kpm-no-guard"
+                                  << QStringList{"'/attn/And' (And)", "no Where gives them out_proj's bias"};
   }
   void torch_attention_refusals() {
     QFETCH(QString, mutation);
     QFETCH(QStringList, words);
-    const bool causal = mutation == "diagonal", cross = mutation.startsWith("cross-"), ownV = mutation == "cross-kv-scale";
+    const bool causal = mutation == "diagonal", cross = mutation.startsWith("cross-"), ownV = mutation == "cross-kv-scale",
+               kpm = mutation.startsWith("kpm-");
     const QString kind = causal  ? "torch-attention-causal"
                          : cross ? (ownV ? "torch-attention-cross-kv" : "torch-attention-cross")
+                         : kpm   ? "torch-attention-kpm"
                                  : "torch-attention";
     const QString model = dir_.filePath(kind + ".onnx");
     if (!QFileInfo::exists(model)) {
       const QString graphFile = dir_.filePath(kind + ".graph.json");
-      QVERIFY(writeJson(graphFile, cross ? crossAttentionGraph(ownV) : attentionGraph(true, causal)));
+      QVERIFY(writeJson(graphFile, cross ? crossAttentionGraph(ownV)
+                                   : kpm ? keyPaddingGraph(false, false)
+                                         : attentionGraph(true, causal)));
       const QString weights = dir_.filePath(kind + ".safetensors");
       Process p = run(GN_PYTHON, {GN_TORCH_PEER, "save", graphFile + "#net", "5", weights});
       QVERIFY2(p.exitCode == 0, qPrintable(p.err));
@@ -477,6 +572,17 @@ if mut == "diagonal":
 if mut == "cross-slice":  # the first Slice of in_proj_weight (q's rows) from row 1
     sl = next(n for n in g.node if n.op_type == "Slice" and n.input[0].endswith("in_proj_weight"))
     set_const(sl.input[1], [1])
+if mut == "kpm-greater":
+    next(n for n in g.node if n.op_type == "GreaterOrEqual").op_type = "Greater"
+if mut == "kpm-threshold":
+    set_const(next(n for n in g.node if n.op_type == "LessOrEqual").input[1], 1.0)
+if mut == "kpm-row-axis":  # the Unsqueeze of the Range of key indices
+    rng = next(n for n in g.node if n.op_type == "Range")
+    set_const(next(n for n in g.node if n.op_type == "Unsqueeze" and n.input[0] == rng.output[0]).input[1], [1])
+if mut == "kpm-no-guard":  # the Linear after the layer reads the attention's output past the guard's Where
+    where = made[made["logits"].input[1] if made["logits"].input[0] == "fc.bias" else made["logits"].input[0]].input[0]
+    for n in g.node:
+        n.input[:] = [made[where].input[2] if i == where else i for i in n.input]
 onnx.save(m, out)
 )";
     const QString broken = dir_.filePath("torch-attention-" + mutation + ".onnx");
