@@ -402,8 +402,9 @@ int Importer::emitTorchAttention(const Pattern& p, int in) {
   sh.shapes[p.consts.at("outp")] = rows;
   if (const std::vector<Lin> os = torchValues(sh, p, "out_shape", "the output's shape", "out"); os != timeMajor)
     fail("reshapes out_proj's rows to " + symStr(os) + ", not [" + str(t) + ", N, " + str(e) + "]");
-  const bool causal = torchCausal(p, sh, t, e);
+  // The key padding mask first: it knows the keys' Shape, which a causal mask of cross-attention reads too.
   const int lens = p.consts.count("kpm_flat") ? torchKeyPadding(p, sh, e, heads, d, tk) : -1;
+  const bool causal = torchCausal(p, sh, t, e);
   blame(p, "scaled");
   if (!near(p.factor, std::sqrt(double(d))))
     fail("divides q by " + std::to_string(p.factor) + ", not sqrt(" + str(d) +

@@ -22,7 +22,9 @@
 // puts them back in torch's, which a gate block read in the wrong place would show in the logits.
 //
 // nn.MultiheadAttention(batch_first=True) self-attention, with and without biases, goes the same way: torch
-// writes its own decomposition (attentionGraph below), which the import reads back as one MultiheadAttention.
+// writes its own decomposition (attentionGraph below), which the import reads back as one MultiheadAttention; so
+// do gpunodes' valid lengths as torch_peer writes them (keyPaddingGraph: torch's key_padding_mask, read back as
+// a ValidLength wired to the attention's valid_lens).
 //
 // And: an operator gpunodes has no layer for (LRN, Einsum: tests/data/hostile-onnx) is refused with one line
 // that names the op type, the node, the opset and the list of what is supported; so is each recurrent feature
@@ -134,14 +136,15 @@ QJsonObject crossAttentionGraph(bool ownV) {
 // Embedding (9 ids, E = 8) and a ValidLength (pad_id 1) whose lengths are the valid_lens of a MultiheadAttention of
 // 2 heads with biases, torch's key_padding_mask = arange(Tk) >= lens with the guard that gives a sample of length
 // 0 out_proj's bias (a torch.where after the module), then a Linear to 5 on every step. Causal, torch joins the
-// two masks by Or; as cross-attention (k from a Linear of the embedding, v = k) the keys' T comes from k. The ids
+// two masks by Or; as cross-attention (k from a Linear of the embedding, v = k) the keys' T comes from k; without
+// biases the guard gives 0 (torch's zeros for out_proj's bias, folded to a constant). The ids
 // give lengths 3, 0 and 6: a mask read from the wrong end, a guard missing or a length read off by one moves the
 // logits.
-QJsonObject keyPaddingGraph(bool causal, bool cross) {
+QJsonObject keyPaddingGraph(bool causal, bool cross, bool bias = true) {
   QJsonArray nodes{node("x", "Input", {{"shape", QJsonArray{6}}}),
                    node("emb", "Embedding", {{"num_embeddings", 9}, {"embedding_dim", 8}}),
                    node("vl", "ValidLength", {{"pad_id", 1}}),
-                   node("attn", "MultiheadAttention", {{"num_heads", 2}, {"causal", causal}}),
+                   node("attn", "MultiheadAttention", {{"num_heads", 2}, {"causal", causal}, {"bias", bias}}),
                    node("fc", "Linear", {{"out_features", 5}}),
                    node("net", "Network", {{"init", "kaiming"}, {"seed", 3}})};
   QJsonArray wires{wire("x.out", "emb.in"), wire("x.out", "vl.in"), wire("emb.out", "attn.q"),
@@ -261,11 +264,16 @@ class OnnxImportTest : public QObject {
           << "torch-mha-kpm" << keyPaddingGraph(false, false) << "" << QJsonArray{6} << opset << 9;
       QTest::newRow(qPrintable("torch-mha-kpm-cross" + o))
           << "torch-mha-kpm-cross" << keyPaddingGraph(false, true) << "" << QJsonArray{6} << opset << 9;
+      QTest::newRow(qPrintable("torch-mha-kpm-nobias" + o))
+          << "torch-mha-kpm-nobias" << keyPaddingGraph(false, false, false) << "" << QJsonArray{6} << opset << 9;
       QTest::newRow(qPrintable("torch-mha-kpm-unguarded" + o))
           << "torch-mha-kpm-unguarded" << keyPaddingGraph(false, false) << "" << QJsonArray{6} << opset << 9;
       if (opset >= 14)
         QTest::newRow(qPrintable("torch-mha-kpm-causal" + o))
             << "torch-mha-kpm-causal" << keyPaddingGraph(true, false) << "" << QJsonArray{6} << opset << 9;
+      if (opset >= 14)  // as many keys as queries: torch's triu(1 + Tk - Tq) is gpunodes' causal mask
+        QTest::newRow(qPrintable("torch-mha-kpm-cross-causal" + o))
+            << "torch-mha-kpm-cross-causal" << keyPaddingGraph(true, true) << "" << QJsonArray{6} << opset << 9;
     }
   }
   void torch_export_imports_and_runs_the_same() {
@@ -300,7 +308,7 @@ class OnnxImportTest : public QObject {
     if (kpm) x = {3, 4, 5, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 3, 4, 5, 6, 7};  // pad_id 1: lengths 3, 0 and 6
     const QString xFile = dir_.filePath(tag + ".x.f32"), torchOut = dir_.filePath(tag + ".torch.f32");
     interop::write_floats(xFile, x);
-    if (name == "torch-mha-nobias") {
+    if (name.endsWith("nobias")) {
       // torch 1.13's nn.MultiheadAttention takes its fused fast path in eval mode without gradients (as
       // torch_peer's logits runs), and that path fails without biases ("_native_multi_head_attention():
       // argument 'qkv_bias' must be Tensor, not NoneType"): the same module, with the same weights, runs here
@@ -342,11 +350,12 @@ model(x.requires_grad_()).detach().numpy().astype("<f4").tofile(out)
     // Only the unguarded mask is imported with a warning: the sample of length 0 that torch makes NaN.
     QCOMPARE(p.err.contains("warning") && p.err.contains("no guard for a sample of length 0"), unguarded);
     if (name.startsWith("torch-mha")) {  // one layer under the module's name, with its params and its wires
-      const bool bias = name != "torch-mha-nobias" && name != "torch-mha-cross-kv", causal = name.endsWith("causal");
+      const bool bias = !name.endsWith("nobias") && name != "torch-mha-cross-kv", causal = name.endsWith("causal");
+      const int heads = bias || kpm ? 2 : 4;
       bool found = false;
       for (const QJsonValue& v : graphOut["nodes"].toArray())
         if (v["id"].toString() == "attn") {
-          found = v["type"].toString() == "MultiheadAttention" && v["params"]["num_heads"].toInt() == (bias ? 2 : 4) &&
+          found = v["type"].toString() == "MultiheadAttention" && v["params"]["num_heads"].toInt() == heads &&
                   v["params"]["bias"].toBool() == bias && v["params"]["causal"].toBool() == causal;
         }
       QVERIFY2(found, "no MultiheadAttention 'attn' with the module's heads, bias and mask in the imported graph");
@@ -354,12 +363,13 @@ model(x.requires_grad_()).detach().numpy().astype("<f4").tofile(out)
       for (const QJsonValue& w : graphOut["connections"].toArray())
         if (w["to"].toString().startsWith("attn.")) into << w["from"].toString() + ">" + w["to"].toString();
       into.sort();
+      const bool kpmCross = name.startsWith("torch-mha-kpm-cross");
       const QStringList want =
-          name == "torch-mha-cross"         ? QStringList{"kin.out>attn.k", "qin.out>attn.q"}
-          : name == "torch-mha-cross-kv"    ? QStringList{"kin.out>attn.k", "qin.out>attn.q", "vin.out>attn.v"}
-          : name == "torch-mha-kpm-cross" ? QStringList{"emb.out>attn.q", "kin.out>attn.k", "vl.out>attn.valid_lens"}
-          : kpm                             ? QStringList{"emb.out>attn.q", "vl.out>attn.valid_lens"}
-                                            : QStringList{};
+          name == "torch-mha-cross"      ? QStringList{"kin.out>attn.k", "qin.out>attn.q"}
+          : name == "torch-mha-cross-kv" ? QStringList{"kin.out>attn.k", "qin.out>attn.q", "vin.out>attn.v"}
+          : kpmCross                     ? QStringList{"emb.out>attn.q", "kin.out>attn.k", "vl.out>attn.valid_lens"}
+          : kpm                          ? QStringList{"emb.out>attn.q", "vl.out>attn.valid_lens"}
+                                         : QStringList{};
       if (!want.isEmpty()) QVERIFY2(into == want, qPrintable("the attention's wires: " + into.join(", ")));
       if (kpm) {  // the lengths: torch's (x != pad).sum(1) read back as the ValidLength it came from
         bool lengths = false;
