@@ -7,6 +7,8 @@
 //   3. Attention (attention_bench.h): d2l 11.8's ViT at the quick settings (28x28, patch 4, width 64, 4
 //      heads, 2 blocks, batch 128), images/s vs torch's nn.TransformerEncoderLayer, and its step's peak
 //      memory against the live set.
+//   3b. The memory section also times the ResNet-18 drawn layer by layer against the built-in one (images/s
+//      and peak memory): the peer of a drawn network is the built-in network of the same structure.
 //   4. The convolution choice: oneDNN (what the CPU kernels use) vs im2col + OpenBLAS sgemm, forward plus
 //      backward, for the LeNet and ResNet-18 shapes.
 //   5. bf16 on the CPU, where oneDNN's ISA has it (the rows name that ISA): MLP and LeNet images/s and the
@@ -40,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "../runtime/drawn_networks.h"
 #include "attention_bench.h"
 #include "bench_util.h"
 #include "gpunodes/errors.h"
@@ -88,11 +91,14 @@ RuntimeOptions with_threads(int threads) {
 // `windows` windows of `steps` steps. Short windows and the best of them see past the other processes that
 // share a small machine; PyTorch is timed the same way. With capture on, the steps after the warm-up replay
 // one captured step (its recorded ops as one engine op).
+// `drawn`, when given, is the network of Arch::Network.
 double our_step_seconds(Arch arch, int64_t batch, int windows, int steps, int threads,
-                        StepCapture capture = StepCapture::Off, Precision precision = Precision::Fp32) {
+                        StepCapture capture = StepCapture::Off, Precision precision = Precision::Fp32,
+                        std::shared_ptr<const NetworkSpec> drawn = nullptr) {
   Runtime rt(with_threads(threads));
   ModelOptions o;
   o.arch = arch;
+  o.network = std::move(drawn);
   auto model = Model::create(rt, o, Device::cpu());
   TrainOptions to;
   to.batch_size = batch;
@@ -120,10 +126,12 @@ struct StepMemory {
   double live_mib = 0, peak_mib = 0;
 };
 
-StepMemory resnet_step_memory(int threads, int steps, Precision precision = Precision::Fp32) {
+StepMemory resnet_step_memory(int threads, int steps, Precision precision = Precision::Fp32,
+                              std::shared_ptr<const NetworkSpec> drawn = nullptr) {
   Runtime rt(with_threads(threads));
   ModelOptions o;
-  o.arch = Arch::ResNet18;
+  o.arch = drawn ? Arch::Network : Arch::ResNet18;
+  o.network = std::move(drawn);
   auto model = Model::create(rt, o, Device::cpu());
   TrainOptions to;
   to.batch_size = 32;
@@ -599,6 +607,24 @@ int main(int argc, char** argv) {
     const StepMemory mem = resnet_step_memory(threads, 3);
     row("allocated bytes, peak over 3 steps", fmt("%.1f", mem.peak_mib), fmt("%.1f", mem.live_mib),
         fmt("%.2f", mem.peak_mib / mem.live_mib), "<= 1.2");
+    // The same ResNet-18 drawn layer by layer (as resources/examples/resnet18-layers.json draws it), against
+    // the built-in one in the same run: a drawn network with the built-in structure runs with its layouts
+    // and fusions (graph_module.cpp).
+    const auto drawn = std::make_shared<const NetworkSpec>(resnet18(1, 28));
+    const StepMemory drawn_mem = resnet_step_memory(threads, 3, Precision::Fp32, drawn);
+    double built_in = 1e30, drawn_step = 1e30;
+    for (int round = 0; round < 2; ++round) {
+      built_in = std::min(built_in, our_step_seconds(Arch::ResNet18, 32, 3, resnet_steps, threads));
+      drawn_step = std::min(drawn_step, our_step_seconds(Arch::Network, 32, 3, resnet_steps, threads,
+                                                         StepCapture::Off, Precision::Fp32, drawn));
+    }
+    std::printf("\nThe drawn ResNet-18 (the resnet18-layers example's layers) against the built-in one\n\n");
+    row("measure", "drawn", "built-in", "ratio", "goal");
+    rule();
+    row("training images/s (batch 32)", fmt("%.1f", 32 / drawn_step), fmt("%.1f", 32 / built_in),
+        fmt("%.2f", built_in / drawn_step), ">= 1.0");
+    row("peak MiB over 3 steps", fmt("%.1f", drawn_mem.peak_mib), fmt("%.1f", mem.peak_mib),
+        fmt("%.2f", drawn_mem.peak_mib / mem.peak_mib), "<= 1.0");
   }
   if (section("sequence")) {
     std::printf("\nRecurrent training on cpu:0 vs PyTorch (same models, batches and threads)\n\n");

@@ -126,6 +126,8 @@ class Builder {
   // How a built-in network passes its activations between layers: the device's blocked layout where it has
   // one (the CPU's nChw8c / nChw16c, NHWC on CUDA), which saves the reorders around every convolution.
   Layout activation_layout() const { return has_blocked_layout(device_) ? Layout::Blocked : Layout::Nchw; }
+  // The device the parameters are made on.
+  Device device() const { return device_; }
   // The model's count of Train-mode forwards (Model::batches_tracked()), which numbers dropout's masks.
   const int64_t& train_forwards() const { return train_forwards_; }
 
@@ -151,5 +153,8 @@ std::unique_ptr<Module> make_sequence_module(Builder& b, const LayerSpec& layer,
 // The same for the attention layers (LayerNorm, MultiheadAttention, BatchMatMul, Softmax, Mul, Scale, the
 // positional layers, ClassToken, FirstStep; attention_modules.cpp).
 std::unique_ptr<Module> make_attention_module(Builder& b, const LayerSpec& layer, const Shape& in, uint64_t seed);
+// A drawn network's module (graph_module.cpp): its layers as a graph, with the built-in networks' layouts and
+// fusions where it has their structure.
+std::unique_ptr<Module> make_graph_module(Builder& b, const NetworkSpec& net, uint64_t seed);
 
 }  // namespace gn::nn
