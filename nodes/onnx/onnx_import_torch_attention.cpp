@@ -306,7 +306,7 @@ void Importer::finishTorchAttention(Pattern pat, const NodeProto* sm, const std:
     node_ = pat.refused;
     fail(pat.refusal);
   }
-  if (pat.consts.count("kpm_flat") && !finishTorchKeyPadding(pat, tb, nodes, roots, shaped)) return;
+  if (pat.consts.count("kpm_flat")) finishTorchKeyPadding(pat, tb, nodes, roots, shaped);
   // The shape arithmetic behind the roots, back to the Constants (left to the walk, which reads them) and the
   // Shapes of the pattern's own tensors.
   static const std::set<std::string> arithmetic{"Shape", "Gather", "Unsqueeze", "Concat", "Add", "Sub", "Mul", "Div",

@@ -78,7 +78,7 @@ std::string Importer::findTorchMask(Pattern& pat, const std::string& scores, std
       if (!findTorchCausal(u, pat, nodes, roots)) return {};
       shaped.insert(pat.input);  // the mask's T from the Shape of the batch-first input
     } else if (const NodeProto* r = madeBy(part, "Reshape", 2); r && !pat.consts.count("kpm_flat")) {
-      if (!findTorchKeyPadding(r, pat, nodes, roots)) return {};
+      findTorchKeyPadding(r, pat, nodes, roots);
     } else {
       return {};
     }
@@ -111,39 +111,48 @@ bool Importer::findTorchCausal(const NodeProto* unsq, Pattern& pat, std::vector<
 // [N, 1, 1, Tk], Expand over the heads and Reshape to [N * heads, 1, Tk] (`flat`). From `flat` on this is torch's
 // key padding mask, so a node of another op (a Greater for the >=, an Or for the And) is refused naming it once the
 // rest of the layer is found (pat.refusal); the constants are checked by torchKeyPadding.
-bool Importer::findTorchKeyPadding(const NodeProto* flat, Pattern& pat, std::vector<int>& nodes,
+void Importer::findTorchKeyPadding(const NodeProto* flat, Pattern& pat, std::vector<int>& nodes,
                                    std::vector<std::string>& roots) {
-  // The node making input k of `reader`, when it is `op`; otherwise the refusal names it (or the reader, when no
-  // node makes that input).
+  // The first node at fault is the one named.
+  auto refuse = [&](const NodeProto* n, std::string why) {
+    if (pat.refused) return;
+    pat.refused = n;
+    pat.refusal = std::move(why);
+  };
+  // The node making input k of `reader`, when it is `op` (an Unsqueeze with its axes as an input from opset 13,
+  // as an attribute before); otherwise the refusal names it (or the reader, when no node makes that input).
   auto step = [&](const NodeProto* reader, int k, const char* op, int inputs, const std::string& why) -> const NodeProto* {
-    if (const NodeProto* n = madeBy(reader->input(k), op, inputs)) {
+    const NodeProto* n = madeBy(reader->input(k), op, inputs);
+    if (!n && std::string(op) == "Unsqueeze") n = madeBy(reader->input(k), op, 1);
+    if (n) {
       nodes.push_back(indexOfNode(n));
       return n;
     }
     const auto it = producer_.find(reader->input(k));
-    pat.refused = it == producer_.end() ? reader : &g_.node(it->second);
-    pat.refusal = why + ": torch writes a " + op + " there (torch_peer's key_padding_mask = arange(Tk) >= lens)";
+    refuse(it == producer_.end() ? reader : &g_.node(it->second),
+           why + ": torch writes a " + op + " there (torch_peer's key_padding_mask = arange(Tk) >= lens)");
     return nullptr;
   };
-  // A Reshape or Unsqueeze of the mask, its shape or axes (`role`) a root checked when the layer is made.
+  // A Reshape or Unsqueeze of the mask, its shape or axes (`role`) checked when the layer is made: an input, a root
+  // of the shape arithmetic, or an Unsqueeze's attribute.
   auto shaping = [&](const NodeProto* n, const std::string& role) {
     pat.consts[role] = n->output(0);
-    pat.consts[role + "_to"] = n->input(1);
-    roots.push_back(n->input(1));
-    if (n->op_type() == "Reshape" && !intIs(*n, "allowzero", 0, 0)) {
-      pat.refused = n;
-      pat.refusal = "reshapes the key padding mask with allowzero: torch's Reshape copies a 0 from the input";
+    if (n->input_size() == 2) {
+      pat.consts[role + "_to"] = n->input(1);
+      roots.push_back(n->input(1));
     }
+    if (n->op_type() == "Reshape" && !intIs(*n, "allowzero", 0, 0))
+      refuse(n, "reshapes the key padding mask with allowzero: torch's Reshape copies a 0 from the input");
   };
   nodes.push_back(indexOfNode(flat));
   shaping(flat, "kpm_flat");
   const NodeProto* expand = step(flat, 0, "Expand", 2, "makes the key padding mask flattened over the heads");
-  if (!expand) return true;
+  if (!expand) return;
   pat.consts["kpm_expanded"] = expand->output(0);
   pat.consts["kpm_expanded_to"] = expand->input(1);
   roots.push_back(expand->input(1));
   const NodeProto* mask = step(expand, 0, "Reshape", 2, "makes the key padding mask expanded over the heads");
-  if (!mask) return true;
+  if (!mask) return;
   shaping(mask, "kpm_mask");
   const NodeProto* pad = madeBy(mask->input(0), "And", 2);
   if (pad) {  // the guard: pad & ~empty
@@ -152,26 +161,23 @@ bool Importer::findTorchKeyPadding(const NodeProto* flat, Pattern& pat, std::vec
     const int k = madeBy(pad->input(0), "Not", 1) ? 0 : 1;
     const NodeProto* no = step(pad, k, "Not", 1, "makes what the key padding mask's guard leaves out");
     const NodeProto* ge = step(pad, 1 - k, "GreaterOrEqual", 2, "compares the key indices with the valid lengths");
-    if (!no || !ge) return true;
+    if (!no || !ge) return;
     const NodeProto* empty = step(no, 0, "Unsqueeze", 2, "makes the samples of length 0 a column");
-    if (!empty) return true;
+    if (!empty) return;
     shaping(empty, "kpm_empty");
     const NodeProto* flatEmpty = step(empty, 0, "Reshape", 2, "makes the samples of length 0 one per sample");
-    if (!flatEmpty) return true;
+    if (!flatEmpty) return;
     shaping(flatEmpty, "kpm_empty_flat");
     const NodeProto* le = step(flatEmpty, 0, "LessOrEqual", 2, "finds the samples of length 0");
-    if (!le) return true;
+    if (!le) return;
     pat.consts["kpm_le"] = le->output(0);
-    if (le->input(0) != ge->input(1)) {
-      pat.refused = le;
-      pat.refusal = "finds the samples of length 0 in " + quoted(le->input(0)) + ", not in the lengths the keys are "
-                    "compared with, " + quoted(ge->input(1));
-      return true;
-    }
+    if (le->input(0) != ge->input(1))
+      return refuse(le, "finds the samples of length 0 in " + quoted(le->input(0)) + ", not in the lengths the keys "
+                        "are compared with, " + quoted(ge->input(1)));
     pad = ge;
   } else {
     pad = step(mask, 0, "GreaterOrEqual", 2, "compares the key indices with the valid lengths");
-    if (!pad) return true;
+    if (!pad) return;
   }
   pat.consts["kpm_ge"] = pad->output(0);
   // The lengths: valid_lens, or its Reshape to [-1, 1].
@@ -185,25 +191,21 @@ bool Importer::findTorchKeyPadding(const NodeProto* flat, Pattern& pat, std::vec
   const NodeProto* range = madeBy(pad->input(0), "Range", 3);
   if (!range) {
     const NodeProto* row = step(pad, 0, "Unsqueeze", 2, "makes the key indices a row");
-    if (!row) return true;
+    if (!row) return;
     shaping(row, "kpm_row");
     range = step(row, 0, "Range", 3, "counts the keys");
-    if (!range) return true;
+    if (!range) return;
   } else {
     nodes.push_back(indexOfNode(range));
   }
   pat.consts["kpm_range"] = range->output(0);
   const NodeProto* count = madeBy(range->input(1), "Cast", 1);
-  if (!isCastTo(count, ::onnx::TensorProto::FLOAT)) {
-    pat.refused = range;
-    pat.refusal = "counts the keys up to " + quoted(range->input(1)) + ", not to the keys' count Cast to the "
-                  "lengths' float type (torch_peer's arange(Tk, dtype=lens.dtype))";
-    return true;
-  }
+  if (!isCastTo(count, ::onnx::TensorProto::FLOAT))
+    return refuse(range, "counts the keys up to " + quoted(range->input(1)) + ", not to the keys' count Cast to "
+                         "the lengths' float type (torch_peer's arange(Tk, dtype=lens.dtype))");
   nodes.push_back(indexOfNode(count));
   pat.consts["kpm_tk"] = count->input(0);
   roots.push_back(count->input(0));
-  return true;
 }
 
 bool Importer::torchShapeOnly(const NodeProto* n) const {
@@ -224,7 +226,7 @@ const NodeProto* Importer::torchKeyHeadsReader(const std::string& heads) const {
 // transposed (for the mask's Reshapes): both belong to the pattern. With the guard, its Where(Unsqueeze(empty, [2]),
 // Expand(out_proj.bias (0 without biases), Shape(tb)), tb) gives a sample of length 0 out_proj's bias, and its
 // output is the layer's; a guarded mask without it, or a Where of other values, is refused naming the node.
-bool Importer::finishTorchKeyPadding(Pattern& pat, const NodeProto* tb, std::vector<int>& nodes,
+void Importer::finishTorchKeyPadding(Pattern& pat, const NodeProto* tb, std::vector<int>& nodes,
                                      std::vector<std::string>& roots, std::set<std::string>& shaped) {
   shaped.insert(pat.more.empty() ? pat.input : pat.more[0]);
   for (const NodeProto* r : torchReaders(pat.consts.at("k_heads")))
@@ -233,7 +235,7 @@ bool Importer::finishTorchKeyPadding(Pattern& pat, const NodeProto* tb, std::vec
       shaped.insert(r->output(0));
       pat.consts["kpm_k_t"] = r->output(0);
     }
-  if (!pat.consts.count("kpm_guarded")) return true;
+  if (!pat.consts.count("kpm_guarded")) return;
   const NodeProto* guard = torchOnly(tb->output(0));
   if (!isOp(guard, "Where", 3) || guard->input(2) != tb->output(0)) {
     node_ = &g_.node(producer_.at(pat.consts.at("kpm_guarded")));
@@ -242,6 +244,7 @@ bool Importer::finishTorchKeyPadding(Pattern& pat, const NodeProto* tb, std::vec
   }
   node_ = guard;
   const NodeProto* u = madeBy(guard->input(0), "Unsqueeze", 2);
+  if (!u) u = madeBy(guard->input(0), "Unsqueeze", 1);  // its axes an attribute below opset 13
   if (!u || u->input(0) != pat.consts.at("kpm_empty"))
     fail("replaces the attention's output where " + quoted(guard->input(0)) + " holds, not for the samples of "
          "length 0 of its key padding mask");
@@ -257,11 +260,12 @@ bool Importer::finishTorchKeyPadding(Pattern& pat, const NodeProto* tb, std::vec
          (biased ? "" : " (0 without biases)") + " as gpunodes' MultiheadAttention does");
   }
   pat.consts["kpm_guard"] = u->output(0);
-  pat.consts["kpm_guard_to"] = u->input(1);
-  roots.push_back(u->input(1));
+  if (u->input_size() == 2) {
+    pat.consts["kpm_guard_to"] = u->input(1);
+    roots.push_back(u->input(1));
+  }
   for (const NodeProto* n : {guard, u, bias, sh}) nodes.push_back(indexOfNode(n));
   pat.output = guard->output(0);
-  return true;
 }
 
 // The causal mask's values: [T, T] from diagonal 1, before the batch and heads (cross-attention's mask would be
@@ -288,10 +292,17 @@ bool Importer::torchCausal(const Pattern& p, TorchShapes& sh, int64_t t, int64_t
 int Importer::torchKeyPadding(const Pattern& p, TorchShapes& sh, int64_t e, int64_t heads, int64_t d, int64_t tk) {
   sh.shapes[p.more.empty() ? p.input : p.more[0]] = {{1, 0}, {0, tk}, {0, e}};
   if (p.consts.count("kpm_k_t")) sh.shapes[p.consts.at("kpm_k_t")] = {{heads, 0}, {0, tk}, {0, d}};
-  // A Reshape's shape or an Unsqueeze's axes.
+  // A Reshape's shape or an Unsqueeze's axes (an input, or below opset 13 the attribute).
   auto expect = [&](const char* role, const std::vector<Lin>& want, const char* what) {
     if (!p.consts.count(role)) return;
-    const std::vector<Lin> v = torchValues(sh, p, std::string(role) + "_to", what, role);
+    std::vector<Lin> v;
+    if (p.consts.count(std::string(role) + "_to")) {
+      v = torchValues(sh, p, std::string(role) + "_to", what, role);
+    } else {
+      blame(p, role);
+      if (const AttributeProto* a = attrOf(*node_, "axes"); a && a->type() == AttributeProto::INTS)
+        for (int64_t x : a->ints()) v.push_back({0, x});
+    }
     if (v != want) fail(std::string(what) + " is " + symStr(v) + ", not " + symStr(want));
   };
   expect("kpm_lens", {{0, -1}, {0, 1}}, "the valid lengths' shape");

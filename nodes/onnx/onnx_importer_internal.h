@@ -294,7 +294,7 @@ class Importer {
   std::string findTorchMask(Pattern& pat, const std::string& scores, std::vector<int>& nodes,
                             std::vector<std::string>& roots, std::set<std::string>& shaped);
   bool findTorchCausal(const NodeProto* unsqueeze, Pattern& pat, std::vector<int>& nodes, std::vector<std::string>& roots);
-  bool findTorchKeyPadding(const NodeProto* flat, Pattern& pat, std::vector<int>& nodes, std::vector<std::string>& roots);
+  void findTorchKeyPadding(const NodeProto* flat, Pattern& pat, std::vector<int>& nodes, std::vector<std::string>& roots);
   // A Transpose of k's heads into [N * heads, Tk, d] that only Shape nodes read: torch takes the keys' count for the
   // key padding mask from it.
   bool torchShapeOnly(const NodeProto* n) const;
@@ -302,7 +302,7 @@ class Importer {
   const NodeProto* torchKeyHeadsReader(const std::string& heads) const;
   // After the layer's output (tb): the Transpose above, the keys' Shape and the guard's Where, which then is the
   // layer's output.
-  bool finishTorchKeyPadding(Pattern& pat, const NodeProto* tb, std::vector<int>& nodes, std::vector<std::string>& roots,
+  void finishTorchKeyPadding(Pattern& pat, const NodeProto* tb, std::vector<int>& nodes, std::vector<std::string>& roots,
                              std::set<std::string>& shaped);
   // The masks' values checked when the layer is made: causal or not, and the valid lengths' layer (-1: none).
   bool torchCausal(const Pattern& p, TorchShapes& sh, int64_t t, int64_t e);
