@@ -9,8 +9,11 @@
 
 #include "gpunodes/errors.h"
 #include "gpunodes/profiler.h"
+#include "cpu/host_scratch.h"
 
 namespace gn {
+
+int64_t cpu_kernel_scratch_bytes() { return cpu::HostScratch::held(); }
 
 void MemoryCounter::add(int64_t bytes) {
   current += bytes;

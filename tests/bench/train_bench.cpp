@@ -124,10 +124,12 @@ double our_step_seconds(Arch arch, int64_t batch, int windows, int steps, int th
 // the model keeps exactly those activations until backward.
 struct StepMemory {
   double live_mib = 0, peak_mib = 0;
+  double scratch_mib = 0;  // the CPU kernels' scratch the steps left held (cpu_kernel_scratch_bytes())
 };
 
 StepMemory resnet_step_memory(int threads, int steps, Precision precision = Precision::Fp32,
                               std::shared_ptr<const NetworkSpec> drawn = nullptr) {
+  const double scratch_before = static_cast<double>(cpu_kernel_scratch_bytes());
   Runtime rt(with_threads(threads));
   ModelOptions o;
   o.arch = drawn ? Arch::Network : Arch::ResNet18;
@@ -155,6 +157,7 @@ StepMemory resnet_step_memory(int threads, int steps, Precision precision = Prec
   for (int i = 0; i < steps; ++i) trainer.step(b);
   trainer.synchronize();
   m.peak_mib = static_cast<double>(rt.memory_stats(Device::cpu()).allocated_bytes.peak) / kMiB;
+  m.scratch_mib = (static_cast<double>(cpu_kernel_scratch_bytes()) - scratch_before) / kMiB;
   return m;
 }
 
@@ -625,6 +628,8 @@ int main(int argc, char** argv) {
         fmt("%.2f", built_in / drawn_step), ">= 1.0");
     row("peak MiB over 3 steps", fmt("%.1f", drawn_mem.peak_mib), fmt("%.1f", mem.peak_mib),
         fmt("%.2f", drawn_mem.peak_mib / mem.peak_mib), "<= 1.0");
+    row("kernel scratch MiB (outside the allocator)", fmt("%.1f", drawn_mem.scratch_mib), fmt("%.1f", mem.scratch_mib),
+        fmt("%.2f", drawn_mem.scratch_mib / mem.scratch_mib), "<= 1.0");
   }
   if (section("sequence")) {
     std::printf("\nRecurrent training on cpu:0 vs PyTorch (same models, batches and threads)\n\n");

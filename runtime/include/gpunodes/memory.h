@@ -21,6 +21,11 @@ struct MemoryCounter {
   void sub(int64_t bytes);
 };
 
+// The host memory the CPU kernels hold as scratch outside any allocator (staged reorders between layouts,
+// bf16 operand copies, oneDNN's scratchpads): each worker thread keeps its largest request of each kind until
+// it ends. Part of a process's resident memory that memory_stats() does not count.
+int64_t cpu_kernel_scratch_bytes();
+
 struct MemoryStats {
   MemoryCounter allocated_bytes;
   MemoryCounter reserved_bytes;

@@ -2,7 +2,9 @@
 // oneDNN's scratchpad would otherwise allocate (and page-fault) fresh megabytes on every call of a training
 // step. One per thread (each kernel file keeps a thread_local one); not thread-safe.
 #pragma once
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -14,6 +16,15 @@ namespace gn::cpu {
 
 class HostScratch {
  public:
+  HostScratch() = default;
+  HostScratch(const HostScratch&) = delete;
+  HostScratch& operator=(const HostScratch&) = delete;
+  ~HostScratch() {
+    for (const Buf& b : bufs_) held_ -= static_cast<int64_t>(b.size);
+  }
+  // What every HostScratch of the process holds (cpu_kernel_scratch_bytes()).
+  static int64_t held() { return held_.load(); }
+
   // At least `bytes` of 64-byte aligned memory for `slot`, valid until the next get() of that slot asks
   // for more. Throws Error when the host has no memory left.
   void* get(int slot, size_t bytes) {
@@ -23,6 +34,7 @@ class HostScratch {
       const size_t grown = (bytes + 4095) / 4096 * 4096;
       void* p = std::aligned_alloc(64, grown);
       if (!p) throw Error("out of host memory for " + std::to_string(grown) + " bytes of kernel scratch");
+      held_ += static_cast<int64_t>(grown) - static_cast<int64_t>(b.size);
       b.ptr.reset(p);
       b.size = grown;
     }
@@ -38,6 +50,7 @@ class HostScratch {
     size_t size = 0;
   };
   std::vector<Buf> bufs_;
+  static inline std::atomic<int64_t> held_{0};
 };
 
 }  // namespace gn::cpu
