@@ -31,8 +31,12 @@ struct GraphPlan {
 };
 
 // Whether a tensor of `channels` channels can take `device`'s blocked layout. The CPU's block is the same
-// in every precision, or the channels themselves (bf16 NHWC on AMX), so fp32's answer holds for all.
+// in every precision, or the channels themselves (bf16 NHWC on AMX), so fp32's answer holds for all. CUDA's
+// NHWC takes any count, but only the built-in ResNet-18's widths (multiples of 64) have been through it, and
+// cuDNN's fast NHWC paths want multiples of 8: other counts stay NCHW there, so that a drawn network adds no
+// untried path to a first GPU run.
 bool blockable(Device device, int64_t channels) {
+  if (device.is_cuda() && channels % 8 != 0) return false;
   ScopedPrecision fp32(Precision::Fp32);
   try {
     layout_block(Layout::Blocked, device, channels);
