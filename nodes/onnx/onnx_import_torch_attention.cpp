@@ -1,9 +1,9 @@
 // torch 1.13's own decomposition of nn.MultiheadAttention(E, heads, batch_first=True), as torch.onnx.export
 // writes it: self-attention (one in_proj MatMul Sliced into q, k and v, with or without biases, causal or not)
-// and cross-attention (q from one tensor, k and v from another, or from two), each read back as one
-// MultiheadAttention layer. Apart from onnx_import_patterns.cpp because torch's shape arithmetic, which every
-// Reshape and Slice of these reads, needs an evaluator of its own (onnx_import_torch_shapes.cpp); the masks torch
-// adds to the scores are read in onnx_import_torch_mask.cpp.
+// and cross-attention (q from one tensor, k and v from another, or from two; causal or not, with Tk >= Tq), each
+// read back as one MultiheadAttention layer. Apart from onnx_import_patterns.cpp because torch's shape arithmetic,
+// which every Reshape and Slice of these reads, needs an evaluator of its own (onnx_import_torch_shapes.cpp); the
+// masks torch adds to the scores are read in onnx_import_torch_mask.cpp.
 #include "onnx_importer_internal.h"
 
 #include "../layer_nodes.h"
@@ -133,7 +133,8 @@ void Importer::findTorchAttention(int i) {
 // With v = k, torch slices in_proj_weight (and in_proj_bias) in the graph, rows [0, E) for q and [E, 3E) for k and
 // v together, Transposes the slices and MatMuls by them, and Slices the [Tk, N, 2E] projection into k and v as
 // self-attention does; with v another tensor, its constant folding leaves each projection's transposed weight
-// and its bias as initializers of their own. From the heads on it is self-attention's form, with the keys' T.
+// and its bias as initializers of their own. From the heads on it is self-attention's form, with the keys' T; a
+// causal mask reads Tq and Tk from the Shapes of the batch-first q and k (torchCausal checks it is gpunodes').
 void Importer::findTorchCrossAttention(int i) {
   const NodeProto& t0 = g_.node(i);
   if (!isOp(&t0, "Transpose", 1) || permOf(t0) != std::vector<int64_t>{1, 0, 2}) return;
@@ -251,6 +252,7 @@ void Importer::findTorchCrossAttention(int i) {
     if (pat.consts.count(r + "_w") && (pat.consts.count(r + "_b") > 0) != biased) return;
   if (biased) pat.consts["in_b"] = pat.consts.at("q_b");
   pat.more = v == k ? std::vector<std::string>{k} : std::vector<std::string>{k, v};
+  if (pat.consts.count("mask_shape")) shaped.insert(k);  // a causal mask's Tk from the Shape of the batch-first keys
   for (const NodeProto* n : {div, raw}) nodes.push_back(indexOfNode(n));
   finishTorchAttention(std::move(pat), sm, ctx->input(1), std::move(nodes), std::move(roots), std::move(shaped));
 }
@@ -404,7 +406,7 @@ int Importer::emitTorchAttention(const Pattern& p, int in) {
     fail("reshapes out_proj's rows to " + symStr(os) + ", not [" + str(t) + ", N, " + str(e) + "]");
   // The key padding mask first: it knows the keys' Shape, which a causal mask of cross-attention reads too.
   const int lens = p.consts.count("kpm_flat") ? torchKeyPadding(p, sh, e, heads, d, tk) : -1;
-  const bool causal = torchCausal(p, sh, t, e);
+  const bool causal = torchCausal(p, sh, t, tk, e);
   blame(p, "scaled");
   if (!near(p.factor, std::sqrt(double(d))))
     fail("divides q by " + std::to_string(p.factor) + ", not sqrt(" + str(d) +

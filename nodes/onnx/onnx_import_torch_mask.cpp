@@ -76,7 +76,8 @@ std::string Importer::findTorchMask(Pattern& pat, const std::string& scores, std
   for (const std::string& part : parts) {
     if (const NodeProto* u = madeBy(part, "Unsqueeze", 2); u && !pat.consts.count("mask_shape")) {
       if (!findTorchCausal(u, pat, nodes, roots)) return {};
-      shaped.insert(pat.input);  // the mask's T from the Shape of the batch-first input
+      shaped.insert(pat.input);  // the mask's Tq from the Shape of the batch-first input (a cross-attention's Tk
+                                 // from its keys': findTorchCrossAttention)
     } else if (const NodeProto* r = madeBy(part, "Reshape", 2); r && !pat.consts.count("kpm_flat")) {
       findTorchKeyPadding(r, pat, nodes, roots);
     } else {
@@ -86,8 +87,8 @@ std::string Importer::findTorchMask(Pattern& pat, const std::string& scores, std
   return add->output(0);
 }
 
-// attn_mask causal (torch_peer's ones(T, T).triu(1 + Tk - Tq) of bools): Unsqueeze(Trilu(ConstantOfShape(true,
-// [T, T]), 1)), the shape, the diagonal and the axes checked by torchCausal.
+// attn_mask causal (torch_peer's ones(Tq, Tk).triu(1 + Tk - Tq) of bools): Unsqueeze(Trilu(ConstantOfShape(true,
+// [Tq, Tk]), 1 + Tk - Tq)), the shape, the diagonal and the axes checked by torchCausal.
 bool Importer::findTorchCausal(const NodeProto* unsq, Pattern& pat, std::vector<int>& nodes,
                                std::vector<std::string>& roots) {
   const NodeProto* tri = madeBy(unsq->input(0), "Trilu", 2);
@@ -268,17 +269,26 @@ void Importer::finishTorchKeyPadding(Pattern& pat, const NodeProto* tb, std::vec
   pat.output = guard->output(0);
 }
 
-// The causal mask's values: [T, T] from diagonal 1, before the batch and heads (cross-attention's mask would be
-// [Tq, Tk] from 1 + Tk - Tq: the same when Tk = Tq).
-bool Importer::torchCausal(const Pattern& p, TorchShapes& sh, int64_t t, int64_t e) {
+// The causal mask's values: [Tq, Tk] from diagonal 1 + Tk - Tq, before the batch and heads. torch_peer's
+// triu(1 + Tk - Tq) aligns the keys to the end, as gpunodes' causal mask does: with as many keys as queries (self-
+// attention) that is diagonal 1; with more keys query i also sees the Tk - Tq extra ones. Torch reads Tq from the
+// Shape of q's batch-first tensor and Tk from k's; fewer keys than queries is refused (gpunodes' layer refuses it,
+// and torch gives the rows with no key NaN).
+bool Importer::torchCausal(const Pattern& p, TorchShapes& sh, int64_t t, int64_t tk, int64_t e) {
   if (!p.consts.count("mask_shape")) return false;
   sh.shapes[p.input] = {{1, 0}, {0, t}, {0, e}};
+  if (!p.more.empty()) sh.shapes[p.more[0]] = {{1, 0}, {0, tk}, {0, e}};
   const std::vector<Lin> ms = torchValues(sh, p, "mask_shape", "the mask's shape", "mask_ones");
-  if (ms != std::vector<Lin>{{0, t}, {0, t}})
-    fail("fills a mask of " + symStr(ms) + ", not [" + str(t) + ", " + str(t) + "]: the causal mask of self-attention");
+  if (ms != std::vector<Lin>{{0, t}, {0, tk}})
+    fail("fills a mask of " + symStr(ms) + ", not [" + str(t) + ", " + str(tk) + "]: the causal mask of " +
+         str(t) + " queries and " + str(tk) + " keys");
+  if (tk < t)
+    fail("fills a causal mask of " + str(t) + " queries and only " + str(tk) + " keys: gpunodes' causal "
+         "MultiheadAttention needs at least as many keys as queries (keys aligned to the end)");
   const std::vector<Lin> k = torchValues(sh, p, "mask_k", "the mask's diagonal", "mask_tri");
-  if (k != std::vector<Lin>{{0, 1}})
-    fail("masks from diagonal " + symStr(k) + ", not 1: gpunodes' causal mask hides every later key, and only those");
+  if (k != std::vector<Lin>{{0, 1 + tk - t}})
+    fail("masks from diagonal " + symStr(k) + ", not " + str(1 + tk - t) + " (1 + Tk - Tq): gpunodes' causal mask "
+         "hides from query i the keys past i + " + str(tk - t) + ", and only those");
   if (const std::vector<Lin> axes = torchValues(sh, p, "mask_axes", "the mask's axes", "mask_unsqueezed");
       axes != std::vector<Lin>{{0, 0}})
     fail("unsqueezes the mask along " + symStr(axes) + ", not 0 (before the batch and heads)");

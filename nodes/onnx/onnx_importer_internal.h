@@ -305,7 +305,7 @@ class Importer {
   void finishTorchKeyPadding(Pattern& pat, const NodeProto* tb, std::vector<int>& nodes, std::vector<std::string>& roots,
                              std::set<std::string>& shaped);
   // The masks' values checked when the layer is made: causal or not, and the valid lengths' layer (-1: none).
-  bool torchCausal(const Pattern& p, TorchShapes& sh, int64_t t, int64_t e);
+  bool torchCausal(const Pattern& p, TorchShapes& sh, int64_t t, int64_t tk, int64_t e);
   int torchKeyPadding(const Pattern& p, TorchShapes& sh, int64_t e, int64_t heads, int64_t d, int64_t tk);
   void addPattern(Pattern p, const std::vector<int>& nodes);
 

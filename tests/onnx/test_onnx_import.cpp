@@ -111,22 +111,40 @@ QJsonObject attentionGraph(bool bias, bool causal = false) {
   return graphOf(nodes, wires);
 }
 
+// Keys of another length than the 6 steps of `from` (keys != 6): a Linear across the steps, between Transposes
+// ("t1", "steps", "t2"), whose output the key (and value) Linears read; with 6, `from` itself. Appends the nodes
+// and wires; the port the key Linears read.
+QString keySteps(const QString& from, int keys, QJsonArray& nodes, QJsonArray& wires) {
+  if (keys == 6) return from;
+  for (const QJsonObject& n : {node("t1", "Transpose"), node("steps", "Linear", {{"out_features", keys}}),
+                               node("t2", "Transpose")})
+    nodes.append(n);
+  for (const QJsonObject& w : {wire(from, "t1.in"), wire("t1.out", "steps.in"), wire("steps.out", "t2.in")})
+    wires.append(w);
+  return "t2.out";
+}
+
 // Cross-attention, which torch writes with its projections apart: two Linears of one Input into q and k (v = k
 // open: torch slices in_proj_weight's rows in the graph, [0, E) for q and [E, 3E) for k and v, and Slices the
 // 2E projection into k and v), or three into q, k and v (its constant folding writes each projection's weight
 // and bias as initializers of their own), then a Linear. With v = k it has biases and 2 heads of 4; with v
 // wired it has none and 4 heads of 2. A q, k or v block of in_proj read in another's place moves the logits.
-QJsonObject crossAttentionGraph(bool ownV) {
+// Causal, torch computes the mask triu(1 + Tk - Tq) from the Shapes of q and k (from opset 14: Trilu); with more
+// keys than the 6 queries (keySteps) it is aligned to the end, and a diagonal read off by one moves the logits.
+QJsonObject crossAttentionGraph(bool ownV, bool causal = false, int keys = 6) {
   QJsonArray nodes{node("x", "Input", {{"shape", QJsonArray{6, 5}}}), node("qin", "Linear", {{"out_features", 8}}),
                    node("kin", "Linear", {{"out_features", 8}}),
-                   node("attn", "MultiheadAttention", {{"num_heads", ownV ? 4 : 2}, {"bias", !ownV}}),
+                   node("attn", "MultiheadAttention",
+                        {{"num_heads", ownV ? 4 : 2}, {"bias", !ownV}, {"causal", causal}}),
                    node("fc", "Linear", {{"out_features", 5}}),
                    node("net", "Network", {{"init", "kaiming"}, {"seed", 3}})};
-  QJsonArray wires{wire("x.out", "qin.in"), wire("x.out", "kin.in"), wire("qin.out", "attn.q"),
-                   wire("kin.out", "attn.k"), wire("attn.out", "fc.in"), wire("fc.out", "net.out")};
+  QJsonArray wires{wire("x.out", "qin.in"), wire("qin.out", "attn.q"), wire("kin.out", "attn.k"),
+                   wire("attn.out", "fc.in"), wire("fc.out", "net.out")};
+  const QString ks = keySteps("x.out", keys, nodes, wires);
+  wires.append(wire(ks, "kin.in"));
   if (ownV) {
     nodes.append(node("vin", "Linear", {{"out_features", 8}}));
-    wires.append(wire("x.out", "vin.in"));
+    wires.append(wire(ks, "vin.in"));
     wires.append(wire("vin.out", "attn.v"));
   }
   return graphOf(nodes, wires);
@@ -137,10 +155,11 @@ QJsonObject crossAttentionGraph(bool ownV) {
 // 2 heads with biases, torch's key_padding_mask = arange(Tk) >= lens with the guard that gives a sample of length
 // 0 out_proj's bias (a torch.where after the module), then a Linear to 5 on every step. Causal, torch joins the
 // two masks by Or; as cross-attention (k from a Linear of the embedding, v = k) the keys' T comes from k; without
-// biases the guard gives 0 (torch's zeros for out_proj's bias, folded to a constant). The ids
-// give lengths 3, 0 and 6: a mask read from the wrong end, a guard missing or a length read off by one moves the
-// logits.
-QJsonObject keyPaddingGraph(bool causal, bool cross, bool bias = true) {
+// biases the guard gives 0 (torch's zeros for out_proj's bias, folded to a constant); a cross-attention may have
+// more keys than queries (keySteps: the lengths mask the keys past them, the causal mask is aligned to the end).
+// The ids give lengths 3, 0 and 6: a mask read from the wrong end, a guard missing or a length read off by one
+// moves the logits.
+QJsonObject keyPaddingGraph(bool causal, bool cross, bool bias = true, int keys = 6) {
   QJsonArray nodes{node("x", "Input", {{"shape", QJsonArray{6}}}),
                    node("emb", "Embedding", {{"num_embeddings", 9}, {"embedding_dim", 8}}),
                    node("vl", "ValidLength", {{"pad_id", 1}}),
@@ -151,7 +170,7 @@ QJsonObject keyPaddingGraph(bool causal, bool cross, bool bias = true) {
                    wire("vl.out", "attn.valid_lens"), wire("attn.out", "fc.in"), wire("fc.out", "net.out")};
   if (cross) {
     nodes.append(node("kin", "Linear", {{"out_features", 8}}));
-    wires.append(wire("emb.out", "kin.in"));
+    wires.append(wire(keySteps("emb.out", keys, nodes, wires), "kin.in"));
     wires.append(wire("kin.out", "attn.k"));
   }
   return graphOf(nodes, wires);
@@ -258,6 +277,17 @@ class OnnxImportTest : public QObject {
       if (opset >= 14)
         QTest::newRow(qPrintable("torch-mha-causal" + o))
             << "torch-mha-causal" << attentionGraph(true, true) << "" << QJsonArray{6, 5} << opset << 0;
+      // Causal cross-attention, as many keys as queries and 9 keys for 6 queries (the mask aligned to the end).
+      if (opset >= 14) {
+        QTest::newRow(qPrintable("torch-mha-cross-causal" + o))
+            << "torch-mha-cross-causal" << crossAttentionGraph(false, true) << "" << QJsonArray{6, 5} << opset << 0;
+        QTest::newRow(qPrintable("torch-mha-cross-causal-tk9" + o))
+            << "torch-mha-cross-causal-tk9" << crossAttentionGraph(false, true, 9) << "" << QJsonArray{6, 5} << opset
+            << 0;
+        QTest::newRow(qPrintable("torch-mha-cross-kv-causal-tk9" + o))
+            << "torch-mha-cross-kv-causal-tk9" << crossAttentionGraph(true, true, 9) << "" << QJsonArray{6, 5}
+            << opset << 0;
+      }
       // Valid lengths through torch's key_padding_mask (the ids: keyPaddingGraph), causal only where torch writes
       // the triu; unguarded, the sample of length 0 is left out of the comparison (torch's NaN).
       QTest::newRow(qPrintable("torch-mha-kpm" + o))
@@ -274,6 +304,10 @@ class OnnxImportTest : public QObject {
       if (opset >= 14)  // as many keys as queries: torch's triu(1 + Tk - Tq) is gpunodes' causal mask
         QTest::newRow(qPrintable("torch-mha-kpm-cross-causal" + o))
             << "torch-mha-kpm-cross-causal" << keyPaddingGraph(true, true) << "" << QJsonArray{6} << opset << 9;
+      if (opset >= 14)  // 9 keys: the lengths mask the 3 past the tokens, the causal mask is aligned to the end
+        QTest::newRow(qPrintable("torch-mha-kpm-cross-causal-tk9" + o))
+            << "torch-mha-kpm-cross-causal-tk9" << keyPaddingGraph(true, true, true, 9) << "" << QJsonArray{6}
+            << opset << 9;
     }
     // Below opset 13 torch writes each Unsqueeze's axes as an attribute.
     QTest::newRow("torch-mha-kpm-opset12") << "torch-mha-kpm" << keyPaddingGraph(false, false) << "" << QJsonArray{6}
@@ -353,7 +387,8 @@ model(x.requires_grad_()).detach().numpy().astype("<f4").tofile(out)
     // Only the unguarded mask is imported with a warning: the sample of length 0 that torch makes NaN.
     QCOMPARE(p.err.contains("warning") && p.err.contains("no guard for a sample of length 0"), unguarded);
     if (name.startsWith("torch-mha")) {  // one layer under the module's name, with its params and its wires
-      const bool bias = !name.endsWith("nobias") && name != "torch-mha-cross-kv", causal = name.endsWith("causal");
+      const bool bias = !name.endsWith("nobias") && !name.startsWith("torch-mha-cross-kv"),
+                 causal = name.contains("causal");
       const int heads = bias || kpm ? 2 : 4;
       bool found = false;
       for (const QJsonValue& v : graphOut["nodes"].toArray())
@@ -368,11 +403,11 @@ model(x.requires_grad_()).detach().numpy().astype("<f4").tofile(out)
       into.sort();
       const bool kpmCross = name.startsWith("torch-mha-kpm-cross");
       const QStringList want =
-          name == "torch-mha-cross"      ? QStringList{"kin.out>attn.k", "qin.out>attn.q"}
-          : name == "torch-mha-cross-kv" ? QStringList{"kin.out>attn.k", "qin.out>attn.q", "vin.out>attn.v"}
-          : kpmCross                     ? QStringList{"emb.out>attn.q", "kin.out>attn.k", "vl.out>attn.valid_lens"}
-          : kpm                          ? QStringList{"emb.out>attn.q", "vl.out>attn.valid_lens"}
-                                         : QStringList{};
+          name.startsWith("torch-mha-cross-kv") ? QStringList{"kin.out>attn.k", "qin.out>attn.q", "vin.out>attn.v"}
+          : name.startsWith("torch-mha-cross")  ? QStringList{"kin.out>attn.k", "qin.out>attn.q"}
+          : kpmCross ? QStringList{"emb.out>attn.q", "kin.out>attn.k", "vl.out>attn.valid_lens"}
+          : kpm      ? QStringList{"emb.out>attn.q", "vl.out>attn.valid_lens"}
+                     : QStringList{};
       if (!want.isEmpty()) QVERIFY2(into == want, qPrintable("the attention's wires: " + into.join(", ")));
       if (kpm) {  // the lengths: torch's (x != pad).sum(1) read back as the ValidLength it came from
         bool lengths = false;
@@ -503,7 +538,9 @@ onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), out
   // true)) with its mask from diagonal 0 (the Add in its 1 + Tk - Tq adding 0) hides each query's own key:
   // refused naming the Trilu. Cross-attention with v = k (crossAttentionGraph(false)) with q's rows of
   // in_proj_weight sliced from row 1, and with v wired (crossAttentionGraph(true)) with q divided by 3, not
-  // sqrt(2): refused naming q's MatMul and the Div. One line, nothing written.
+  // sqrt(2): refused naming q's MatMul and the Div. The causal cross-attention of 9 keys for 6 queries
+  // (crossAttentionGraph(false, true, 9)) with its mask from diagonal 3 (torch's 1 + Tk - Tq adding 0), the
+  // self-attention's diagonal: refused naming the Trilu. One line, nothing written.
   void torch_attention_refusals_data() {
     QTest::addColumn<QString>("mutation");
     QTest::addColumn<QStringList>("words");
@@ -515,6 +552,8 @@ onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), out
     QTest::newRow("cross-slice") << "cross-slice"
                                  << QStringList{"'/attn/MatMul' (MatMul)", "as rows [1] to [8] along [0] of [24, 8]"};
     QTest::newRow("cross-kv-scale") << "cross-kv-scale" << QStringList{"(Div)", "divides q by 3.000000, not sqrt(2)"};
+    QTest::newRow("cross-causal-diagonal") << "cross-causal-diagonal"
+                                           << QStringList{"'/attn/Trilu' (Trilu)", "masks from diagonal [3], not 4"};
     // The key padding mask (keyPaddingGraph(false, false)): arange(Tk) > lens, a guard of the lengths <= 1, the
     // key indices unsqueezed along 1 (a column, not a row), and the guard's Where left out.
     QTest::newRow("kpm-greater") << "kpm-greater"
@@ -530,15 +569,16 @@ onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), out
     QFETCH(QString, mutation);
     QFETCH(QStringList, words);
     const bool causal = mutation == "diagonal", cross = mutation.startsWith("cross-"), ownV = mutation == "cross-kv-scale",
-               kpm = mutation.startsWith("kpm-");
-    const QString kind = causal  ? "torch-attention-causal"
-                         : cross ? (ownV ? "torch-attention-cross-kv" : "torch-attention-cross")
+               kpm = mutation.startsWith("kpm-"), crossCausal = mutation == "cross-causal-diagonal";
+    const QString kind = causal        ? "torch-attention-causal"
+                         : crossCausal ? "torch-attention-cross-causal-tk9"
+                         : cross       ? (ownV ? "torch-attention-cross-kv" : "torch-attention-cross")
                          : kpm   ? "torch-attention-kpm"
                                  : "torch-attention";
     const QString model = dir_.filePath(kind + ".onnx");
     if (!QFileInfo::exists(model)) {
       const QString graphFile = dir_.filePath(kind + ".graph.json");
-      QVERIFY(writeJson(graphFile, cross ? crossAttentionGraph(ownV)
+      QVERIFY(writeJson(graphFile, cross ? crossAttentionGraph(ownV, crossCausal, crossCausal ? 9 : 6)
                                    : kpm ? keyPaddingGraph(false, false)
                                          : attentionGraph(true, causal)));
       const QString weights = dir_.filePath(kind + ".safetensors");
@@ -578,7 +618,7 @@ if mut == "q-read":
     q = next(n for n in g.node if n.op_type == "Slice")
     g.node.append(helper.make_node("Identity", [q.output[0]], ["q_out"], "/q_out"))
     g.output.append(helper.make_tensor_value_info("q_out", TensorProto.FLOAT, None))
-if mut == "diagonal":
+if mut in ("diagonal", "cross-causal-diagonal"):
     tri = next(n for n in g.node if n.op_type == "Trilu")
     add = made[made[tri.input[1]].input[0]]
     set_const(next(i for i in add.input if const(i) is not None), 0)
