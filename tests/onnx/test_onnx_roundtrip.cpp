@@ -13,6 +13,7 @@
 #include <QtTest>
 
 #include "interop_util.h"
+#include "time_scale.h"
 #include "onnx_export_util.h"
 #include "onnx_networks.h"
 
@@ -203,7 +204,7 @@ onnx.save(m, dst)
     clock.start();
     p = run(GN_GPUNODES, {"import-onnx", broken, "-o", out});
     QCOMPARE(p.exitCode, 1);
-    QVERIFY(clock.elapsed() < 2000);
+    QVERIFY(clock.elapsed() < 2000 * kTimeScale);  // a hang or a blow-up, not a busy machine
     const QStringList lines = interop::nonEmptyLines(p.err);
     QCOMPARE(lines.size(), 1);
     QVERIFY2(lines[0].contains(says) && lines[0].contains(names), qPrintable(lines[0]));
