@@ -2,6 +2,8 @@
 #pragma once
 #include <unistd.h>
 
+#include <QFile>
+#include <QTemporaryDir>
 #include <QtTest>
 #include <cmath>
 #include <cstdint>
@@ -23,6 +25,22 @@ inline ModelOptions modelOptions(Arch arch, uint64_t seed = 0) {
   o.seed = seed;
   return o;
 }
+
+// Files a test writes, in a temporary folder removed when the test ends.
+class Files {
+ public:
+  QString write(const QString& name, const QByteArray& bytes) {
+    const QString path = dir_.filePath(name);
+    QFile f(path);
+    if (!f.open(QIODevice::WriteOnly)) qFatal("cannot write %s", qPrintable(path));
+    f.write(bytes);
+    return path;
+  }
+  QString path(const QString& name) const { return dir_.filePath(name); }
+
+ private:
+  QTemporaryDir dir_;
+};
 
 // A fresh directory under the system's temporary directory, removed when the test ends.
 struct TempDir {
