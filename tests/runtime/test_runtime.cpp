@@ -57,6 +57,10 @@ class RuntimeTest : public QObject {
     QTest::newRow("B^T") << 40 << 30 << 20 << false << true;
     QTest::newRow("A^T B^T") << 17 << 29 << 41 << true << true;
     QTest::newRow("tall, chunked") << 1300 << 8 << 700 << false << false;
+    // The rows above but the last are small products (OpenBLAS's path); these take oneDNN's, past 2 * 128^3.
+    QTest::newRow("large A^T") << 150 << 130 << 170 << true << false;
+    QTest::newRow("large B^T") << 170 << 150 << 130 << false << true;
+    QTest::newRow("large A^T B^T") << 160 << 150 << 140 << true << true;
   }
   void matmul_matches_float64() {
     QFETCH(int, m);

@@ -1,6 +1,7 @@
-// The CPU backend: oneDNN's sgemm for the matmul op (and its bf16 matmul under Precision::Bf16), OpenMP loops
-// for the rest. Each CPU device's workers run with that device's share of the cores, so N devices busy at once
-// do not oversubscribe the machine.
+// The CPU backend: oneDNN's sgemm for the matmul op (OpenBLAS's, on one thread, for small products;
+// oneDNN's bf16 matmul under Precision::Bf16), OpenMP loops for the rest. Each CPU device's workers run with
+// that device's share of the cores, so N devices busy at once do not oversubscribe the machine.
+#include <cblas.h>
 #include <omp.h>
 
 #include <oneapi/dnnl/dnnl.h>
@@ -84,6 +85,21 @@ int machine_cores() {
 int core_share(int n) {
   return std::max(1, machine_cores() / std::max(1, n));
 }
+
+// Products below this many floating-point operations (2 * 128^3) run on one thread (gemm below).
+constexpr double kSmallProductFlops = 2.0 * 128 * 128 * 128;
+
+// Sets the calling thread's OpenMP thread count (which OpenBLAS's OpenMP build follows) to 1 while it lives.
+class SmallProductThreads {
+ public:
+  SmallProductThreads() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~SmallProductThreads() { omp_set_num_threads(saved_); }
+  SmallProductThreads(const SmallProductThreads&) = delete;
+  SmallProductThreads& operator=(const SmallProductThreads&) = delete;
+
+ private:
+  int saved_;
+};
 
 class CpuStreamWorker final : public StreamWorker {
  public:
@@ -200,11 +216,23 @@ class CpuBackend final : public Backend {
       fill(g.c, g.m * g.n, 0.0f, ctx);
       return;
     }
+    const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
     const int lda = static_cast<int>(g.trans_a ? g.m : g.k);
     const int ldb = static_cast<int>(g.trans_b ? g.k : g.n);
+    if (flops < kSmallProductFlops) {
+      // A small product: OpenBLAS's small-matrix kernels on this worker's thread alone. The host thread
+      // that pushes the ops (or waits for this one) needs a core too, so a second OpenMP thread would share
+      // one with it: at n = 100 on 2 cores oneDNN's sgemm on 2 threads took 23-27 us when the host waited
+      // for each product, on one thread 16 us, OpenBLAS on one 15 us (runtime_bench: 0.49 of a direct
+      // cblas_sgemm before, 0.82 after; what remains is the engine's round trip of about 2 us).
+      SmallProductThreads one_thread;
+      cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
+                  static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, g.a, lda, g.b, ldb,
+                  0.0f, g.c, static_cast<int>(g.n));
+      return;
+    }
     // Rows of C in even chunks of at most ~16 GFLOP, so that cancel is seen within a fraction of a second
     // even for the seed's 4000x4000 products, while each chunk stays large enough for BLAS to run at speed.
-    const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
     const int64_t chunks = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(flops / 16e9)));
     const int64_t chunk = (g.m + chunks - 1) / chunks;
     for (int64_t r0 = 0; r0 < g.m; r0 += chunk) {
@@ -212,10 +240,7 @@ class CpuBackend final : public Backend {
       const int64_t rows = std::min(chunk, g.m - r0);
       // Row r of op(A) starts at a + r*lda (no transpose) or at column r (transpose).
       const float* a = g.trans_a ? g.a + r0 : g.a + r0 * lda;
-      // oneDNN's sgemm (row-major, like the CBLAS call it replaced), not OpenBLAS's: OpenBLAS 0.3.21 runs
-      // products up to 100^3 on one thread (its small-matrix kernels), so the matmul op at n = 100 reached
-      // 0.5-0.6x of a direct cblas_sgemm only because it also paid the engine's few microseconds; oneDNN's
-      // JIT sgemm splits them over the device's cores, and at n = 512-2048 it was as fast or faster too
+      // oneDNN's sgemm (row-major, as CBLAS): at n = 512-2048 as fast as OpenBLAS's or faster
       // (runtime_bench's matmul rows compare with cblas_sgemm in the same run).
       const dnnl_status_t st =
           dnnl_sgemm(g.trans_a ? 'T' : 'N', g.trans_b ? 'T' : 'N', rows, g.n, g.k, 1.0f, a, lda, g.b, ldb, 0.0f,
