@@ -1,14 +1,20 @@
-// Shape inference and the canonical text of drawn networks.
+// Shape inference of drawn networks (their canonical text: network_text.cpp).
 #include "gpunodes/nn/network.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
-#include <map>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "network_internal.h"
+
 namespace gn::nn {
+
+std::string dims_text(const Shape& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "x" : "") + std::to_string(s[i]);
+  return out.empty() ? "scalar" : out;
+}
 
 namespace {
 
@@ -59,12 +65,6 @@ constexpr KindName kKinds[] = {
 constexpr int64_t kMaxDim = int64_t(1) << 24;
 constexpr double kMaxValues = 9007199254740992.0;  // 2^53
 
-std::string dims(const Shape& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? "x" : "") + std::to_string(s[i]);
-  return out.empty() ? "scalar" : out;
-}
-
 double numel(const Shape& s) {
   double n = 1;
   for (int64_t d : s) n *= static_cast<double>(d);
@@ -84,7 +84,7 @@ int64_t window_out(const LayerSpec& l, const char* what, int64_t size, int64_t k
                    int64_t pad, const Shape& in) {
   if (size + 2 * pad < kernel)
     throw LayerError("in", std::string(what) + " window " + std::to_string(kernel) +
-                               " is larger than its input " + dims(in) +
+                               " is larger than its input " + dims_text(in) +
                                (pad ? " padded by " + std::to_string(pad) : std::string()));
   (void)l;
   return (size + 2 * pad - kernel) / stride + 1;
@@ -93,7 +93,7 @@ int64_t window_out(const LayerSpec& l, const char* what, int64_t size, int64_t k
 void need_image(const LayerSpec& l, const Shape& in) {
   if (in.size() != 3)
     throw LayerError("in", std::string(layer_kind_name(l.kind)) + " needs a [C, H, W] input, got " +
-                               (in.size() == 1 ? "a flat input of " : "") + dims(in) +
+                               (in.size() == 1 ? "a flat input of " : "") + dims_text(in) +
                                (in.size() == 1 ? ": it cannot follow a Flatten or a Linear" : ""));
 }
 
@@ -101,7 +101,7 @@ void need_image(const LayerSpec& l, const Shape& in) {
 void need_sequence(const LayerSpec& l, const Shape& in) {
   if (in.size() == 2) return;
   const std::string kind = layer_kind_name(l.kind);
-  throw LayerError("in", kind + " needs a [T, F] sequence (steps x features), got " + dims(in) +
+  throw LayerError("in", kind + " needs a [T, F] sequence (steps x features), got " + dims_text(in) +
                              (in.size() == 1 ? ": token ids [T] need an Embedding or a OneHot first, and a "
                                                "flat [features] a Reshape to [T, F]"
                                              : ": put a Reshape to [T, F] before it"));
@@ -110,7 +110,7 @@ void need_sequence(const LayerSpec& l, const Shape& in) {
 // Token ids [T]: what Embedding and OneHot read.
 void need_tokens(const LayerSpec& l, const Shape& in) {
   if (in.size() == 1) return;
-  throw LayerError("in", std::string(layer_kind_name(l.kind)) + " needs token ids [T], got " + dims(in) +
+  throw LayerError("in", std::string(layer_kind_name(l.kind)) + " needs token ids [T], got " + dims_text(in) +
                              ": wire it to an Input of shape [T] fed by a text dataset");
 }
 
@@ -131,26 +131,26 @@ LayerInfo infer_attention(const LayerSpec& l, const std::vector<Shape>& inputs) 
   const Shape& v = wired(2) ? inputs[2] : k;
   if (wired(3) && inputs[3] != Shape{1})
     throw LayerError("valid_lens", "MultiheadAttention's valid_lens is one length per sample, [1], got " +
-                                       dims(inputs[3]) + " (q is " + dims(q) + "): a ValidLength layer gives it");
+                                       dims_text(inputs[3]) + " (q is " + dims_text(q) + "): a ValidLength layer gives it");
   const char* ports[] = {"q", "k", "v"};
   const Shape* shapes[] = {&q, &k, &v};
   for (int i = 0; i < 3; ++i)
     if (shapes[i]->size() != 2)
       throw LayerError(ports[i], std::string("MultiheadAttention needs a [T, E] sequence on ") + ports[i] +
-                                     ", got " + dims(*shapes[i]));
+                                     ", got " + dims_text(*shapes[i]));
   const int64_t e = q[1];
   need_positive("num_heads", l.heads);
   if (e % l.heads != 0)
     throw LayerError("", "num_heads=" + std::to_string(l.heads) + " must divide the embedding width " +
-                             std::to_string(e) + " of q " + dims(q));
+                             std::to_string(e) + " of q " + dims_text(q));
   if (k[1] != e || v[1] != e)
-    throw LayerError(k[1] != e ? "k" : "v", "MultiheadAttention's q, k and v share one width: q is " + dims(q) +
-                                                ", k is " + dims(k) + ", v is " + dims(v));
+    throw LayerError(k[1] != e ? "k" : "v", "MultiheadAttention's q, k and v share one width: q is " + dims_text(q) +
+                                                ", k is " + dims_text(k) + ", v is " + dims_text(v));
   if (v[0] != k[0])
-    throw LayerError("v", "MultiheadAttention needs one value per key: k is " + dims(k) + ", v is " + dims(v));
+    throw LayerError("v", "MultiheadAttention needs one value per key: k is " + dims_text(k) + ", v is " + dims_text(v));
   if (l.causal && q[0] > k[0])
-    throw LayerError("k", "a causal MultiheadAttention needs at least as many keys as queries: q is " + dims(q) +
-                              ", k is " + dims(k));
+    throw LayerError("k", "a causal MultiheadAttention needs at least as many keys as queries: q is " + dims_text(q) +
+                              ", k is " + dims_text(k));
   if (!(l.dropout >= 0 && l.dropout < 1)) throw LayerError("", "dropout must be at least 0 and below 1");
   LayerInfo info;
   info.out = q;
@@ -180,12 +180,12 @@ bool is_recurrent(LayerKind kind) {
 
 Shape LayerSpec::reshape_target(const Shape& in) const {
   if (shape.empty() || shape.size() > 4)
-    throw LayerError("", "shape must have 1 to 4 dimensions per sample, got [" + dims(shape) + "]");
+    throw LayerError("", "shape must have 1 to 4 dimensions per sample, got [" + dims_text(shape) + "]");
   double known = 1;
   int free_at = -1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
-      if (free_at >= 0) throw LayerError("", "shape [" + dims(shape) + "] has more than one -1");
+      if (free_at >= 0) throw LayerError("", "shape [" + dims_text(shape) + "] has more than one -1");
       free_at = static_cast<int>(i);
     } else {
       need_positive("every dimension of shape (or one -1)", shape[i]);
@@ -197,13 +197,13 @@ Shape LayerSpec::reshape_target(const Shape& in) const {
   if (free_at >= 0) {
     const double rest = values / known;
     if (rest != std::floor(rest) || rest < 1)
-      throw LayerError("in", "Reshape cannot make [" + dims(shape) + "] of the " + dims(in) + " input's " +
+      throw LayerError("in", "Reshape cannot make [" + dims_text(shape) + "] of the " + dims_text(in) + " input's " +
                                  num_text(values) + " values per sample: " + num_text(values) +
                                  " is not a multiple of " + num_text(known));
     out[static_cast<size_t>(free_at)] = static_cast<int64_t>(rest);
   } else if (known != values) {
-    throw LayerError("in", "Reshape to [" + dims(shape) + "] holds " + num_text(known) +
-                               " values per sample, but its input " + dims(in) + " holds " + num_text(values));
+    throw LayerError("in", "Reshape to [" + dims_text(shape) + "] holds " + num_text(known) +
+                               " values per sample, but its input " + dims_text(in) + " holds " + num_text(values));
   }
   return out;
 }
@@ -247,7 +247,7 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
     case LayerKind::Input:
       if (l.shape.empty() || l.shape.size() > 3)
         throw LayerError("", "shape must be [C, H, W], [T, F] (a sequence) or [features] (also token ids [T]), "
-                             "got [" + dims(l.shape) + "]");
+                             "got [" + dims_text(l.shape) + "]");
       for (int64_t d : l.shape) need_positive("every dimension of shape", d);
       info.out = l.shape;
       break;
@@ -275,7 +275,7 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
     case LayerKind::BatchNorm1d: {
       if (l.kind == LayerKind::BatchNorm2d) need_image(l, in);
       if (l.kind == LayerKind::BatchNorm1d && in.size() != 1)
-        throw LayerError("in", "BatchNorm1d needs a flat [features] input, got " + dims(in) +
+        throw LayerError("in", "BatchNorm1d needs a flat [features] input, got " + dims_text(in) +
                                    ": use BatchNorm2d on images, or put a Flatten before it");
       if (!(l.eps > 0 && l.eps < 1)) throw LayerError("", "eps must be above 0 and below 1");
       if (!(l.momentum >= 0 && l.momentum <= 1)) throw LayerError("", "momentum must be between 0 and 1");
@@ -324,7 +324,7 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
       need_positive("out_features", l.features);
       // PyTorch's Linear acts on the last axis, so a [T, F] sequence gets [T, out_features].
       if (in.size() != 1 && in.size() != 2)
-        throw LayerError("in", "Linear needs a flat [features] input or a [T, F] sequence, got " + dims(in) +
+        throw LayerError("in", "Linear needs a flat [features] input or a [T, F] sequence, got " + dims_text(in) +
                                    " (" + std::to_string(static_cast<int64_t>(n_in)) +
                                    " values per sample): put a Flatten before it");
       info.out = in;
@@ -375,7 +375,7 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
       auto axis = [&](const char* param, int64_t v) {
         if (v < -rank || v >= rank)
           throw LayerError("", std::string(param) + "=" + std::to_string(v) + " is not an axis of the " +
-                                   dims(in) + " input (per sample: 0 to " + std::to_string(rank - 1) + ")");
+                                   dims_text(in) + " input (per sample: 0 to " + std::to_string(rank - 1) + ")");
         return static_cast<size_t>(v < 0 ? v + rank : v);
       };
       const size_t a = axis("dim0", l.dim0), b = axis("dim1", l.dim1);
@@ -394,7 +394,7 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
     case LayerKind::NadarayaWatson:
       if (in.size() != 2 || in[1] != 3)
         throw LayerError("in", "NadarayaWatson reads rows of (query, key, value): [T, 3] per sample, got " +
-                                   dims(in) + " (a Dataset attention_pooling gives them)");
+                                   dims_text(in) + " (a Dataset attention_pooling gives them)");
       info.out = {in[0]};
       info.params = 1;
       info.flops = 10 * static_cast<double>(in[0]) * static_cast<double>(in[0]);
@@ -404,7 +404,7 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
       if (l.features < 0) throw LayerError("", "normalized_shape must be 0 (the last axis) or its size");
       if (l.features != 0 && l.features != in.back())
         throw LayerError("in", "LayerNorm normalizes the last axis, of " + std::to_string(in.back()) +
-                                   " in its input " + dims(in) + ", but normalized_shape is " +
+                                   " in its input " + dims_text(in) + ", but normalized_shape is " +
                                    std::to_string(l.features));
       info.out = in;
       info.params = l.affine ? 2 * static_cast<double>(in.back()) : 0;
@@ -415,7 +415,7 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
       break;
     case LayerKind::ValidLength:
       if (in.size() != 1)
-        throw LayerError("in", "ValidLength counts token ids [T] per sample, got " + dims(in) +
+        throw LayerError("in", "ValidLength counts token ids [T] per sample, got " + dims_text(in) +
                                    ": wire it to the Input of token ids, before any Embedding");
       if (l.pad_id < 0 || l.pad_id > kMaxDim)
         throw LayerError("", "pad_id must be between 0 and " + std::to_string(kMaxDim) + ", got " +
@@ -427,11 +427,11 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
       const Shape& b = inputs[1];
       if (in.size() != 2 || b.size() != 2)
         throw LayerError(in.size() != 2 ? "a" : "b", "BatchMatMul multiplies a matrix per sample by a matrix per "
-                                                     "sample: a is " + dims(in) + ", b is " + dims(b));
+                                                     "sample: a is " + dims_text(in) + ", b is " + dims_text(b));
       const int64_t k = l.transpose_b ? b[1] : b[0], n = l.transpose_b ? b[0] : b[1];
       if (in[1] != k)
-        throw LayerError("b", "BatchMatMul: a " + dims(in) + " has " + std::to_string(in[1]) + " columns but b " +
-                                  dims(b) + (l.transpose_b ? " transposed" : "") + " has " + std::to_string(k) +
+        throw LayerError("b", "BatchMatMul: a " + dims_text(in) + " has " + std::to_string(in[1]) + " columns but b " +
+                                  dims_text(b) + (l.transpose_b ? " transposed" : "") + " has " + std::to_string(k) +
                                   " rows");
       info.out = {in[0], n};
       info.flops = 2 * static_cast<double>(in[0]) * static_cast<double>(n) * static_cast<double>(k);
@@ -440,14 +440,14 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
     case LayerKind::Softmax:
       if (l.causal && (in.size() != 2 || in[0] > in[1]))
         throw LayerError("in", "a causal Softmax needs [queries, keys] scores per sample with no more queries "
-                               "than keys, got " + dims(in));
+                               "than keys, got " + dims_text(in));
       info.out = in;
       info.flops = 4 * n_in;
       break;
     case LayerKind::Mul:
       if (inputs[0] != inputs[1])
-        throw LayerError("b", "Mul needs two inputs of the same shape: a is " + dims(inputs[0]) + ", b is " +
-                                  dims(inputs[1]));
+        throw LayerError("b", "Mul needs two inputs of the same shape: a is " + dims_text(inputs[0]) + ", b is " +
+                                  dims_text(inputs[1]));
       info.out = in;
       info.flops = n_in;
       break;
@@ -462,10 +462,10 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
       if (!(l.dropout >= 0 && l.dropout < 1)) throw LayerError("", "dropout must be at least 0 and below 1");
       if (in[0] > l.max_len)
         throw LayerError("in", "PositionalEncoding covers max_len=" + std::to_string(l.max_len) +
-                                   " steps, but its input " + dims(in) + " has " + std::to_string(in[0]));
+                                   " steps, but its input " + dims_text(in) + " has " + std::to_string(in[0]));
       if (in[1] % 2 != 0)
         throw LayerError("in", "PositionalEncoding pairs a sine and a cosine per frequency, so it needs an even "
-                               "number of features, got " + dims(in));
+                               "number of features, got " + dims_text(in));
       info.out = in;
       info.flops = n_in;
       break;
@@ -482,8 +482,8 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
       break;
     case LayerKind::Add:
       if (inputs[0] != inputs[1])
-        throw LayerError("b", "Add needs two inputs of the same shape: a is " + dims(inputs[0]) + ", b is " +
-                                  dims(inputs[1]));
+        throw LayerError("b", "Add needs two inputs of the same shape: a is " + dims_text(inputs[0]) + ", b is " +
+                                  dims_text(inputs[1]));
       info.out = in;
       info.flops = n_in;
       break;
@@ -493,7 +493,7 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
       for (size_t i = 1; ok && i < in.size(); ++i) ok = in[i] == b[i];
       if (!ok)
         throw LayerError("b", "Concat joins along the channel axis and needs the other sizes equal: a is " +
-                                  dims(in) + ", b is " + dims(b));
+                                  dims_text(in) + ", b is " + dims_text(b));
       info.out = in;
       info.out[0] += b[0];
       break;
@@ -501,10 +501,10 @@ LayerInfo infer_layer(const LayerSpec& l, const std::vector<Shape>& inputs) {
   }
   for (int64_t d : info.out)
     if (d < 1)
-      throw LayerError("in", name(l) + " would make an output of " + dims(info.out) + " from " + dims(in) +
+      throw LayerError("in", name(l) + " would make an output of " + dims_text(info.out) + " from " + dims_text(in) +
                                  ": every size must stay at least 1");
   if (numel(info.out) > kMaxValues || info.params > kMaxValues)
-    throw LayerError("", name(l) + " makes an output of " + dims(info.out) + " per sample: too large");
+    throw LayerError("", name(l) + " makes an output of " + dims_text(info.out) + " per sample: too large");
   return info;
 }
 
@@ -570,222 +570,6 @@ NetworkSpec NetworkSpec::ending_at(const LayerNode& out) {
   if (inputs_found.size() > 1)
     throw Error("the network that ends at " + out.spec.id + " has " + std::to_string(inputs_found.size()) +
                 " Inputs (" + inputs_found[0] + " and " + inputs_found[1] + "): a network takes exactly one");
-  return net;
-}
-
-namespace {
-
-std::string num(double v) {
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest text that reads back as the same double
-  return std::string(buf, r.ptr);
-}
-
-// The params each kind reads, as text, in a fixed order.
-std::string params_text(const LayerSpec& l) {
-  auto i = [](int64_t v) { return std::to_string(v); };
-  switch (l.kind) {
-    case LayerKind::Input:
-      return "shape=" + dims(l.shape);
-    case LayerKind::Conv2d:
-      return "out_channels=" + i(l.features) + ",kernel_size=" + i(l.kernel) + ",stride=" + i(l.stride) +
-             ",padding=" + i(l.padding) + ",groups=" + i(l.groups) + ",bias=" + i(l.bias);
-    case LayerKind::BatchNorm2d:
-    case LayerKind::BatchNorm1d:
-      return "eps=" + num(l.eps) + ",momentum=" + num(l.momentum);
-    case LayerKind::MaxPool2d:
-    case LayerKind::AvgPool2d:
-      return "kernel_size=" + i(l.kernel) + ",stride=" + i(l.stride) + ",padding=" + i(l.padding);
-    case LayerKind::Linear:
-      return "out_features=" + i(l.features) + ",bias=" + i(l.bias);
-    case LayerKind::Dropout:
-      return "p=" + num(l.p);
-    case LayerKind::Embedding:
-      return "num_embeddings=" + i(l.vocab) + ",embedding_dim=" + i(l.features);
-    case LayerKind::OneHot:
-      return "num_classes=" + i(l.features);
-    case LayerKind::RNN:
-    case LayerKind::GRU:
-    case LayerKind::LSTM:
-      return "hidden_size=" + i(l.features) + ",num_layers=" + i(l.num_layers) +
-             ",bidirectional=" + i(l.bidirectional) + ",dropout=" + num(l.dropout) + ",bias=" + i(l.bias) +
-             (l.kind == LayerKind::RNN ? ",nonlinearity=" + std::string(l.relu ? "relu" : "tanh") : "");
-    case LayerKind::Reshape: {
-      std::string out = "shape=";
-      for (size_t k = 0; k < l.shape.size(); ++k) out += (k ? "x" : "") + i(l.shape[k]);
-      return out;
-    }
-    case LayerKind::Transpose:
-      return "dim0=" + i(l.dim0) + ",dim1=" + i(l.dim1);
-    case LayerKind::LayerNorm:
-      return "normalized_shape=" + i(l.features) + ",eps=" + num(l.eps) + ",elementwise_affine=" + i(l.affine);
-    case LayerKind::MultiheadAttention:
-      return "num_heads=" + i(l.heads) + ",dropout=" + num(l.dropout) + ",bias=" + i(l.bias) +
-             ",causal=" + i(l.causal);
-    case LayerKind::BatchMatMul:
-      return "transpose_b=" + i(l.transpose_b);
-    case LayerKind::Softmax:
-      return "causal=" + i(l.causal);
-    case LayerKind::Scale:
-      return "scale=" + num(l.scale);
-    case LayerKind::PositionalEncoding:
-      return "dropout=" + num(l.dropout) + ",max_len=" + i(l.max_len);
-    case LayerKind::ValidLength:
-      return "pad_id=" + i(l.pad_id);
-    default:
-      return "";
-  }
-}
-
-[[noreturn]] void bad(const std::string& text, const std::string& why) {
-  const std::string head = text.size() > 120 ? text.substr(0, 120) + "..." : text;
-  throw Error("malformed network signature '" + head + "': " + why);
-}
-
-std::vector<std::string> split(const std::string& s, const std::string& sep) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (true) {
-    const size_t at = s.find(sep, start);
-    out.push_back(s.substr(start, at == std::string::npos ? std::string::npos : at - start));
-    if (at == std::string::npos) return out;
-    start = at + sep.size();
-  }
-}
-
-int64_t to_int(const std::string& text, const std::string& v) {
-  int64_t out = 0;
-  auto r = std::from_chars(v.data(), v.data() + v.size(), out);
-  if (r.ec != std::errc() || r.ptr != v.data() + v.size()) bad(text, "'" + v + "' is not a whole number");
-  return out;
-}
-
-double to_double(const std::string& text, const std::string& v) {
-  double out = 0;
-  auto r = std::from_chars(v.data(), v.data() + v.size(), out);
-  if (r.ec != std::errc() || r.ptr != v.data() + v.size() || !std::isfinite(out))
-    bad(text, "'" + v + "' is not a number");
-  return out;
-}
-
-}  // namespace
-
-std::string NetworkSpec::text() const {
-  std::string out = "network ";
-  for (size_t k = 0; k < layers.size(); ++k) {
-    const LayerSpec& l = layers[k];
-    out += (k ? "; " : "") + l.id + ":" + layer_kind_name(l.kind) + "(" + params_text(l) + ")";
-    for (size_t j = 0; j < l.inputs.size(); ++j)
-      out += (j ? "," : "<-") + (l.inputs[j] < 0 ? std::string() : layers[l.inputs[j]].id);
-  }
-  return out;
-}
-
-NetworkSpec NetworkSpec::parse(const std::string& text) {
-  const std::string prefix = "network ";
-  if (text.compare(0, prefix.size(), prefix) != 0) bad(text, "it does not start with 'network '");
-  NetworkSpec net;
-  std::map<std::string, int> ids;
-  for (const std::string& item : split(text.substr(prefix.size()), "; ")) {
-    const size_t colon = item.find(':'), open = item.find('('), close = item.find(')');
-    if (colon == std::string::npos || open == std::string::npos || close == std::string::npos ||
-        !(colon < open && open < close))
-      bad(text, "layer '" + item + "' is not id:Kind(params)");
-    LayerSpec l;
-    l.id = item.substr(0, colon);
-    if (l.id.empty() || ids.count(l.id)) bad(text, "layer id '" + l.id + "' is empty or repeated");
-    const auto kind = parse_layer_kind(item.substr(colon + 1, open - colon - 1));
-    if (!kind) bad(text, "unknown layer type in '" + item + "'");
-    l.kind = *kind;
-    const std::string params = item.substr(open + 1, close - open - 1);
-    if (!params.empty())
-      for (const std::string& kv : split(params, ",")) {
-        const size_t eq = kv.find('=');
-        if (eq == std::string::npos) bad(text, "param '" + kv + "' has no value");
-        const std::string key = kv.substr(0, eq), v = kv.substr(eq + 1);
-        if (key == "shape") {
-          l.shape.clear();
-          for (const std::string& d : split(v, "x")) l.shape.push_back(to_int(text, d));
-        } else if (key == "out_channels" || key == "out_features" || key == "hidden_size" ||
-                   key == "embedding_dim" || key == "num_classes" || key == "normalized_shape") {
-          l.features = to_int(text, v);
-        } else if (key == "kernel_size") {
-          l.kernel = to_int(text, v);
-        } else if (key == "stride") {
-          l.stride = to_int(text, v);
-        } else if (key == "padding") {
-          l.padding = to_int(text, v);
-        } else if (key == "groups") {
-          l.groups = to_int(text, v);
-        } else if (key == "bias") {
-          l.bias = to_int(text, v) != 0;
-        } else if (key == "eps") {
-          l.eps = to_double(text, v);
-        } else if (key == "momentum") {
-          l.momentum = to_double(text, v);
-        } else if (key == "p") {
-          l.p = to_double(text, v);
-        } else if (key == "num_embeddings") {
-          l.vocab = to_int(text, v);
-        } else if (key == "num_layers") {
-          l.num_layers = to_int(text, v);
-        } else if (key == "bidirectional") {
-          l.bidirectional = to_int(text, v) != 0;
-        } else if (key == "dropout") {
-          l.dropout = to_double(text, v);
-        } else if (key == "nonlinearity") {
-          if (v != "tanh" && v != "relu") bad(text, "nonlinearity '" + v + "' is not tanh or relu");
-          l.relu = v == "relu";
-        } else if (key == "dim0") {
-          l.dim0 = to_int(text, v);
-        } else if (key == "dim1") {
-          l.dim1 = to_int(text, v);
-        } else if (key == "elementwise_affine") {
-          l.affine = to_int(text, v) != 0;
-        } else if (key == "num_heads") {
-          l.heads = to_int(text, v);
-        } else if (key == "causal") {
-          l.causal = to_int(text, v) != 0;
-        } else if (key == "transpose_b") {
-          l.transpose_b = to_int(text, v) != 0;
-        } else if (key == "scale") {
-          l.scale = to_double(text, v);
-        } else if (key == "max_len") {
-          l.max_len = to_int(text, v);
-        } else if (key == "pad_id") {
-          l.pad_id = to_int(text, v);
-        } else {
-          bad(text, "unknown param '" + key + "'");
-        }
-      }
-    const std::string rest = item.substr(close + 1);
-    if (!rest.empty()) {
-      if (rest.compare(0, 2, "<-") != 0) bad(text, "unexpected '" + rest + "' after layer " + l.id);
-      for (const std::string& in : split(rest.substr(2), ",")) {
-        if (in.empty() && static_cast<int>(l.inputs.size()) >= layer_required_ports(l.kind)) {
-          l.inputs.push_back(-1);  // an open optional port before a wired one
-          continue;
-        }
-        auto it = ids.find(in);
-        if (it == ids.end())
-          bad(text, "layer " + l.id + " reads '" + in + "', which comes later or not at all");
-        l.inputs.push_back(it->second);
-      }
-    }
-    if (static_cast<int>(l.inputs.size()) < layer_required_ports(l.kind) ||
-        l.inputs.size() > layer_ports(l.kind).size() || (!l.inputs.empty() && l.inputs.back() < 0))
-      bad(text, "layer " + l.id + " has " + std::to_string(l.inputs.size()) + " inputs");
-    ids[l.id] = static_cast<int>(net.layers.size());
-    net.layers.push_back(std::move(l));
-  }
-  int inputs = 0;
-  for (const LayerSpec& l : net.layers) inputs += l.kind == LayerKind::Input;
-  if (inputs != 1) bad(text, "it has " + std::to_string(inputs) + " Input layers");
-  try {
-    net.infer();
-  } catch (const Error& e) {
-    bad(text, e.what());
-  }
   return net;
 }
 
