@@ -93,45 +93,14 @@ print(best)
 
 // Where a ViT step's time goes on our side: the engine's op spans of `steps` steps summed by op name.
 void profile_steps(const HostBatchPtr& b, int threads, int steps) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  Runtime rt(RuntimeOptions{.cpu_devices = std::max(1, cores / std::max(1, threads))});
   ModelOptions o;
   o.arch = Arch::Network;
   o.network = vit();
-  auto model = Model::create(rt, o, Device::cpu());
   TrainOptions to;
   to.batch_size = b->size;
   to.optimizer.kind = OptimizerKind::Adam;
   to.optimizer.lr = 1e-3;
-  Trainer trainer(*model, {Device::cpu()}, to);
-  for (int i = 0; i < 3; ++i) trainer.step(b);
-  trainer.synchronize();
-  const size_t from = rt.profiler().span_count();
-  const auto t0 = Clock::now();
-  for (int i = 0; i < steps; ++i) trainer.step(b);
-  trainer.synchronize();
-  const double wall_ms = seconds_since(t0) * 1e3 / steps;
-  struct Total {
-    double ms = 0;
-    int64_t count = 0;
-  };
-  std::map<std::string, Total> by_op;
-  double busy_ms = 0;
-  for (const Span& s : rt.profiler().spans(from)) {
-    if (!s.device.is_cpu()) continue;
-    Total& t = by_op[s.name];
-    t.ms += (s.end_us - s.start_us) * 1e-3 / steps;
-    t.count += 1;
-    busy_ms += (s.end_us - s.start_us) * 1e-3 / steps;
-  }
-  std::vector<std::pair<std::string, Total>> sorted(by_op.begin(), by_op.end());
-  std::sort(sorted.begin(), sorted.end(),
-            [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
-  std::printf("\nViT step on cpu:0, op spans per step (%.2f ms wall, %.2f ms in ops)\n\n", wall_ms, busy_ms);
-  row("op", "ms / step", "ops / step", "share", "");
-  for (const auto& [name, t] : sorted)
-    row(name, fmt("%.3f", t.ms), fmt("%.0f", static_cast<double>(t.count) / steps),
-        fmt("%.2f", t.ms / busy_ms), "");
+  print_step_profile("ViT step", o, to, b, threads, steps);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -152,6 +153,46 @@ inline std::vector<double> python_peer(const std::string& name, const std::strin
 // The smaller of two measured seconds where each may be missing (negative).
 inline double best_of(double a, double b) {
   return a > 0 && b > 0 ? std::min(a, b) : std::max(a, b);
+}
+
+// Where a training step's time goes on our side: the engine's op spans on cpu:0 (of `threads` cores) over
+// `steps` steps of model `o` under `to`, summed by op name, printed as a table, largest first, with the
+// step's wall time and the time in ops (the difference is where the worker waited for the host).
+inline void print_step_profile(const std::string& what, const nn::ModelOptions& o, const nn::TrainOptions& to,
+                               const nn::HostBatchPtr& b, int threads, int steps) {
+  using namespace gn::nn;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  Runtime rt(RuntimeOptions{.cpu_devices = std::max(1, cores / std::max(1, threads))});
+  auto model = Model::create(rt, o, Device::cpu());
+  Trainer trainer(*model, {Device::cpu()}, to);
+  for (int i = 0; i < 3; ++i) trainer.step(b);
+  trainer.synchronize();
+  const size_t from = rt.profiler().span_count();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < steps; ++i) trainer.step(b);
+  trainer.synchronize();
+  const double wall_ms = seconds_since(t0) * 1e3 / steps;
+  struct Total {
+    double ms = 0;
+    int64_t count = 0;
+  };
+  std::map<std::string, Total> by_op;
+  double busy_ms = 0;
+  for (const Span& s : rt.profiler().spans(from)) {
+    if (!s.device.is_cpu()) continue;
+    Total& t = by_op[s.name];
+    t.ms += (s.end_us - s.start_us) * 1e-3 / steps;
+    t.count += 1;
+    busy_ms += (s.end_us - s.start_us) * 1e-3 / steps;
+  }
+  std::vector<std::pair<std::string, Total>> sorted(by_op.begin(), by_op.end());
+  std::sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
+  std::printf("\n%s on cpu:0, op spans per step (%.2f ms wall, %.2f ms in ops)\n\n", what.c_str(), wall_ms,
+              busy_ms);
+  row("op", "ms / step", "ops / step", "share", "");
+  for (const auto& [name, t] : sorted)
+    row(name, fmt("%.3f", t.ms), fmt("%.0f", static_cast<double>(t.count) / steps), fmt("%.2f", t.ms / busy_ms),
+        "");
 }
 
 }  // namespace gn::bench

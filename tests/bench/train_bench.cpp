@@ -27,7 +27,8 @@
 // Options: --threads N (default: all cores), --steps N (timed steps per model, default 40), --gpu, --no-cpu,
 //          --data DIR, --precision LIST (comma separated fp32, tf32, bf16, fp16; default fp32),
 //          --gpu-images N (default: all 60000), --only SECTION (one CPU section: cnn, memory, sequence,
-//          attention, conv or bf16), --profile (the attention rows also print a ViT step's time by op).
+//          attention, conv or bf16), --profile (the attention rows also print a ViT step's time by op, the
+//          bf16 rows a ResNet-18 step's).
 #include <cblas.h>
 #include <omp.h>
 
@@ -679,6 +680,15 @@ int main(int argc, char** argv) {
       row("ResNet-18 step peak MiB: bf16 vs fp32", fmt("%.1f", bf16.peak_mib), fmt("%.1f", fp32.peak_mib),
           fmt("%.2f", bf16.peak_mib / fp32.peak_mib), "<= 0.6");
       if (torch[0] < 0) std::printf("\n(PyTorch not found for /usr/bin/python3: apt-get install python3-torch)\n");
+      if (profile) {
+        ModelOptions o;
+        o.arch = Arch::ResNet18;
+        TrainOptions to;
+        to.batch_size = 32;
+        to.precision = Precision::Bf16;
+        gn::bench::print_step_profile("ResNet-18 bf16 step (batch 32)", o, to, random_batch(32, 1, 28, 1), threads,
+                                      resnet_steps);
+      }
     }
   }
   if (section("conv")) {
