@@ -142,7 +142,7 @@ class InspectNode final : public GpuNode {
       const std::vector<float> read = hostRead([&] { return readPrefix(t, maxValues); });
       for (float v : read) values.append(static_cast<double>(v));
       QJsonObject entry{{"shape", shape},
-                        {"dtype", Tensor::dtype()},
+                        {"dtype", dtype_name(t.dtype())},
                         {"device", qs(t.device().str())},
                         {"numel", static_cast<double>(t.numel())},
                         {"values", values}};

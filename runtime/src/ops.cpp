@@ -1,5 +1,6 @@
 #include "gpunodes/ops.h"
 
+#include "cpu/bf16.h"
 #include "gpunodes/errors.h"
 
 namespace gn {
@@ -105,15 +106,26 @@ Tensor arange(Runtime& rt, int64_t n, Device device, float start, float step) {
   });
 }
 
-Tensor from_values(Runtime& rt, const Shape& shape, Device device, std::vector<float> values) {
+Tensor from_values(Runtime& rt, const Shape& shape, Device device, std::vector<float> values, DType type) {
   if (checked_numel(shape) != static_cast<int64_t>(values.size()))
     throw ShapeError("from_values: shape " + shape_str(shape) + " needs " +
                      std::to_string(checked_numel(shape)) + " values, got " + std::to_string(values.size()));
-  Tensor t(rt, shape, device);
+  if (type == DType::BFloat16 && !device.is_cpu())
+    throw Error("from_values: bfloat16 tensors are the CPU's, not " + device.str() + "'s");
+  Tensor t(rt, shape, device, StreamKind::Compute, type);
   Backend* be = &rt.backend(device);
-  auto host = std::make_shared<std::vector<float>>(std::move(values));
+  // The values as the tensor stores them, made on the host: float32 as given, or each rounded to bfloat16.
+  std::shared_ptr<void> host;
+  if (type == DType::BFloat16) {
+    auto halves = std::make_shared<std::vector<uint16_t>>(values.size());
+    for (size_t i = 0; i < values.size(); ++i) (*halves)[i] = cpu::float_to_bf16(values[i]);
+    host = std::shared_ptr<void>(halves, halves->data());
+  } else {
+    auto floats = std::make_shared<std::vector<float>>(std::move(values));
+    host = std::shared_ptr<void>(floats, floats->data());
+  }
   push_compute(t, {}, {"from_values", "", t.bytes(), 0}, [be, t, host](OpContext& c) {
-    be->copy({t.data(), t.device()}, {host->data(), Device::cpu()}, t.bytes(), false, c);
+    be->copy({t.raw(), t.device()}, {host.get(), Device::cpu()}, t.bytes(), false, c);
   });
   return t;
 }
@@ -228,16 +240,20 @@ Tensor frobenius_norm(const Tensor& x) {
 std::vector<float> to_host(const Tensor& t) {
   if (!t.defined()) throw Error("to_host: the tensor is undefined");
   std::vector<float> out(static_cast<size_t>(t.numel()));
+  // A bfloat16 tensor's values come over as stored and widen here (exactly: a bf16 value is a float's top half).
+  const bool bf16 = t.dtype() == DType::BFloat16;
+  std::vector<uint16_t> halves(bf16 ? out.size() : 0);
   Runtime& rt = t.runtime();
   Backend* be = &rt.backend(t.device());
   VarPtr done = new_var();
-  float* dst = out.data();
+  void* dst = bf16 ? static_cast<void*>(halves.data()) : static_cast<void*>(out.data());
   rt.engine().push(
       [be, t, dst](OpContext& c) {
-        be->copy({dst, Device::cpu()}, {t.data(), t.device()}, t.bytes(), false, c);
+        be->copy({dst, Device::cpu()}, {t.raw(), t.device()}, t.bytes(), false, c);
       },
       {t.var()}, {done}, t.device(), StreamKind::Compute, {"read to host", "", t.bytes(), 0, true});
   rt.engine().wait(done);
+  for (size_t i = 0; i < halves.size(); ++i) out[i] = cpu::bf16_to_float(halves[i]);
   return out;
 }
 

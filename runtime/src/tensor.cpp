@@ -23,8 +23,16 @@ void* Storage::allocate() {
   return expected;
 }
 
-Tensor::Tensor(Runtime& rt, Shape shape, Device device, StreamKind stream)
-    : shape_(std::move(shape)), numel_(checked_numel(shape_)) {
+const char* dtype_name(DType t) {
+  return t == DType::BFloat16 ? "bfloat16" : "float32";
+}
+
+int64_t dtype_size(DType t) {
+  return t == DType::BFloat16 ? 2 : 4;
+}
+
+Tensor::Tensor(Runtime& rt, Shape shape, Device device, StreamKind stream, DType dtype)
+    : shape_(std::move(shape)), numel_(checked_numel(shape_)), dtype_(dtype) {
   if (!rt.has(device)) throw Error("no such device: " + device.str());
   storage_ = std::make_shared<Storage>(rt, device, bytes(), stream);
 }
@@ -38,6 +46,12 @@ Tensor Tensor::reshaped(Shape shape) const {
   return view;
 }
 
+float* Tensor::data() const {
+  if (dtype_ != DType::Float32)
+    throw Error("Tensor" + shape_str(shape_) + " holds " + dtype_name(dtype_) + " where float32 is needed");
+  return static_cast<float*>(storage_->data());
+}
+
 Device Tensor::device() const {
   return storage_->device;
 }
@@ -47,7 +61,7 @@ Runtime& Tensor::runtime() const {
 
 std::string Tensor::str() const {
   if (!defined()) return "Tensor(undefined)";
-  return "Tensor" + shape_str(shape_) + " " + dtype() + " on " + device().str();
+  return "Tensor" + shape_str(shape_) + " " + dtype_name(dtype_) + " on " + device().str();
 }
 
 }  // namespace gn

@@ -71,8 +71,8 @@ Vec host(const Tensor& t) {
   const std::vector<float> f = to_host(t);
   return {f.begin(), f.end()};
 }
-Tensor make(Runtime& rt, const Shape& s, const Vec& v) {
-  return from_values(rt, s, Device::cpu(), to_f(v));
+Tensor make(Runtime& rt, const Shape& s, const Vec& v, DType type = DType::Float32) {
+  return from_values(rt, s, Device::cpu(), to_f(v), type);
 }
 
 // A product's exact value and the sum of its terms' magnitudes, in float64.
@@ -88,16 +88,18 @@ struct Exact {
 // Checks `bf16` (a layer's result under Precision::Bf16) against `fp32` (the same layer in fp32), `exact` (float64
 // of the original operands, for the magnitudes) and `of_rounded` (float64 of the operands rounded to bf16; empty
 // to skip that check, for a result whose operands' rounding is not the layer's business), with reduction length
-// k. Returns the largest error against fp32 relative to the magnitudes, for the log.
+// k. `stored` is the result's own rounding when the layer stores it in bf16 (kU: an activation of the blocked
+// layout), 0 for a float32 result. Returns the largest error against fp32 relative to the magnitudes, for the
+// log.
 double check(const char* what, const Vec& bf16, const Vec& fp32, const Exact& exact, const Vec& of_rounded,
-             int64_t k) {
+             int64_t k, double stored = 0) {
   if (bf16.size() != exact.value.size() || fp32.size() != bf16.size()) {
     QTest::qFail(qPrintable(QString("%1: %2 values, expected %3").arg(what).arg(bf16.size()).arg(exact.value.size())),
                  __FILE__, __LINE__);
     return 0;
   }
-  const double vs_fp32 = 2 * kU + kU * kU + 2.1 * gamma32(k);
-  const double vs_rounded = 1.1 * gamma32(k) * (1 + kU) * (1 + kU);
+  const double vs_fp32 = 2 * kU + kU * kU + 2.1 * gamma32(k) + stored;
+  const double vs_rounded = 1.1 * gamma32(k) * (1 + kU) * (1 + kU) + stored;
   double worst = 0;
   for (size_t i = 0; i < bf16.size(); ++i) {
     const double mag = exact.magnitude[i] + 1e-30;
@@ -212,6 +214,7 @@ Vec from_blocked(const Vec& v, int64_t n, int64_t c, int64_t hw, int64_t b) {
 
 struct ConvOut {
   Vec y, dx, dw, db;
+  DType y_type, dx_type;  // as the layer stored them
 };
 
 ConvOut run_conv(Runtime& rt, const ConvCase& s, const Vec& x, const Vec& w, const Vec& b, const Vec& dy,
@@ -224,14 +227,16 @@ ConvOut run_conv(Runtime& rt, const ConvCase& s, const Vec& x, const Vec& w, con
   const Conv2dOptions o{.stride = s.stride, .padding = s.pad, .groups = s.groups, .input_layout = layout,
                         .output_layout = layout};
   const int64_t ohw = s.oh() * s.ow();
-  const Tensor tx = make(rt, {s.n, s.c, s.h, s.w}, to_blocked(x, s.n, s.c, s.h * s.w, bi));
+  // A network hands a blocked bf16 layer its activations and their gradients in bf16, as it stores them.
+  const DType act = s.blocked && p == Precision::Bf16 ? DType::BFloat16 : DType::Float32;
+  const Tensor tx = make(rt, {s.n, s.c, s.h, s.w}, to_blocked(x, s.n, s.c, s.h * s.w, bi), act);
   const Tensor tw = make(rt, {s.k, s.c / s.groups, s.r, s.r}, w);
   const Tensor tb = s.bias ? make(rt, {s.k}, b) : Tensor();
-  const Tensor tdy = make(rt, {s.n, s.k, s.oh(), s.ow()}, to_blocked(dy, s.n, s.k, ohw, bo));
+  const Tensor tdy = make(rt, {s.n, s.k, s.oh(), s.ow()}, to_blocked(dy, s.n, s.k, ohw, bo), act);
   const Tensor y = conv2d(tx, tw, tb, o);
   const Conv2dGrads g = conv2d_backward(tx, tw, tdy, o, true, s.bias);
   ConvOut out{from_blocked(host(y), s.n, s.k, ohw, bo), from_blocked(host(g.dx), s.n, s.c, s.h * s.w, bi),
-              host(g.dw), s.bias ? host(g.db) : Vec()};
+              host(g.dw), s.bias ? host(g.db) : Vec(), y.dtype(), g.dx.dtype()};
   return out;
 }
 
@@ -396,8 +401,14 @@ class CpuBf16Test : public QObject {
     const ConvOut got = run_conv(rt, s, x, w, b, dy, Precision::Bf16), fp32 = run_conv(rt, s, x, w, b, dy, Precision::Fp32);
     const ConvRef exact = conv_ref(s, x, w, b, dy), of_rounded = conv_ref(s, rounded(x), rounded(w), b, rounded(dy));
     const int64_t cg = s.c / s.groups, kg = s.k / s.groups;
-    const double wy = check("y", got.y, fp32.y, exact.y, of_rounded.y.value, cg * s.r * s.r + 1);
-    const double wdx = check("dx", got.dx, fp32.dx, exact.dx, of_rounded.dx.value, kg * s.r * s.r);
+    // In the blocked layout y and dx are activations, stored in bf16 (half the memory); NCHW keeps float32.
+    const DType act = s.blocked ? DType::BFloat16 : DType::Float32;
+    QCOMPARE(int(got.y_type), int(act));
+    QCOMPARE(int(got.dx_type), int(act));
+    QCOMPARE(int(fp32.y_type), int(DType::Float32));
+    const double stored = s.blocked ? kU : 0;
+    const double wy = check("y", got.y, fp32.y, exact.y, of_rounded.y.value, cg * s.r * s.r + 1, stored);
+    const double wdx = check("dx", got.dx, fp32.dx, exact.dx, of_rounded.dx.value, kg * s.r * s.r, stored);
     const double wdw = check("dw", got.dw, fp32.dw, exact.dw, of_rounded.dw.value, s.n * ohw);
     // oneDNN may sum the bias gradient from dy as rounded for the product or as given: only the bound
     // against fp32 holds for both.
@@ -406,9 +417,11 @@ class CpuBf16Test : public QObject {
   }
 
   // Under bf16 the CPU's blocked layout is the one oneDNN's bf16 convolutions take (NHWC, block == channels,
-  // on AMX; the fp32 block elsewhere). Batch norm (with its fused shortcut add and ReLU) and the global average
-  // pool, which stay float32, must read and write it as they do NCHW: each channel's values are summed in the
-  // same order in every layout, so the results are the same bits.
+  // on AMX; the fp32 block elsewhere), and it stores the activations in bf16. Batch norm (with its fused
+  // shortcut add and ReLU) and the global average pool read them as floats, compute in float (double for
+  // the sums) and round what they store once: given the same values, each result is the float32 NCHW one
+  // rounded to bf16, to the bit (each channel's values are summed in the same order in every layout), and the
+  // statistics and parameter gradients are the same bits.
   void batchnorm_and_pooling_in_the_bf16_layout_data() {
     QTest::addColumn<int>("channels");
     QTest::newRow("48 channels") << 48;
@@ -435,27 +448,38 @@ class CpuBf16Test : public QObject {
     const Vec x = random_vec(size_t(n * c * hw), 31), res = random_vec(size_t(n * c * hw), 32),
               dy = random_vec(size_t(n * c * hw), 33), gamma = random_vec(size_t(c), 34),
               beta = random_vec(size_t(c), 35);
+    const Vec rx = rounded(x), rres = rounded(res), rdy = rounded(dy);  // the values a bf16 network holds
+    const Tensor dpooled = make(rt, {n, c, 1, 1}, Vec(size_t(n * c), 1.0 / 3));
+    std::vector<std::pair<DType, DType>> types;  // (stored, wanted) of y, dx and dresidual in each run
     auto run = [&](Layout layout, int64_t blk) {
+      const DType act = layout == Layout::Blocked ? DType::BFloat16 : DType::Float32;
       const Tensor rm = zeros(rt, {c}, Device::cpu()), rv = ones(rt, {c}, Device::cpu());
       BatchNormOptions o;
       o.layout = layout;
       o.relu = true;
       const Tensor tg = make(rt, {c}, gamma);
-      const Tensor tx = make(rt, shape, to_blocked(x, n, c, hw, blk));
+      const Tensor tx = make(rt, shape, to_blocked(rx, n, c, hw, blk), act);
       const BatchNormResult r = batchnorm2d(tx, tg, make(rt, {c}, beta), rm, rv, o,
-                                            make(rt, shape, to_blocked(res, n, c, hw, blk)));
-      const BatchNormGrads g = batchnorm2d_backward(tx, make(rt, shape, to_blocked(dy, n, c, hw, blk)), tg,
+                                            make(rt, shape, to_blocked(rres, n, c, hw, blk), act));
+      const BatchNormGrads g = batchnorm2d_backward(tx, make(rt, shape, to_blocked(rdy, n, c, hw, blk), act), tg,
                                                     r.save_mean, r.save_invstd, o, r.y, true);
-      const Tensor pooled = global_avg_pool(r.y, layout);
-      const Tensor dpool = global_avg_pool_backward(make(rt, {n, c, 1, 1}, Vec(size_t(n * c), 1.0)), shape, layout);
-      return std::vector<Vec>{from_blocked(host(r.y), n, c, hw, blk),  from_blocked(host(g.dx), n, c, hw, blk),
+      for (const Tensor* t : {&r.y, &g.dx, &g.dresidual}) types.emplace_back(t->dtype(), act);
+      // The pooling reads the stored y: for NCHW, y rounded as the blocked layer stored it.
+      const Vec y = from_blocked(host(r.y), n, c, hw, blk);
+      const Tensor pooled = global_avg_pool(layout == Layout::Blocked ? r.y : make(rt, shape, rounded(y)), layout);
+      const Tensor dpool = global_avg_pool_backward(dpooled, shape, layout);
+      return std::vector<Vec>{y, from_blocked(host(g.dx), n, c, hw, blk),
                               from_blocked(host(g.dresidual), n, c, hw, blk), host(g.dgamma), host(g.dbeta),
                               host(rm), host(rv), host(pooled), from_blocked(host(dpool), n, c, hw, blk)};
     };
     const std::vector<Vec> blocked = run(Layout::Blocked, b), nchw = run(Layout::Nchw, 1);
     const char* names[] = {"y", "dx", "dresidual", "dgamma", "dbeta", "running mean", "running var",
                            "pooled", "pool dx"};
-    for (size_t i = 0; i < nchw.size(); ++i) QVERIFY2(blocked[i] == nchw[i], names[i]);
+    for (const auto& [stored, wanted] : types) QCOMPARE(int(stored), int(wanted));
+    const bool stored_in_bf16[] = {true, true, true, false, false, false, false, false, true};
+    for (size_t i = 0; i < nchw.size(); ++i)
+      QVERIFY2(blocked[i] == (stored_in_bf16[i] ? rounded(nchw[i]) : nchw[i]), names[i]);
+    QVERIFY2(blocked[0] != nchw[0], "y was not rounded: the check above could not fail");
   }
 
   // The whole built-in ResNet-18 in bf16, its activations in the bf16 layout from stem to pooling, against fp32

@@ -17,7 +17,9 @@ Tensor ones(Runtime& rt, const Shape& shape, Device device);
 Tensor uniform(Runtime& rt, const Shape& shape, Device device, uint64_t seed, float lo = 0, float hi = 1);
 Tensor normal(Runtime& rt, const Shape& shape, Device device, uint64_t seed, float mean = 0, float std = 1);
 Tensor arange(Runtime& rt, int64_t n, Device device, float start = 0, float step = 1);
-Tensor from_values(Runtime& rt, const Shape& shape, Device device, std::vector<float> values);
+// `type` BFloat16 (CPU only) rounds each value to bfloat16: how a caller hands the layers bf16 activations.
+Tensor from_values(Runtime& rt, const Shape& shape, Device device, std::vector<float> values,
+                   DType type = DType::Float32);
 
 // The seed's copyto: always new storage on `device`. Non-blocking copies run on the copy stream (through
 // pinned staging for host<->GPU) and overlap compute. Blocking copies run after the source device's queued

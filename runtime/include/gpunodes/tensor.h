@@ -1,4 +1,6 @@
-// A float32 tensor: shape, device and refcounted storage. Results of ops live on their inputs' device.
+// A tensor: shape, element type, device and refcounted storage. Results of ops live on their inputs' device.
+// Tensors are float32; the layers store a network's activations in bfloat16 only on a CPU under
+// Precision::Bf16, in its blocked layout (nn/layers.h's Layout).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -12,6 +14,11 @@
 namespace gn {
 
 class Runtime;
+
+// The element type: float32, or bfloat16 (float32's upper 16 bits, rounded to nearest even).
+enum class DType { Float32, BFloat16 };
+const char* dtype_name(DType t);  // "float32", "bfloat16"
+int64_t dtype_size(DType t);      // bytes per element: 4, 2
 
 // Memory on one device plus its engine variable. The memory is taken when it is first used: by the op
 // that writes the tensor first, on its worker, not when the op is queued. A host that runs steps ahead of
@@ -48,17 +55,21 @@ class Tensor {
  public:
   Tensor() = default;
   // Allocates uninitialised storage (throws OutOfMemoryError / ShapeError).
-  Tensor(Runtime& rt, Shape shape, Device device, StreamKind stream = StreamKind::Compute);
+  Tensor(Runtime& rt, Shape shape, Device device, StreamKind stream = StreamKind::Compute,
+         DType dtype = DType::Float32);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
   int64_t numel() const { return numel_; }
-  int64_t bytes() const { return numel_ * static_cast<int64_t>(sizeof(float)); }
-  static constexpr const char* dtype() { return "float32"; }
+  int64_t bytes() const { return numel_ * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
   Device device() const;
   Runtime& runtime() const;
   // Allocates the storage on first use (see Storage): call it inside the op that writes or reads the tensor.
-  float* data() const { return static_cast<float*>(storage_->data()); }
+  // The float32 values; throws Error for a bfloat16 tensor, so that no kernel reads one as floats.
+  float* data() const;
+  // The values as stored, whatever the type: for kernels that take either.
+  void* raw() const { return storage_->data(); }
   const VarPtr& var() const { return storage_->var; }
   // The same storage under another shape of the same element count (ShapeError otherwise): a view of the
   // whole tensor, as torch's view on contiguous memory. Ops still write fresh tensors, so a view is only
@@ -72,6 +83,7 @@ class Tensor {
  private:
   Shape shape_;
   int64_t numel_ = 0;
+  DType dtype_ = DType::Float32;
   std::shared_ptr<Storage> storage_;
 };
 

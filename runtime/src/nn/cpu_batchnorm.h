@@ -12,15 +12,23 @@ namespace gn::nn {
 // n * image + cb * group + j * step + l. Blocked (B = block, NCHW with B = 1): image C * HW, group HW * B,
 // step B. NHWC: image HW * C, group B, step C, with B the largest of 16, 8 and 1 that divides C. With B a
 // compile-time constant the lane loops vectorise.
+// The activations (x, residual, y; dy, dx, dresidual) are stored as BnShape::type says: float or bfloat16
+// (uint16_t), read as floats and rounded once when written; the parameters and statistics are float.
 struct BnForward {
-  const float *x, *gamma, *beta, *residual;
-  float *running_mean, *running_var, *y, *save_mean, *save_invstd;
+  const void* x;
+  const float *gamma, *beta;
+  const void* residual;
+  float *running_mean, *running_var;
+  void* y;
+  float *save_mean, *save_invstd;
   bool training;
   float momentum, eps;
 };
 struct BnBackward {
-  const float *x, *y, *dy, *gamma, *save_mean, *save_invstd;  // y: the output, read with a fused ReLU
-  float *dx, *dresidual, *dgamma, *dbeta;
+  const void *x, *y, *dy;  // y: the output, read with a fused ReLU
+  const float *gamma, *save_mean, *save_invstd;
+  void *dx, *dresidual;
+  float *dgamma, *dbeta;
 };
 
 // y = bn(x) (+ residual) (then ReLU), with the batch's statistics in training (running ones updated with

@@ -42,6 +42,7 @@
 #include "gpunodes/errors.h"
 #include "../cpu/host_scratch.h"
 #include "gpunodes/random.h"
+#include "../cpu/bf16.h"
 #include "../cpu/cpu_bf16_gemm.h"
 #include "cpu_batchnorm.h"
 #include "cpu_parallel.h"
@@ -129,23 +130,28 @@ using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
 ConvKey key_of(const ConvShape& s) {
   return {s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad, s.groups, s.bias, s.in_block, s.out_block};
 }
+Dt dt_of(DType t) {
+  return t == DType::BFloat16 ? Dt::bf16 : Dt::f32;
+}
 struct ConvKeyOf {
   ConvKey shape;
   bool bf16;
+  DType in_type, out_type;
   auto operator<=>(const ConvKeyOf&) const = default;
 };
 
-// Our layout of an activation with channel block `block` (1: NCHW; all its channels: NHWC, cpu_layout.h).
-memory::desc activation_desc(const memory::dims& d, int64_t block) {
+// Our layout of an activation with channel block `block` (1: NCHW; all its channels: NHWC, cpu_layout.h),
+// stored as `type`.
+memory::desc activation_desc(const memory::dims& d, int64_t block, Dt type) {
   switch (block) {
     case 1:
-      return memory::desc(d, Dt::f32, Tag::nchw);
+      return memory::desc(d, type, Tag::nchw);
     case 8:
-      return memory::desc(d, Dt::f32, Tag::nChw8c);
+      return memory::desc(d, type, Tag::nChw8c);
     case 16:
-      return memory::desc(d, Dt::f32, Tag::nChw16c);
+      return memory::desc(d, type, Tag::nChw16c);
   }
-  if (block == d[1]) return memory::desc(d, Dt::f32, Tag::nhwc);
+  if (block == d[1]) return memory::desc(d, type, Tag::nhwc);
   throw Error("no oneDNN layout for a channel block of " + std::to_string(block) + " of " +
               std::to_string(d[1]) + " channels");
 }
@@ -168,10 +174,13 @@ struct ConvPrims {
   dnnl::convolution_backward_weights bw;
   Staged bw_src, bw_diff_dst, bw_diff_wei;
 
-  // The operands' type (src, weights, diff_dst): f32, or bf16 under Precision::Bf16. Results stay f32.
+  // The operands' type (src, weights, diff_dst): f32, or bf16 under Precision::Bf16. The weight gradient
+  // stays f32; y and dx are written as the caller stores them (ConvShape's out_type and in_type).
   Dt operand = Dt::f32;
+  Dt y_type = Dt::f32, dx_type = Dt::f32;
 
-  ConvPrims(const ConvShape& s, Dt operand_type) : operand(operand_type) {
+  ConvPrims(const ConvShape& s, Dt operand_type)
+      : operand(operand_type), y_type(dt_of(s.out_type)), dx_type(dt_of(s.in_type)) {
     src = {s.n, s.c, s.h, s.w};
     if (s.groups > 1) {
       wei = {s.groups, s.k / s.groups, s.c / s.groups, s.r, s.s};
@@ -184,8 +193,8 @@ struct ConvPrims {
     dst = {s.n, s.k, s.oh, s.ow};
     strides = {s.stride, s.stride};
     padding = {s.pad, s.pad};
-    user_src = activation_desc(src, s.in_block);
-    user_dst = activation_desc(dst, s.out_block);
+    user_src = activation_desc(src, s.in_block, dt_of(s.in_type));
+    user_dst = activation_desc(dst, s.out_block, dt_of(s.out_type));
     auto& e = tdnnl().engine;
     // 1x1 convolutions between NCHW tensors are GEMMs: oneDNN's GEMM path on that layout beats its blocked
     // direct kernel plus the reorders there. Everything else takes the layout oneDNN prefers, which is the
@@ -193,7 +202,7 @@ struct ConvPrims {
     // That measurement was of fp32; bf16 always takes oneDNN's preferred (blocked) layouts.
     plain_layout = operand == Dt::f32 && s.r == 1 && s.s == 1 && s.in_block == 1 && s.out_block == 1;
     memory::desc any_src = desc(src, Tag::nchw, operand), any_wei = desc(wei, wei_tag, operand),
-                 any_dst = desc(dst, Tag::nchw, Dt::f32);
+                 any_dst = desc(dst, Tag::nchw, y_type);
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
                                       any_src, any_wei, bias_desc(), any_dst, strides, padding, padding);
     fwd_pd = dnnl::convolution_forward::primitive_desc(d, user_scratchpad(), e);
@@ -214,12 +223,12 @@ struct ConvPrims {
   void make_backward() {
     if (have_bwd) return;
     auto& e = tdnnl().engine;
-    // Backward data reads diff_dst and the weights (operand type) and writes diff_src (f32); backward weights
-    // reads src and diff_dst (operand type) and writes diff_weights and diff_bias (f32).
-    memory::desc op_src = desc(src, Tag::nchw, operand), f32_src = desc(src, Tag::nchw, Dt::f32),
+    // Backward data reads diff_dst and the weights (operand type) and writes diff_src (as dx is stored);
+    // backward weights reads src and diff_dst (operand type) and writes diff_weights and diff_bias (f32).
+    memory::desc op_src = desc(src, Tag::nchw, operand), dx_src = desc(src, Tag::nchw, dx_type),
                  op_wei = desc(wei, wei_tag, operand), f32_wei = desc(wei, wei_tag, Dt::f32),
                  op_dst = desc(dst, Tag::nchw, operand);
-    dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, f32_src, op_wei, op_dst,
+    dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, dx_src, op_wei, op_dst,
                                              strides, padding, padding);
     bd_pd = dnnl::convolution_backward_data::primitive_desc(dd, user_scratchpad(), e, fwd_pd);
     bd = dnnl::convolution_backward_data(bd_pd);
@@ -240,7 +249,7 @@ struct ConvPrims {
 ConvPrims& conv_prims(const ConvShape& s, Precision precision) {
   thread_local std::map<ConvKeyOf, std::unique_ptr<ConvPrims>> cache;
   const bool bf16 = precision == Precision::Bf16;
-  auto& slot = cache[ConvKeyOf{key_of(s), bf16}];
+  auto& slot = cache[ConvKeyOf{key_of(s), bf16, s.in_type, s.out_type}];
   if (!slot) slot = std::make_unique<ConvPrims>(s, bf16 ? Dt::bf16 : Dt::f32);
   return *slot;
 }
@@ -257,9 +266,9 @@ struct EltPrims {
   // GELU's derivative needs the input; the others' follow from the output, which saves keeping x.
   bool backward_from_src = false;
 
-  EltPrims(Activation kind, int64_t n) {
+  EltPrims(Activation kind, int64_t n, Dt type) {
     auto& e = tdnnl().engine;
-    desc = memory::desc({n}, Dt::f32, Tag::x);
+    desc = memory::desc({n}, type, Tag::x);
     const auto fwd_alg = algorithm_for(kind);
     backward_from_src = kind == Activation::Gelu;
     fwd_pd = dnnl::eltwise_forward::primitive_desc(
@@ -286,11 +295,48 @@ dnnl::algorithm EltPrims::algorithm_for(Activation kind) {
   throw Error("unknown activation " + std::to_string(static_cast<int>(kind)));
 }
 
-EltPrims& elt_prims(Activation kind, int64_t n) {
-  thread_local std::map<std::pair<int, int64_t>, std::unique_ptr<EltPrims>> cache;
-  auto& slot = cache[{static_cast<int>(kind), n}];
-  if (!slot) slot = std::make_unique<EltPrims>(kind, n);
+EltPrims& elt_prims(Activation kind, int64_t n, DType type) {
+  thread_local std::map<std::tuple<int, int64_t, DType>, std::unique_ptr<EltPrims>> cache;
+  auto& slot = cache[{static_cast<int>(kind), n, type}];
+  if (!slot) slot = std::make_unique<EltPrims>(kind, n, dt_of(type));
   return *slot;
+}
+
+// Global average pooling's loops over values stored as T (float or bfloat16): a group is one sample's block
+// of channels, hw pixels of `block` lanes, the means of `block` planes.
+float as_float(float v) {
+  return v;
+}
+float as_float(uint16_t v) {
+  return cpu::bf16_to_float(v);
+}
+void store_as(float& out, float v) {
+  out = v;
+}
+void store_as(uint16_t& out, float v) {
+  out = cpu::float_to_bf16(v);
+}
+
+template <class T>
+void plane_means(int64_t planes, int64_t hw, int64_t block, const T* x, float* y) {
+  const int64_t groups = planes / block;
+#pragma omp parallel for if (planes * hw > kParallelMin)
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t l = 0; l < block; ++l) {
+      double acc = 0;
+      for (int64_t j = 0; j < hw; ++j) acc += as_float(x[(g * hw + j) * block + l]);
+      y[g * block + l] = static_cast<float>(acc / static_cast<double>(hw));
+    }
+}
+
+template <class T>
+void spread_means(int64_t planes, int64_t hw, int64_t block, const float* dy, T* dx) {
+  const float inv = 1.0f / static_cast<float>(hw);
+  const int64_t groups = planes / block;
+#pragma omp parallel for if (planes * hw > kParallelMin)
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t j = 0; j < hw; ++j)
+      for (int64_t l = 0; l < block; ++l) store_as(dx[(g * hw + j) * block + l], dy[g * block + l] * inv);
 }
 
 // --- the kernels -------------------------------------------------------------------------------------------
@@ -328,13 +374,13 @@ class CpuNnKernels final : public NnKernels {
     if (db) cpu_recurrent_kernels().column_sums(n, out, dy, db, kc);
   }
 
-  void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* b, float* y,
+  void conv2d_forward(const ConvShape& s, const void* x, const float* w, const float* b, void* y,
                       KernelContext& kc) override {
     kc.op.check_cancelled();
     try {
       ConvPrims& p = conv_prims(s, kc.precision);
       auto& t = tdnnl();
-      memory src = p.f_src.bind(const_cast<float*>(x));
+      memory src = p.f_src.bind(const_cast<void*>(x));
       memory wei = p.f_wei.bind(const_cast<float*>(w));
       memory dst = p.f_dst.bind(y);
       std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
@@ -350,15 +396,15 @@ class CpuNnKernels final : public NnKernels {
     }
   }
 
-  void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy, float* dx,
+  void conv2d_backward(const ConvShape& s, const void* x, const float* w, const void* dy, void* dx,
                        float* dw, float* db, KernelContext& kc) override {
     kc.op.check_cancelled();
     try {
       ConvPrims& p = conv_prims(s, kc.precision);
       p.make_backward();
       auto& t = tdnnl();
-      memory src = p.bw_src.bind(const_cast<float*>(x));
-      memory ddst = p.bw_diff_dst.bind(const_cast<float*>(dy));
+      memory src = p.bw_src.bind(const_cast<void*>(x));
+      memory ddst = p.bw_diff_dst.bind(const_cast<void*>(dy));
       memory dwei = p.bw_diff_wei.bind(dw);
       std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
                                            {DNNL_ARG_DIFF_DST, ddst},
@@ -372,7 +418,7 @@ class CpuNnKernels final : public NnKernels {
         // Both backwards read dy in the same layout as a rule (bf16 NHWC on AMX): staged once for both.
         memory ddst2 = p.bd_diff_dst.prim_desc == p.bw_diff_dst.prim_desc
                            ? ddst
-                           : p.bd_diff_dst.bind(const_cast<float*>(dy));
+                           : p.bd_diff_dst.bind(const_cast<void*>(dy));
         memory wei = p.bd_wei.bind(const_cast<float*>(w));
         memory dsrc = p.bd_diff_src.bind(dx);
         p.bd.execute(t.stream, {{DNNL_ARG_DIFF_DST, ddst2},
@@ -387,26 +433,27 @@ class CpuNnKernels final : public NnKernels {
     }
   }
 
-  void batchnorm_forward(const BnShape& s, const float* x, const float* gamma, const float* beta,
-                         float* running_mean, float* running_var, const float* residual, float* y,
+  void batchnorm_forward(const BnShape& s, const void* x, const float* gamma, const float* beta,
+                         float* running_mean, float* running_var, const void* residual, void* y,
                          float* save_mean, float* save_invstd, bool training, float momentum, float eps,
                          KernelContext&) override {
     cpu_batchnorm_forward(s, {x, gamma, beta, residual, running_mean, running_var, y, save_mean, save_invstd,
                               training, momentum, eps});
   }
 
-  void batchnorm_backward(const BnShape& s, const float* x, const float* y, const float* dy,
-                          const float* gamma, const float* save_mean, const float* save_invstd, float* dx,
-                          float* dresidual, float* dgamma, float* dbeta, KernelContext&) override {
+  void batchnorm_backward(const BnShape& s, const void* x, const void* y, const void* dy,
+                          const float* gamma, const float* save_mean, const float* save_invstd, void* dx,
+                          void* dresidual, float* dgamma, float* dbeta, KernelContext&) override {
     cpu_batchnorm_backward(s, {x, y, dy, gamma, save_mean, save_invstd, dx, dresidual, dgamma, dbeta});
   }
 
-  void activation_forward(Activation kind, const float* x, float* y, int64_t n, KernelContext&) override {
+  void activation_forward(Activation kind, DType type, const void* x, void* y, int64_t n,
+                          KernelContext&) override {
     if (n == 0) return;
     try {
-      EltPrims& p = elt_prims(kind, n);
+      EltPrims& p = elt_prims(kind, n, type);
       auto& t = tdnnl();
-      memory src(p.desc, t.engine, const_cast<float*>(x)), dst(p.desc, t.engine, y);
+      memory src(p.desc, t.engine, const_cast<void*>(x)), dst(p.desc, t.engine, y);
       p.fwd.execute(t.stream, {{DNNL_ARG_SRC, src},
                                {DNNL_ARG_DST, dst},
                                {DNNL_ARG_SCRATCHPAD, scratchpad(p.fwd_pd.scratchpad_desc())}});
@@ -416,15 +463,15 @@ class CpuNnKernels final : public NnKernels {
     }
   }
 
-  void activation_backward(Activation kind, const float* x, const float* y, const float* dy, float* dx,
+  void activation_backward(Activation kind, DType type, const void* x, const void* y, const void* dy, void* dx,
                            int64_t n, KernelContext&) override {
     if (n == 0) return;
     try {
-      EltPrims& p = elt_prims(kind, n);
+      EltPrims& p = elt_prims(kind, n, type);
       auto& t = tdnnl();
       const int value_arg = p.backward_from_src ? DNNL_ARG_SRC : DNNL_ARG_DST;
-      memory value(p.desc, t.engine, const_cast<float*>(p.backward_from_src ? x : y)),
-          ddst(p.desc, t.engine, const_cast<float*>(dy)), dsrc(p.desc, t.engine, dx);
+      memory value(p.desc, t.engine, const_cast<void*>(p.backward_from_src ? x : y)),
+          ddst(p.desc, t.engine, const_cast<void*>(dy)), dsrc(p.desc, t.engine, dx);
       p.bwd.execute(t.stream, {{value_arg, value},
                                {DNNL_ARG_DIFF_DST, ddst},
                                {DNNL_ARG_DIFF_SRC, dsrc},
@@ -433,6 +480,13 @@ class CpuNnKernels final : public NnKernels {
     } catch (const dnnl::error& e) {
       rethrow_dnnl("eltwise backward", e);
     }
+  }
+
+  void add_bf16(int64_t n, const void* a, const void* b, void* y, KernelContext&) override {
+    const auto *pa = static_cast<const uint16_t*>(a), *pb = static_cast<const uint16_t*>(b);
+    auto* py = static_cast<uint16_t*>(y);
+#pragma omp parallel for simd if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) py[i] = cpu::float_to_bf16(cpu::bf16_to_float(pa[i]) + cpu::bf16_to_float(pb[i]));
   }
 
   void dropout_forward(int64_t n, const float* x, float* y, float* mask, float p, uint64_t seed,
@@ -571,27 +625,20 @@ class CpuNnKernels final : public NnKernels {
     }
   }
 
-  void global_avg_pool_forward(int64_t planes, int64_t hw, int64_t block, const float* x, float* y,
+  void global_avg_pool_forward(int64_t planes, int64_t hw, int64_t block, DType type, const void* x, float* y,
                                KernelContext&) override {
-    // A group is one sample's block of channels: hw pixels of `block` lanes, the means of `block` planes.
-    const int64_t groups = planes / block;
-#pragma omp parallel for if (planes * hw > kParallelMin)
-    for (int64_t g = 0; g < groups; ++g)
-      for (int64_t l = 0; l < block; ++l) {
-        double acc = 0;
-        for (int64_t j = 0; j < hw; ++j) acc += x[(g * hw + j) * block + l];
-        y[g * block + l] = static_cast<float>(acc / static_cast<double>(hw));
-      }
+    if (type == DType::BFloat16)
+      plane_means(planes, hw, block, static_cast<const uint16_t*>(x), y);
+    else
+      plane_means(planes, hw, block, static_cast<const float*>(x), y);
   }
 
-  void global_avg_pool_backward(int64_t planes, int64_t hw, int64_t block, const float* dy, float* dx,
+  void global_avg_pool_backward(int64_t planes, int64_t hw, int64_t block, DType type, const float* dy, void* dx,
                                 KernelContext&) override {
-    const float inv = 1.0f / static_cast<float>(hw);
-    const int64_t groups = planes / block;
-#pragma omp parallel for if (planes * hw > kParallelMin)
-    for (int64_t g = 0; g < groups; ++g)
-      for (int64_t j = 0; j < hw; ++j)
-        for (int64_t l = 0; l < block; ++l) dx[(g * hw + j) * block + l] = dy[g * block + l] * inv;
+    if (type == DType::BFloat16)
+      spread_means(planes, hw, block, dy, static_cast<uint16_t*>(dx));
+    else
+      spread_means(planes, hw, block, dy, static_cast<float*>(dx));
   }
 
   void softmax_cross_entropy(int64_t n, int64_t classes, const float* logits, const float* labels,

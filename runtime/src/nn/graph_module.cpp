@@ -196,7 +196,7 @@ class GraphM final : public Module {
           out[i] = x;
           break;
         case LayerKind::Add:
-          out[i] = add(in(0), in(1));
+          out[i] = add_activations(in(0), in(1));
           break;
         case LayerKind::Concat:
           out[i] = concat_channels(in(0), in(1));
@@ -218,7 +218,7 @@ class GraphM final : public Module {
     grad.back() = dy;
     auto give = [&](int j, Tensor g) {
       Tensor& slot = grad[static_cast<size_t>(j)];
-      slot = slot.defined() ? add(slot, g) : std::move(g);
+      slot = slot.defined() ? add_activations(slot, g) : std::move(g);
     };
     auto wanted = [&](int j) { return j >= 0 && needs_grad_[static_cast<size_t>(j)]; };
     Tensor dx;

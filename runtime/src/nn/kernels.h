@@ -25,6 +25,9 @@ struct ConvShape {
   // blocked layout [N, C / block, H, W, block] (layers.h's Layout::Blocked, layout_block): on the CPU its
   // constant block; on CUDA block == channels (c for the input, k for the output), which is NHWC.
   int64_t in_block = 1, out_block = 1;
+  // How x (and dx) and y (and dy) are stored: float32, or bfloat16 (only on the CPU, in its blocked layout under
+  // Precision::Bf16: layers.h's Layout). The CUDA kernels take float32 only.
+  DType in_type = DType::Float32, out_type = DType::Float32;
 };
 
 struct PoolShape {
@@ -43,6 +46,9 @@ struct BnShape {
   // The layer's epsilon (BatchNormOptions::eps): the forward takes it as an argument too; cuDNN's backward
   // wants the same value again.
   float eps = 1e-5f;
+  // How x, the residual, y and their gradients are stored (as ConvShape's types; the statistics and the
+  // parameters are float32 always).
+  DType type = DType::Float32;
 };
 
 // The scalars of one optimizer update, computed on the host in double and rounded once, so that every device
@@ -110,30 +116,38 @@ class NnKernels {
   virtual void linear_backward(int64_t n, int64_t in, int64_t out, const float* x, const float* w,
                                const float* dy, float* dx, float* dw, float* db, KernelContext& kc) = 0;
 
-  virtual void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* b, float* y,
+  // The activations (x, y, dy, dx) are stored as s.in_type and s.out_type say; weights, bias and their
+  // gradients are float32.
+  virtual void conv2d_forward(const ConvShape& s, const void* x, const float* w, const float* b, void* y,
                               KernelContext& kc) = 0;
   // dx may be null; db is null exactly when s.bias is false.
-  virtual void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy, float* dx,
+  virtual void conv2d_backward(const ConvShape& s, const void* x, const float* w, const void* dy, void* dx,
                                float* dw, float* db, KernelContext& kc) = 0;
 
   // training: batch statistics, updates running_mean/var, writes save_mean/save_invstd. Eval: running stats.
-  // residual may be null; y = relu(bn(x) + residual) with s.relu, bn(x) + residual without.
-  virtual void batchnorm_forward(const BnShape& s, const float* x, const float* gamma, const float* beta,
-                                 float* running_mean, float* running_var, const float* residual, float* y,
+  // residual may be null; y = relu(bn(x) + residual) with s.relu, bn(x) + residual without. x, residual and y
+  // are stored as s.type says.
+  virtual void batchnorm_forward(const BnShape& s, const void* x, const float* gamma, const float* beta,
+                                 float* running_mean, float* running_var, const void* residual, void* y,
                                  float* save_mean, float* save_invstd, bool training, float momentum,
                                  float eps, KernelContext& kc) = 0;
   // With s.relu, y is the forward's output and the gradient that reaches the normalisation is dy masked by
-  // y > 0; that masked gradient is also the residual's, written to dresidual when it is not null.
-  virtual void batchnorm_backward(const BnShape& s, const float* x, const float* y, const float* dy,
+  // y > 0; that masked gradient is also the residual's, written to dresidual when it is not null. x, y, dy, dx
+  // and dresidual are stored as s.type says.
+  virtual void batchnorm_backward(const BnShape& s, const void* x, const void* y, const void* dy,
                                   const float* gamma, const float* save_mean, const float* save_invstd,
-                                  float* dx, float* dresidual, float* dgamma, float* dbeta,
+                                  void* dx, void* dresidual, float* dgamma, float* dbeta,
                                   KernelContext& kc) = 0;
 
-  virtual void activation_forward(Activation kind, const float* x, float* y, int64_t n,
+  // Every array stored as `type` (bfloat16 only on the CPU, as ConvShape's types).
+  virtual void activation_forward(Activation kind, DType type, const void* x, void* y, int64_t n,
                                   KernelContext& kc) = 0;
   // GELU reads x (y may be null); the others read y (x may be null).
-  virtual void activation_backward(Activation kind, const float* x, const float* y, const float* dy,
-                                   float* dx, int64_t n, KernelContext& kc) = 0;
+  virtual void activation_backward(Activation kind, DType type, const void* x, const void* y, const void* dy,
+                                   void* dx, int64_t n, KernelContext& kc) = 0;
+  // y = a + b over n bfloat16 values, each sum rounded to bfloat16 (the CPU only: a network's activations or
+  // their gradients meeting at a residual add).
+  virtual void add_bf16(int64_t n, const void* a, const void* b, void* y, KernelContext& kc) = 0;
 
   // Element i is kept when philox::uniform_at(seed, i, 0, 1) <= 1 - p: mask = 1 / (1 - p) or 0, y = x * mask.
   virtual void dropout_forward(int64_t n, const float* x, float* y, float* mask, float p, uint64_t seed,
@@ -150,11 +164,11 @@ class NnKernels {
                              KernelContext& kc) = 0;
 
   // planes = N*C planes of hw values each; x and dx in the layout of `block` (as BnShape's: on CUDA 1 or
-  // C, so N = planes / block there), y and dy [N*C].
-  virtual void global_avg_pool_forward(int64_t planes, int64_t hw, int64_t block, const float* x, float* y,
-                                       KernelContext& kc) = 0;
-  virtual void global_avg_pool_backward(int64_t planes, int64_t hw, int64_t block, const float* dy, float* dx,
-                                        KernelContext& kc) = 0;
+  // C, so N = planes / block there) and stored as `type`, y and dy [N*C] float32.
+  virtual void global_avg_pool_forward(int64_t planes, int64_t hw, int64_t block, DType type, const void* x,
+                                       float* y, KernelContext& kc) = 0;
+  virtual void global_avg_pool_backward(int64_t planes, int64_t hw, int64_t block, DType type, const float* dy,
+                                        void* dx, KernelContext& kc) = 0;
 
   // loss: the mean over the counted rows (NaN when none is); stats: {sum, correct} over them; dlogits may be
   // null, else (softmax - target) * grad_scale (0: 1 / counted rows) and zeros in an ignored row. The target is

@@ -47,6 +47,21 @@ int64_t block_of(const std::string& op, Layout layout, Device device, int64_t ch
   return block;
 }
 
+// How a layer stores an activation in `layout` on `device`: bfloat16 in the CPU's blocked layout under
+// Precision::Bf16 (half the memory and half the traffic of the batch norms and additions between the
+// convolutions, as torch.autocast's bf16 activations), float32 everywhere else.
+DType stored_as(Layout layout, Device device) {
+  return layout == Layout::Blocked && device.is_cpu() && t_precision == Precision::Bf16 ? DType::BFloat16
+                                                                                         : DType::Float32;
+}
+
+// Throws unless `t` is stored as `want`: the tensors one kernel reads together share their type.
+void need_dtype(const std::string& op, const char* what, const Tensor& t, DType want) {
+  if (t.dtype() != want)
+    throw Error(op + ": " + what + " holds " + dtype_name(t.dtype()) + ", the layer's other activations " +
+                dtype_name(want));
+}
+
 // The channel block a tensor of `channels` channels in `layout` has on `device`: 1 for NCHW.
 int64_t layout_block(const char* op, Layout layout, Device device, int64_t channels) {
   return block_of(op, layout, device, channels);
@@ -216,14 +231,16 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
   ConvShape s = conv_shape("conv2d", x, w, o, has_bias);
   if (has_bias) need_shape("conv2d", "bias", b, {s.k});
   const Precision precision = product_precision("conv2d", x.device());
-  Tensor y(x.runtime(), {s.n, s.k, s.oh, s.ow}, x.device());
+  s.in_type = x.dtype();
+  s.out_type = stored_as(o.output_layout, x.device());
+  Tensor y(x.runtime(), {s.n, s.k, s.oh, s.ow}, x.device(), StreamKind::Compute, s.out_type);
   std::vector<VarPtr> reads{x.var(), w.var()};
   if (has_bias) reads.push_back(b.var());
   push_kernel(x.runtime(), x.device(), reads, {y.var()},
               {"conv2d", "", x.bytes() + w.bytes() + y.bytes(), conv_flops(s)},
               [=](NnKernels& k, KernelContext& kc) {
                 kc.precision = precision;
-                k.conv2d_forward(s, x.data(), w.data(), has_bias ? b.data() : nullptr, y.data(), kc);
+                k.conv2d_forward(s, x.raw(), w.data(), has_bias ? b.data() : nullptr, y.raw(), kc);
               });
   return y;
 }
@@ -234,6 +251,8 @@ Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
   ConvShape s = conv_shape("conv2d backward", x, w, o, need_db);
   need_shape("conv2d backward", "output gradient", dy, {s.n, s.k, s.oh, s.ow});
   const Precision precision = product_precision("conv2d backward", x.device());
+  s.in_type = x.dtype();
+  s.out_type = dy.dtype();
   Runtime& rt = x.runtime();
   Conv2dGrads g;
   g.dw = Tensor(rt, w.shape(), x.device());
@@ -243,7 +262,7 @@ Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
     writes.push_back(g.db.var());
   }
   if (need_dx) {
-    g.dx = Tensor(rt, x.shape(), x.device());
+    g.dx = Tensor(rt, x.shape(), x.device(), StreamKind::Compute, x.dtype());
     writes.push_back(g.dx.var());
   }
   Tensor dx = g.dx, dw = g.dw, db = g.db;
@@ -253,7 +272,7 @@ Conv2dGrads conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
        (need_dx ? 2.0 : 1.0) * conv_flops(s)},
       [=](NnKernels& k, KernelContext& kc) {
         kc.precision = precision;
-        k.conv2d_backward(s, x.data(), w.data(), dy.data(), dx.defined() ? dx.data() : nullptr, dw.data(),
+        k.conv2d_backward(s, x.raw(), w.data(), dy.raw(), dx.defined() ? dx.raw() : nullptr, dw.data(),
                           db.defined() ? db.data() : nullptr, kc);
       });
   return g;
@@ -265,12 +284,14 @@ BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& 
                             const Tensor& running_mean, const Tensor& running_var, const BatchNormOptions& o,
                             const Tensor& residual) {
   check_same_device({&x, &gamma, &beta, &running_mean, &running_var});
-  const BnShape s = bn_shape("batchnorm2d", x, o);
+  BnShape s = bn_shape("batchnorm2d", x, o);
+  s.type = x.dtype();
   const int64_t c = s.c;
   const bool has_residual = residual.defined();
   if (has_residual) {
     check_same_device({&x, &residual});
     need_shape("batchnorm2d", "residual", residual, x.shape());
+    need_dtype("batchnorm2d", "the residual", residual, s.type);
   }
   for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var})
     need_shape("batchnorm2d", "a parameter", *t, {c});
@@ -279,7 +300,7 @@ BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& 
                      shape_str(x.shape()));
   Runtime& rt = x.runtime();
   BatchNormResult r;
-  r.y = Tensor(rt, x.shape(), x.device());
+  r.y = Tensor(rt, x.shape(), x.device(), StreamKind::Compute, s.type);
   std::vector<VarPtr> reads{x.var(), gamma.var(), beta.var()};
   if (has_residual) reads.push_back(residual.var());
   std::vector<VarPtr> writes{r.y.var()};
@@ -298,8 +319,8 @@ BatchNormResult batchnorm2d(const Tensor& x, const Tensor& gamma, const Tensor& 
               {training ? "batchnorm2d" : "batchnorm2d (eval)", "",
                (training ? 3 : 2) * x.bytes() + (has_residual ? x.bytes() : 0), 5.0 * dbl(x.numel())},
               [=](NnKernels& k, KernelContext& kc) {
-                k.batchnorm_forward(s, x.data(), gamma.data(), beta.data(), running_mean.data(),
-                                    running_var.data(), has_residual ? residual.data() : nullptr, y.data(),
+                k.batchnorm_forward(s, x.raw(), gamma.data(), beta.data(), running_mean.data(),
+                                    running_var.data(), has_residual ? residual.raw() : nullptr, y.raw(),
                                     training ? sm.data() : nullptr, training ? si.data() : nullptr, training,
                                     momentum, eps, kc);
               });
@@ -310,23 +331,26 @@ BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Ten
                                     const Tensor& save_mean, const Tensor& save_invstd,
                                     const BatchNormOptions& o, const Tensor& y, bool need_dresidual) {
   check_same_device({&x, &dy, &gamma, &save_mean, &save_invstd});
-  const BnShape s = bn_shape("batchnorm2d backward", x, o);
+  BnShape s = bn_shape("batchnorm2d backward", x, o);
+  s.type = x.dtype();
   need_shape("batchnorm2d backward", "output gradient", dy, x.shape());
+  need_dtype("batchnorm2d backward", "the output gradient", dy, s.type);
   if (o.relu) {
     need_shape("batchnorm2d backward", "output (which the fused ReLU's gradient needs)", y, x.shape());
     check_same_device({&x, &y});
+    need_dtype("batchnorm2d backward", "the output", y, s.type);
   }
   const int64_t c = s.c;
   for (const Tensor* t : {&gamma, &save_mean, &save_invstd})
     need_shape("batchnorm2d backward", "a parameter", *t, {c});
   Runtime& rt = x.runtime();
-  BatchNormGrads g{Tensor(rt, x.shape(), x.device()), Tensor(rt, {c}, x.device()),
+  BatchNormGrads g{Tensor(rt, x.shape(), x.device(), StreamKind::Compute, s.type), Tensor(rt, {c}, x.device()),
                    Tensor(rt, {c}, x.device())};
   std::vector<VarPtr> reads{x.var(), dy.var(), gamma.var(), save_mean.var(), save_invstd.var()};
   if (o.relu) reads.push_back(y.var());
   std::vector<VarPtr> writes{g.dx.var(), g.dgamma.var(), g.dbeta.var()};
   if (need_dresidual) {
-    g.dresidual = Tensor(rt, x.shape(), x.device());
+    g.dresidual = Tensor(rt, x.shape(), x.device(), StreamKind::Compute, s.type);
     writes.push_back(g.dresidual.var());
   }
   Tensor dx = g.dx, dg = g.dgamma, dbt = g.dbeta, dres = g.dresidual;
@@ -335,9 +359,9 @@ BatchNormGrads batchnorm2d_backward(const Tensor& x, const Tensor& dy, const Ten
               {"batchnorm2d backward", "", (o.relu ? 4 : 3) * x.bytes() + (need_dresidual ? x.bytes() : 0),
                8.0 * dbl(x.numel())},
               [=](NnKernels& k, KernelContext& kc) {
-                k.batchnorm_backward(s, x.data(), out.defined() ? out.data() : nullptr, dy.data(),
-                                     gamma.data(), save_mean.data(), save_invstd.data(), dx.data(),
-                                     dres.defined() ? dres.data() : nullptr, dg.data(), dbt.data(), kc);
+                k.batchnorm_backward(s, x.raw(), out.defined() ? out.raw() : nullptr, dy.raw(), gamma.data(),
+                                     save_mean.data(), save_invstd.data(), dx.raw(),
+                                     dres.defined() ? dres.raw() : nullptr, dg.data(), dbt.data(), kc);
               });
   return g;
 }
@@ -370,10 +394,10 @@ std::string activation_op_name(Activation kind) {
 Tensor activation(Activation kind, const Tensor& x) {
   if (!x.defined()) throw Error("activation: the input is undefined");
   const std::string name = activation_op_name(kind);
-  Tensor y(x.runtime(), x.shape(), x.device());
+  Tensor y(x.runtime(), x.shape(), x.device(), StreamKind::Compute, x.dtype());
   push_kernel(x.runtime(), x.device(), {x.var()}, {y.var()}, {name, "", 2 * x.bytes(), dbl(x.numel())},
               [=](NnKernels& k, KernelContext& kc) {
-                k.activation_forward(kind, x.data(), y.data(), x.numel(), kc);
+                k.activation_forward(kind, x.dtype(), x.raw(), y.raw(), x.numel(), kc);
               });
   return y;
 }
@@ -391,12 +415,13 @@ Tensor activation_backward(Activation kind, const Tensor& x, const Tensor& y, co
   if (value.shape() != dy.shape())
     throw ShapeError(name + ": " + (from_input ? "input " : "output ") + shape_str(value.shape()) +
                      " and the output gradient " + shape_str(dy.shape()) + " differ");
-  Tensor dx(dy.runtime(), dy.shape(), dy.device());
+  need_dtype(name, "the output gradient", dy, value.dtype());
+  Tensor dx(dy.runtime(), dy.shape(), dy.device(), StreamKind::Compute, dy.dtype());
   push_kernel(dy.runtime(), dy.device(), {value.var(), dy.var()}, {dx.var()},
               {name, "", 3 * dy.bytes(), 2.0 * dbl(dy.numel())}, [=](NnKernels& k, KernelContext& kc) {
-                const float* v = value.data();
-                k.activation_backward(kind, from_input ? v : nullptr, from_input ? nullptr : v, dy.data(),
-                                      dx.data(), dy.numel(), kc);
+                const void* v = value.raw();
+                k.activation_backward(kind, dy.dtype(), from_input ? v : nullptr, from_input ? nullptr : v,
+                                      dy.raw(), dx.raw(), dy.numel(), kc);
               });
   return dx;
 }
@@ -516,7 +541,7 @@ Tensor global_avg_pool(const Tensor& x, Layout layout) {
   push_kernel(x.runtime(), x.device(), {x.var()}, {y.var()},
               {"global avg pool", "", x.bytes() + y.bytes(), dbl(x.numel())},
               [=](NnKernels& k, KernelContext& kc) {
-                k.global_avg_pool_forward(planes, hw, block, x.data(), y.data(), kc);
+                k.global_avg_pool_forward(planes, hw, block, x.dtype(), x.raw(), y.data(), kc);
               });
   return y;
 }
@@ -526,13 +551,29 @@ Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape, Layout l
   need_shape("global_avg_pool backward", "output gradient", dy, {x_shape[0], x_shape[1], 1, 1});
   const int64_t planes = x_shape[0] * x_shape[1], hw = x_shape[2] * x_shape[3];
   const int64_t block = layout_block("global_avg_pool backward", layout, dy.device(), x_shape[1]);
-  Tensor dx(dy.runtime(), x_shape, dy.device());
+  // dx is stored as the forward's input was: as the layout stores activations under this precision.
+  const DType type = stored_as(layout, dy.device());
+  Tensor dx(dy.runtime(), x_shape, dy.device(), StreamKind::Compute, type);
   push_kernel(dy.runtime(), dy.device(), {dy.var()}, {dx.var()},
               {"global avg pool backward", "", dy.bytes() + dx.bytes(), dbl(dx.numel())},
               [=](NnKernels& k, KernelContext& kc) {
-                k.global_avg_pool_backward(planes, hw, block, dy.data(), dx.data(), kc);
+                k.global_avg_pool_backward(planes, hw, block, type, dy.data(), dx.raw(), kc);
               });
   return dx;
+}
+
+// --- the sum of two activations (or gradients) stored alike ------------------------------------------------
+
+Tensor add_activations(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined()) throw Error("add: an input is undefined");
+  if (a.dtype() == DType::Float32 && b.dtype() == DType::Float32) return add(a, b);
+  check_same_device({&a, &b});
+  need_shape("add", "the second input", b, a.shape());
+  need_dtype("add", "the second input", b, a.dtype());
+  Tensor y(a.runtime(), a.shape(), a.device(), StreamKind::Compute, a.dtype());
+  push_kernel(a.runtime(), a.device(), {a.var(), b.var()}, {y.var()}, {"add", "", 3 * a.bytes(), dbl(a.numel())},
+              [=](NnKernels& k, KernelContext& kc) { k.add_bf16(a.numel(), a.raw(), b.raw(), y.raw(), kc); });
+  return y;
 }
 
 // --- shape -------------------------------------------------------------------------------------------------

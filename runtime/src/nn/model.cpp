@@ -101,7 +101,7 @@ class ResidualM final : public Module {
     Tensor dmain = bn1_->backward(conv2_.backward(g2.dx, true), true);
     dmain = conv1_.backward(dmain, need_dx);
     Tensor dshort = conv3_ ? conv3_->backward(g2.dresidual, need_dx) : g2.dresidual;
-    return need_dx ? add(dmain, dshort) : Tensor();
+    return need_dx ? add_activations(dmain, dshort) : Tensor();
   }
   void collect(const std::string& prefix, std::vector<Parameter*>& out) override {
     // PyTorch's registration order in d2l's Residual: conv1, conv2, conv3, bn1, bn2.

@@ -1,4 +1,4 @@
-// Layers with forward and backward, as tensor ops. NCHW float32. Like every op, each call checks its inputs
+// Layers with forward and backward, as tensor ops. NCHW float32 (and bfloat16 activations, see Layout). Like every op, each call checks its inputs
 // (same device, shapes), enqueues one engine op on the inputs' device and returns at once; the results live
 // on that device. Backward functions return fresh gradient tensors. The CPU runs them with oneDNN and
 // OpenBLAS, CUDA with cuDNN and cuBLAS (see runtime/src/nn/).
@@ -135,6 +135,12 @@ Tensor pool2d_backward(const Tensor& x, const Tensor& y, const Tensor& dy, const
 // [N, C, H, W] -> [N, C, 1, 1]; x (and dx) in `layout`, the result NCHW: a network's blocked edge.
 Tensor global_avg_pool(const Tensor& x, Layout layout = Layout::Nchw);
 Tensor global_avg_pool_backward(const Tensor& dy, const Shape& x_shape, Layout layout = Layout::Nchw);
+
+// --- the sum of two activations or their gradients -------------------------------------------------------
+// a + b of the same shape, device and type: ops.h's add for float32, and for the bfloat16 activations of the
+// CPU's blocked layout under Precision::Bf16 each sum rounded to bfloat16 (a residual add, a gradient read
+// twice).
+Tensor add_activations(const Tensor& a, const Tensor& b);
 
 // --- shape and residual ------------------------------------------------------------------------------------
 // [N, ...] -> [N, rest]. A copy: tensors have no views.

@@ -613,6 +613,12 @@ void widen(const void* x, float* y, int64_t n, cudnnDataType_t type, cudaStream_
   GN_CUDA_CHECK_LAUNCH();
 }
 
+// The activations on CUDA are float32 (bfloat16 storage is the CPU's, in its blocked layout): a bf16 tensor
+// reaching a CUDA kernel is a routing error, said as one rather than read as floats.
+void need_float32(bool is_float32, const char* what) {
+  if (!is_float32) throw Error(std::string(what) + " on CUDA takes float32 activations, not bfloat16");
+}
+
 // --- layouts ---------------------------------------------------------------------------------------------
 //
 // An activation's channel block (kernels.h) is 1 for NCHW; on CUDA the only other block layers.cpp hands out
@@ -801,8 +807,11 @@ class CudaNnKernels final : public NnKernels {
     GN_CUDA_CHECK_LAUNCH();
   }
 
-  void conv2d_forward(const ConvShape& sh, const float* x, const float* w, const float* b, float* y,
+  void conv2d_forward(const ConvShape& sh, const void* xv, const float* w, const float* b, void* yv,
                       KernelContext& kc) override {
+    need_float32(sh.in_type == DType::Float32 && sh.out_type == DType::Float32, "convolution");
+    const float* x = static_cast<const float*>(xv);
+    float* y = static_cast<float*>(yv);
     const ConvFormats f(sh);
     Stream s(kc);
     const ConvMath m(kc.precision);
@@ -840,8 +849,11 @@ class CudaNnKernels final : public NnKernels {
     }
   }
 
-  void conv2d_backward(const ConvShape& sh, const float* x, const float* w, const float* dy, float* dx,
+  void conv2d_backward(const ConvShape& sh, const void* xv, const float* w, const void* dyv, void* dxv,
                        float* dw, float* db, KernelContext& kc) override {
+    need_float32(sh.in_type == DType::Float32 && sh.out_type == DType::Float32, "convolution backward");
+    const float *x = static_cast<const float*>(xv), *dy = static_cast<const float*>(dyv);
+    float* dx = static_cast<float*>(dxv);
     const ConvFormats f(sh);
     Stream s(kc);
     const ConvMath m(kc.precision);
@@ -906,10 +918,13 @@ class CudaNnKernels final : public NnKernels {
     hdx.finish();
   }
 
-  void batchnorm_forward(const BnShape& sh, const float* x, const float* gamma, const float* beta,
-                         float* running_mean, float* running_var, const float* residual, float* y,
+  void batchnorm_forward(const BnShape& sh, const void* xv, const float* gamma, const float* beta,
+                         float* running_mean, float* running_var, const void* residualv, void* yv,
                          float* save_mean, float* save_invstd, bool training, float momentum, float eps,
                          KernelContext& kc) override {
+    need_float32(sh.type == DType::Float32, "batch norm");
+    const float *x = static_cast<const float*>(xv), *residual = static_cast<const float*>(residualv);
+    float* y = static_cast<float*>(yv);
     // x, y and the residual [N, C, HW, 1] in the activation's format (NHWC: [N, HW, C] in memory; cuDNN's
     // spatial batch norm takes NHWC descriptors). The per-channel parameters [1, C, 1, 1] are the same memory
     // in either format and keep the packed NCHW descriptor, as PyTorch's channels_last batch norm does.
@@ -935,12 +950,16 @@ class CudaNnKernels final : public NnKernels {
       TensorDesc flat = flat_desc(n);
       GN_CUDNN_CHECK(cudnnAddTensor(s.cudnn(), &one, flat.d, residual, &one, flat.d, y));
     }
-    if (sh.relu) activation_forward(Activation::Relu, y, y, n, kc);
+    if (sh.relu) activation_forward(Activation::Relu, DType::Float32, y, y, n, kc);
   }
 
-  void batchnorm_backward(const BnShape& sh, const float* x, const float* y, const float* dy,
-                          const float* gamma, const float* save_mean, const float* save_invstd, float* dx,
-                          float* dresidual, float* dgamma, float* dbeta, KernelContext& kc) override {
+  void batchnorm_backward(const BnShape& sh, const void* xv, const void* yv, const void* dyv,
+                          const float* gamma, const float* save_mean, const float* save_invstd, void* dxv,
+                          void* dresidualv, float* dgamma, float* dbeta, KernelContext& kc) override {
+    need_float32(sh.type == DType::Float32, "batch norm backward");
+    const float *x = static_cast<const float*>(xv), *y = static_cast<const float*>(yv),
+                *dy = static_cast<const float*>(dyv);
+    float *dx = static_cast<float*>(dxv), *dresidual = static_cast<float*>(dresidualv);
     const cudnnTensorFormat_t format = layout_format(sh.block, sh.c, "batch norm");  // as forward's
     Stream s(kc);
     TensorDesc xd(sh.n, sh.c, sh.hw, 1, CUDNN_DATA_FLOAT, format), pd(1, sh.c, 1, 1);
@@ -950,7 +969,7 @@ class CudaNnKernels final : public NnKernels {
     Workspace masked(kc.allocator, s, sh.relu && !dresidual ? static_cast<size_t>(n) * sizeof(float) : 0);
     if (sh.relu) {
       float* g = dresidual ? dresidual : static_cast<float*>(masked.get());
-      activation_backward(Activation::Relu, nullptr, y, dy, g, n, kc);
+      activation_backward(Activation::Relu, DType::Float32, nullptr, y, dy, g, n, kc);
       dy = g;
     } else if (dresidual) {
       GN_CUDA_CHECK(cudaMemcpyAsync(dresidual, dy, static_cast<size_t>(n) * sizeof(float),
@@ -964,7 +983,11 @@ class CudaNnKernels final : public NnKernels {
              "cudnnBatchNormalizationBackward", sh, format);
   }
 
-  void activation_forward(Activation kind, const float* x, float* y, int64_t n, KernelContext& kc) override {
+  void activation_forward(Activation kind, DType type, const void* xv, void* yv, int64_t n,
+                          KernelContext& kc) override {
+    need_float32(type == DType::Float32, activation_name(kind));
+    const float* x = static_cast<const float*>(xv);
+    float* y = static_cast<float*>(yv);
     Stream s(kc);
     if (n == 0) return;
     if (kind == Activation::Gelu) {
@@ -978,8 +1001,12 @@ class CudaNnKernels final : public NnKernels {
     GN_CUDNN_CHECK(cudnnActivationForward(s.cudnn(), a.d, &one, d.d, x, &zero, d.d, y));
   }
 
-  void activation_backward(Activation kind, const float* x, const float* y, const float* dy, float* dx,
-                           int64_t n, KernelContext& kc) override {
+  void activation_backward(Activation kind, DType type, const void* xv, const void* yv, const void* dyv,
+                           void* dxv, int64_t n, KernelContext& kc) override {
+    need_float32(type == DType::Float32, activation_name(kind));
+    const float *x = static_cast<const float*>(xv), *y = static_cast<const float*>(yv),
+                *dy = static_cast<const float*>(dyv);
+    float* dx = static_cast<float*>(dxv);
     Stream s(kc);
     if (n == 0) return;
     if (kind == Activation::Gelu) {
@@ -992,6 +1019,10 @@ class CudaNnKernels final : public NnKernels {
     const float one = 1.0f, zero = 0.0f;
     // These derivatives follow from y (relu: y > 0 exactly when x > 0), so y also stands in for x.
     GN_CUDNN_CHECK(cudnnActivationBackward(s.cudnn(), a.d, &one, d.d, y, d.d, dy, d.d, y, &zero, d.d, dx));
+  }
+
+  void add_bf16(int64_t, const void*, const void*, void*, KernelContext&) override {
+    need_float32(false, "add");
   }
 
   void dropout_forward(int64_t n, const float* x, float* y, float* mask, float p, uint64_t seed,
@@ -1037,8 +1068,10 @@ class CudaNnKernels final : public NnKernels {
   }
 
   // x and dx NCHW (block 1) or NHWC (block = C, so N = planes / block).
-  void global_avg_pool_forward(int64_t planes, int64_t hw, int64_t block, const float* x, float* y,
+  void global_avg_pool_forward(int64_t planes, int64_t hw, int64_t block, DType type, const void* xv, float* y,
                                KernelContext& kc) override {
+    need_float32(type == DType::Float32, "global average pooling");
+    const float* x = static_cast<const float*>(xv);
     const int64_t c = nhwc_channels(planes, block);
     Stream s(kc);
     if (planes == 0) return;
@@ -1051,8 +1084,10 @@ class CudaNnKernels final : public NnKernels {
     GN_CUDA_CHECK_LAUNCH();
   }
 
-  void global_avg_pool_backward(int64_t planes, int64_t hw, int64_t block, const float* dy, float* dx,
-                                KernelContext& kc) override {
+  void global_avg_pool_backward(int64_t planes, int64_t hw, int64_t block, DType type, const float* dy,
+                                void* dxv, KernelContext& kc) override {
+    need_float32(type == DType::Float32, "global average pooling backward");
+    float* dx = static_cast<float*>(dxv);
     const int64_t c = nhwc_channels(planes, block);
     Stream s(kc);
     if (planes == 0) return;
