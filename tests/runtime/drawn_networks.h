@@ -101,4 +101,33 @@ inline NetworkSpec resnet18(int64_t channels, int64_t side = 16) {
   return n.spec;
 }
 
+// The graph plan's awkward cases (graph_module.cpp), on a [3, 6, 6] input with 3 classes: a batch norm whose
+// ReLU's output is read twice (fused, the ReLU's output a branch point), a shortcut computed after the batch
+// norm it is added to, a shortcut that is the batch norm's own input, a batch norm read twice (not fused), an
+// Add with no ReLU after it (not fused), and a blocked region ending at a Flatten instead of a pooling; 16
+// channels take the blocked layout of every CPU. With `plain`, a Scale(1) after each batch norm, which the
+// plan can neither fuse nor lay out (everything runs unfused in NCHW) and which changes no value; it draws the
+// same weights (Scale has none).
+inline NetworkSpec plan_cases(bool plain) {
+  WiredNet n;
+  auto bn = [&](const std::string& id, int from) {
+    const int h = n.add(id, LayerKind::BatchNorm2d, {from});
+    return plain ? n.add(id + "_plain", LayerKind::Scale, {h}, [](LayerSpec& l) { l.scale = 1; }) : h;
+  };
+  const int in = n.add("in", LayerKind::Input, {}, input({3, 6, 6}));
+  const int stem = n.add("stem", LayerKind::Conv2d, {in}, conv(16, 3, 1, 1));
+  const int r0 = n.add("relu0", LayerKind::ReLU, {bn("bn0", stem)});
+  const int c1 = n.add("c1", LayerKind::Conv2d, {r0}, conv(16, 3, 1, 1));
+  const int bn1 = bn("bn1", c1);
+  const int late = n.add("late", LayerKind::Conv2d, {r0}, conv(16, 1));  // after bn1, added to it
+  const int r1 = n.add("relu1", LayerKind::ReLU, {n.add("add1", LayerKind::Add, {bn1, late})});
+  const int r2 = n.add("relu2", LayerKind::ReLU, {n.add("add2", LayerKind::Add, {bn("bn2", r1), r1})});
+  const int bn3 = bn("bn3", r2);
+  const int twice = n.add("twice", LayerKind::Add, {bn3, bn3});
+  int h = n.add("tanh", LayerKind::Tanh, {n.add("plain_add", LayerKind::Add, {twice, r0})});
+  h = n.add("flat", LayerKind::Flatten, {n.add("last", LayerKind::Conv2d, {h}, conv(4, 3))});
+  n.add("fc", LayerKind::Linear, {h}, features(3));
+  return n.spec;
+}
+
 }  // namespace gn::nn

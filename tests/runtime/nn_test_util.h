@@ -15,6 +15,7 @@
 #include "gpunodes/nn/model.h"
 #include "gpunodes/nn/network.h"
 #include "gpunodes/ops.h"
+#include "gpunodes/precision.h"
 
 namespace gn::nn {
 
@@ -167,7 +168,22 @@ inline ModelOptions networkOptions(const NetworkSpec& net, uint64_t seed = 1) {
   return o;
 }
 
+// Why the bf16 checks skip on this CPU; empty where bf16 runs (test_cpu_bf16, test_cpu_bf16_networks).
+inline QString no_bf16_reason() {
+  if (cpu_native_bf16()) return {};
+  const std::string has = cpu_bf16_features();
+  return QString("no native bf16 here: oneDNN's effective ISA is %1 (the CPU has %2)")
+      .arg(QString::fromStdString(cpu_dnnl_isa()), has.empty() ? QString("neither avx512_bf16 nor AMX-BF16")
+                                                              : QString::fromStdString(has));
+}
+
 }  // namespace gn::nn
+
+// In a bf16 test slot: skips it, saying why, on a CPU without native bf16.
+#define SKIP_WITHOUT_BF16()                                           \
+  do {                                                                \
+    if (const QString why = gn::nn::no_bf16_reason(); !why.isEmpty()) QSKIP(qPrintable(why)); \
+  } while (0)
 
 // In a test slot: sets `device` to the device GN_TEST_DEVICE names (the suites' CUDA variants set it to
 // cuda:0) and leaves it as it is when the variable is unset. A name that is not a device fails the slot; a

@@ -139,20 +139,6 @@ double check(const char* what, const Vec& bf16, const Vec& fp32, const Exact& ex
   return worst;
 }
 
-// The reason the value checks skip on this CPU; empty where bf16 runs.
-QString no_bf16_reason() {
-  if (cpu_native_bf16()) return {};
-  const std::string has = cpu_bf16_features();
-  return QString("no native bf16 here: oneDNN's effective ISA is %1 (the CPU has %2)")
-      .arg(QString::fromStdString(cpu_dnnl_isa()), has.empty() ? QString("neither avx512_bf16 nor AMX-BF16")
-                                                              : QString::fromStdString(has));
-}
-
-#define SKIP_WITHOUT_BF16()                                           \
-  do {                                                                \
-    if (const QString why = no_bf16_reason(); !why.isEmpty()) QSKIP(qPrintable(why)); \
-  } while (0)
-
 // --- float64 references ----------------------------------------------------------------------------------
 
 struct ConvCase {
