@@ -410,6 +410,7 @@ class CpuBf16Test : public QObject {
   // statistics and parameter gradients are the same bits.
   void batchnorm_and_pooling_in_the_bf16_layout_data() {
     QTest::addColumn<int>("channels");
+    QTest::newRow("64 channels (32 bf16 lanes in NHWC)") << 64;
     QTest::newRow("48 channels") << 48;
     QTest::newRow("24 channels") << 24;
     QTest::newRow("12 channels") << 12;

@@ -10,8 +10,8 @@ namespace gn::nn {
 // Batch norm runs over NCHW (block 1), the blocked layouts and NHWC (block == C, cpu_layout.h) alike, a group
 // of B channels side by side: value (n, c, j) of group cb = c / B and lane l = c % B sits at
 // n * image + cb * group + j * step + l. Blocked (B = block, NCHW with B = 1): image C * HW, group HW * B,
-// step B. NHWC: image HW * C, group B, step C, with B the largest of 16, 8 and 1 that divides C. With B a
-// compile-time constant the lane loops vectorise.
+// step B. NHWC: image HW * C, group B, step C, with B the largest of 16, 8 and 1 that divides C (for bf16
+// values 32 first: a cache line). With B a compile-time constant the lane loops vectorise.
 // The activations (x, residual, y; dy, dx, dresidual) are stored as BnShape::type says: float or bfloat16
 // (uint16_t), read as floats and rounded once when written; the parameters and statistics are float.
 struct BnForward {
