@@ -68,22 +68,19 @@ void RunCache::useScope(const QString& plugin, const QString& scope) {
   scopes_.insert(plugin, scope);
   if (!changed) return;
   for (auto it = slots_.begin(); it != slots_.end();) {
-    if (it->node->plugin == plugin) {
-      const auto next = std::next(it);
-      eraseLocked(it, &dropped);
-      it = next;
-    } else {
+    if (it->node->plugin == plugin)
+      it = eraseLocked(it, &dropped);
+    else
       ++it;
-    }
   }
 }
 
-void RunCache::eraseLocked(QHash<QByteArray, Slot>::iterator it,
-                           QList<std::shared_ptr<const CachedNode>>* out) {
+QHash<QByteArray, RunCache::Slot>::iterator RunCache::eraseLocked(QHash<QByteArray, Slot>::iterator it,
+                                                                  QList<std::shared_ptr<const CachedNode>>* out) {
   bytes_ -= it->node->bytes;
   out->append(it->node);
   lru_.erase(it->at);
-  slots_.erase(it);
+  return slots_.erase(it);
 }
 
 void RunCache::evictLocked(qint64 bound, QList<std::shared_ptr<const CachedNode>>* out) {

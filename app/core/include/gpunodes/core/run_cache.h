@@ -84,7 +84,10 @@ class RunCache {
   // Under the lock; the dropped entries go to *out, to be released after it (a last reference to a runtime
   // waits for its threads).
   void evictLocked(qint64 bound, QList<std::shared_ptr<const CachedNode>>* out);
-  void eraseLocked(QHash<QByteArray, Slot>::iterator it, QList<std::shared_ptr<const CachedNode>>* out);
+  // Removes the slot at `it` (its value goes to `out`, to be released outside the lock) and returns the
+  // iterator after it: a QHash erase moves other entries, so no iterator taken before stays valid.
+  QHash<QByteArray, Slot>::iterator eraseLocked(QHash<QByteArray, Slot>::iterator it,
+                                                QList<std::shared_ptr<const CachedNode>>* out);
 
   mutable std::mutex mutex_;
   qint64 maxBytes_;
