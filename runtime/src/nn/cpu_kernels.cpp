@@ -15,13 +15,14 @@
 // on 2 AVX2 cores under load a ResNet-18 step's convolutions took a fifth less time without them.
 //
 // Under Precision::Bf16 (only where oneDNN's ISA has bf16 instructions) convolutions take bf16 source,
-// weights and output gradient in the layouts oneDNN prefers, with float32 results (y, dx, dw, db): the
-// reorders that stage the operands round them to bf16 on the way, so a blocked float32 activation costs one
-// pass, as it does in fp32. Linear layers then run oneDNN's bf16 matmul (cpu/cpu_bf16_gemm.h) instead of
-// OpenBLAS.
+// weights and output gradient in the layouts oneDNN prefers, with float32 weight and bias gradients; y and dx
+// are written as the caller stores them (bf16 activations in the blocked layout, float32 in NCHW), and a
+// float32 operand is rounded to bf16 by the reorder that stages it. Linear layers then run oneDNN's bf16
+// matmul (cpu/cpu_bf16_gemm.h) instead of OpenBLAS.
 //
-// Every oneDNN object is made once per shape and per worker thread (each CPU device's worker has its own
-// OpenMP thread count, which oneDNN bakes into its kernels), and reorders go through per-thread scratch.
+// The oneDNN objects (cpu_dnnl_prims.h) are made once per shape and per worker thread (each CPU device's
+// worker has its own OpenMP thread count, which oneDNN bakes into its kernels), and reorders go through
+// per-thread scratch.
 #include <cblas.h>
 #include <omp.h>
 
@@ -45,6 +46,7 @@
 #include "../cpu/bf16.h"
 #include "../cpu/cpu_bf16_gemm.h"
 #include "cpu_batchnorm.h"
+#include "cpu_dnnl_prims.h"
 #include "cpu_parallel.h"
 #include "kernels.h"
 #include "recurrent_kernels.h"
@@ -52,255 +54,9 @@
 namespace gn::nn {
 namespace {
 
-using dnnl::memory;
-using Tag = memory::format_tag;
-using Dt = memory::data_type;
+using namespace onednn;
 
 constexpr int64_t kParallelMin = kCpuParallelMin;
-
-// --- per-thread oneDNN state -------------------------------------------------------------------------------
-
-
-enum Slot { kSrc, kWei, kDst, kDiffDst, kDiffSrc, kDiffWei, kSrcW, kDiffDstW, kPad, kScratchpad };
-
-struct ThreadDnnl {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
-  cpu::HostScratch scratch;
-};
-
-ThreadDnnl& tdnnl() {
-  thread_local ThreadDnnl t;
-  return t;
-}
-
-dnnl::primitive_attr user_scratchpad() {
-  dnnl::primitive_attr a;
-  a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  return a;
-}
-
-[[noreturn]] void rethrow_dnnl(const char* what, const dnnl::error& e) {
-  throw BackendError(std::string("oneDNN ") + what + " failed: " + e.what());
-}
-
-// One argument of a primitive: the tensor in our plain layout, and the primitive's layout when it differs,
-// with the reorder between them through a scratch slot.
-struct Staged {
-  memory::desc user_desc, prim_desc;
-  std::optional<dnnl::reorder> in, out;  // user -> prim, prim -> user
-  int slot = 0;
-
-  Staged() = default;
-  Staged(const memory::desc& user, const memory::desc& prim, int scratch_slot, bool input, bool output)
-      : user_desc(user), prim_desc(prim), slot(scratch_slot) {
-    if (user == prim) return;
-    auto& e = tdnnl().engine;
-    if (input) in = dnnl::reorder(dnnl::reorder::primitive_desc(e, user, e, prim));
-    if (output) out = dnnl::reorder(dnnl::reorder::primitive_desc(e, prim, e, user));
-  }
-  bool same() const { return !in && !out; }
-  // The memory the primitive reads or writes; reorders `user_ptr` in first for inputs.
-  memory bind(void* user_ptr) {
-    auto& t = tdnnl();
-    memory user(user_desc, t.engine, user_ptr);
-    if (same()) return user;
-    memory prim(prim_desc, t.engine, t.scratch.get(slot, prim_desc.get_size()));
-    if (in) in->execute(t.stream, user, prim);
-    return prim;
-  }
-  // For outputs: reorders the primitive's result back into `user_ptr`.
-  void finish(memory prim, void* user_ptr) {
-    if (same()) return;
-    auto& t = tdnnl();
-    memory user(user_desc, t.engine, user_ptr);
-    out->execute(t.stream, prim, user);
-  }
-};
-
-memory scratchpad(const memory::desc& d) {
-  auto& t = tdnnl();
-  return memory(d, t.engine, t.scratch.get(kScratchpad, std::max<size_t>(d.get_size(), 64)));
-}
-
-// --- convolution -------------------------------------------------------------------------------------------
-
-using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, bool, int64_t, int64_t>;
-ConvKey key_of(const ConvShape& s) {
-  return {s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad, s.groups, s.bias, s.in_block, s.out_block};
-}
-Dt dt_of(DType t) {
-  return t == DType::BFloat16 ? Dt::bf16 : Dt::f32;
-}
-struct ConvKeyOf {
-  ConvKey shape;
-  bool bf16;
-  DType in_type, out_type;
-  auto operator<=>(const ConvKeyOf&) const = default;
-};
-
-// Our layout of an activation with channel block `block` (1: NCHW; all its channels: NHWC, cpu_layout.h),
-// stored as `type`.
-memory::desc activation_desc(const memory::dims& d, int64_t block, Dt type) {
-  switch (block) {
-    case 1:
-      return memory::desc(d, type, Tag::nchw);
-    case 8:
-      return memory::desc(d, type, Tag::nChw8c);
-    case 16:
-      return memory::desc(d, type, Tag::nChw16c);
-  }
-  if (block == d[1]) return memory::desc(d, type, Tag::nhwc);
-  throw Error("no oneDNN layout for a channel block of " + std::to_string(block) + " of " +
-              std::to_string(d[1]) + " channels");
-}
-
-struct ConvPrims {
-  memory::dims src, wei, bias, dst, strides, padding;
-  memory::desc user_src, user_dst;  // x and dx, y and dy: as the caller keeps them
-  bool plain_layout = false;
-  // Grouped weights are 5-d for oneDNN, [g, K/g, C/g, R, S]: the same memory as our [K, C/g, R, S].
-  Tag wei_tag = Tag::oihw;
-  bool with_bias = true;
-  dnnl::convolution_forward::primitive_desc fwd_pd;
-  dnnl::convolution_forward fwd;
-  Staged f_src, f_wei, f_dst;
-  bool have_bwd = false;
-  dnnl::convolution_backward_data::primitive_desc bd_pd;
-  dnnl::convolution_backward_data bd;
-  Staged bd_diff_dst, bd_wei, bd_diff_src;
-  dnnl::convolution_backward_weights::primitive_desc bw_pd;
-  dnnl::convolution_backward_weights bw;
-  Staged bw_src, bw_diff_dst, bw_diff_wei;
-
-  // The operands' type (src, weights, diff_dst): f32, or bf16 under Precision::Bf16. The weight gradient
-  // stays f32; y and dx are written as the caller stores them (ConvShape's out_type and in_type).
-  Dt operand = Dt::f32;
-  Dt y_type = Dt::f32, dx_type = Dt::f32;
-
-  ConvPrims(const ConvShape& s, Dt operand_type)
-      : operand(operand_type), y_type(dt_of(s.out_type)), dx_type(dt_of(s.in_type)) {
-    src = {s.n, s.c, s.h, s.w};
-    if (s.groups > 1) {
-      wei = {s.groups, s.k / s.groups, s.c / s.groups, s.r, s.s};
-      wei_tag = Tag::goihw;
-    } else {
-      wei = {s.k, s.c, s.r, s.s};
-    }
-    bias = {s.k};
-    with_bias = s.bias;
-    dst = {s.n, s.k, s.oh, s.ow};
-    strides = {s.stride, s.stride};
-    padding = {s.pad, s.pad};
-    user_src = activation_desc(src, s.in_block, dt_of(s.in_type));
-    user_dst = activation_desc(dst, s.out_block, dt_of(s.out_type));
-    auto& e = tdnnl().engine;
-    // 1x1 convolutions between NCHW tensors are GEMMs: oneDNN's GEMM path on that layout beats its blocked
-    // direct kernel plus the reorders there. Everything else takes the layout oneDNN prefers, which is the
-    // blocked layout callers pass (cpu_channel_block()), so that blocked tensors need no reorder.
-    // That measurement was of fp32; bf16 always takes oneDNN's preferred (blocked) layouts.
-    plain_layout = operand == Dt::f32 && s.r == 1 && s.s == 1 && s.in_block == 1 && s.out_block == 1;
-    memory::desc any_src = desc(src, Tag::nchw, operand), any_wei = desc(wei, wei_tag, operand),
-                 any_dst = desc(dst, Tag::nchw, y_type);
-    dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                      any_src, any_wei, bias_desc(), any_dst, strides, padding, padding);
-    fwd_pd = dnnl::convolution_forward::primitive_desc(d, user_scratchpad(), e);
-    fwd = dnnl::convolution_forward(fwd_pd);
-    f_src = Staged(user_src, fwd_pd.src_desc(), kSrc, true, false);
-    f_wei = Staged(plain_w(wei), fwd_pd.weights_desc(), kWei, true, false);
-    f_dst = Staged(user_dst, fwd_pd.dst_desc(), kDst, false, true);
-  }
-
-  // The layout asked of oneDNN: ours for 1x1, otherwise whatever it prefers.
-  memory::desc desc(const memory::dims& d, Tag ours, Dt type) const {
-    return memory::desc(d, type, plain_layout ? ours : Tag::any);
-  }
-  memory::desc plain_w(const memory::dims& d) const { return memory::desc(d, Dt::f32, wei_tag); }
-  // A zero descriptor tells oneDNN there is no bias (and no bias gradient).
-  memory::desc bias_desc() const { return with_bias ? memory::desc(bias, Dt::f32, Tag::x) : memory::desc(); }
-
-  void make_backward() {
-    if (have_bwd) return;
-    auto& e = tdnnl().engine;
-    // Backward data reads diff_dst and the weights (operand type) and writes diff_src (as dx is stored);
-    // backward weights reads src and diff_dst (operand type) and writes diff_weights and diff_bias (f32).
-    memory::desc op_src = desc(src, Tag::nchw, operand), dx_src = desc(src, Tag::nchw, dx_type),
-                 op_wei = desc(wei, wei_tag, operand), f32_wei = desc(wei, wei_tag, Dt::f32),
-                 op_dst = desc(dst, Tag::nchw, operand);
-    dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, dx_src, op_wei, op_dst,
-                                             strides, padding, padding);
-    bd_pd = dnnl::convolution_backward_data::primitive_desc(dd, user_scratchpad(), e, fwd_pd);
-    bd = dnnl::convolution_backward_data(bd_pd);
-    bd_diff_dst = Staged(user_dst, bd_pd.diff_dst_desc(), kDiffDst, true, false);
-    bd_wei = Staged(plain_w(wei), bd_pd.weights_desc(), kWei, true, false);
-    bd_diff_src = Staged(user_src, bd_pd.diff_src_desc(), kDiffSrc, false, true);
-    dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, op_src, f32_wei,
-                                                bias_desc(), op_dst, strides, padding, padding);
-    bw_pd = dnnl::convolution_backward_weights::primitive_desc(wd, user_scratchpad(), e, fwd_pd);
-    bw = dnnl::convolution_backward_weights(bw_pd);
-    bw_src = Staged(user_src, bw_pd.src_desc(), kSrcW, true, false);
-    bw_diff_dst = Staged(user_dst, bw_pd.diff_dst_desc(), kDiffDstW, true, false);
-    bw_diff_wei = Staged(plain_w(wei), bw_pd.diff_weights_desc(), kDiffWei, false, true);
-    have_bwd = true;
-  }
-};
-
-ConvPrims& conv_prims(const ConvShape& s, Precision precision) {
-  thread_local std::map<ConvKeyOf, std::unique_ptr<ConvPrims>> cache;
-  const bool bf16 = precision == Precision::Bf16;
-  auto& slot = cache[ConvKeyOf{key_of(s), bf16, s.in_type, s.out_type}];
-  if (!slot) slot = std::make_unique<ConvPrims>(s, bf16 ? Dt::bf16 : Dt::f32);
-  return *slot;
-}
-
-// --- eltwise -----------------------------------------------------------------------------------------------
-
-struct EltPrims {
-  dnnl::eltwise_forward::primitive_desc fwd_pd;
-  dnnl::eltwise_forward fwd;
-  dnnl::eltwise_backward::primitive_desc bwd_pd;
-  dnnl::eltwise_backward bwd;
-  memory::desc desc;
-
-  // GELU's derivative needs the input; the others' follow from the output, which saves keeping x.
-  bool backward_from_src = false;
-
-  EltPrims(Activation kind, int64_t n, Dt type) {
-    auto& e = tdnnl().engine;
-    desc = memory::desc({n}, type, Tag::x);
-    const auto fwd_alg = algorithm_for(kind);
-    backward_from_src = kind == Activation::Gelu;
-    fwd_pd = dnnl::eltwise_forward::primitive_desc(
-        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, fwd_alg, desc), user_scratchpad(), e);
-    fwd = dnnl::eltwise_forward(fwd_pd);
-    bwd_pd = dnnl::eltwise_backward::primitive_desc(dnnl::eltwise_backward::desc(fwd_alg, desc, desc),
-                                                    user_scratchpad(), e, fwd_pd);
-    bwd = dnnl::eltwise_backward(bwd_pd);
-  }
-  static dnnl::algorithm algorithm_for(Activation kind);
-};
-
-dnnl::algorithm EltPrims::algorithm_for(Activation kind) {
-  switch (kind) {
-    case Activation::Relu:
-      return dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
-    case Activation::Sigmoid:
-      return dnnl::algorithm::eltwise_logistic_use_dst_for_bwd;
-    case Activation::Tanh:
-      return dnnl::algorithm::eltwise_tanh_use_dst_for_bwd;
-    case Activation::Gelu:
-      return dnnl::algorithm::eltwise_gelu_erf;  // exact erf form, PyTorch's default
-  }
-  throw Error("unknown activation " + std::to_string(static_cast<int>(kind)));
-}
-
-EltPrims& elt_prims(Activation kind, int64_t n, DType type) {
-  thread_local std::map<std::tuple<int, int64_t, DType>, std::unique_ptr<EltPrims>> cache;
-  auto& slot = cache[{static_cast<int>(kind), n, type}];
-  if (!slot) slot = std::make_unique<EltPrims>(kind, n, dt_of(type));
-  return *slot;
-}
 
 // Global average pooling's loops over values stored as T (float or bfloat16): a group is one sample's block
 // of channels, hw pixels of `block` lanes, the means of `block` planes.
