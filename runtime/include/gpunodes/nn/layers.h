@@ -33,7 +33,9 @@ LinearGrads linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, 
 //     convolution kernels read and write NHWC, and run NCHW through transposes around them. Any C works.
 // A network that passes Blocked activations from layer to layer reorders only at its edges instead of
 // around every convolution. The tensor's shape stays [N, C, H, W] either way. Where C is 1 (or H = W = 1)
-// every layout is the same memory.
+// every layout is the same memory. Under Precision::Bf16 on a CPU, Blocked also stores the values in bfloat16
+// (DType::BFloat16): the layers that write an activation or its gradient in it store bf16, and every layer
+// that takes the layout reads it (a network's region from its first convolution to its global pooling).
 enum class Layout { Nchw, Blocked };
 // Whether `device` has a Blocked layout of its own (CPU and CUDA devices do).
 bool has_blocked_layout(Device device);
