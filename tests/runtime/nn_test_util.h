@@ -5,11 +5,14 @@
 #include <QFile>
 #include <QTemporaryDir>
 #include <QtTest>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "gpunodes/errors.h"
 #include "gpunodes/nn/model.h"
@@ -166,6 +169,30 @@ inline ModelOptions networkOptions(const NetworkSpec& net, uint64_t seed = 1) {
   o.init = Init::Xavier;
   o.seed = seed;
   return o;
+}
+
+// The largest |a[i] - b[i]| (infinite when the sizes differ), and the largest |a[i]|.
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
+  return m;
+}
+inline double max_abs(const std::vector<float>& a) {
+  double m = 0;
+  for (float v : a) m = std::max(m, std::fabs(double(v)));
+  return m;
+}
+
+// float -> bf16 -> float, rounded to nearest even, on the host: the bf16 suites' reference for the rounding
+// oneDNN's reorders, vcvtne2ps2bf16 and the runtime's own kernels do.
+inline float round_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  float r;
+  std::memcpy(&r, &bits, sizeof r);
+  return r;
 }
 
 // Why the bf16 checks skip on this CPU; empty where bf16 runs (test_cpu_bf16, test_cpu_bf16_networks).

@@ -40,17 +40,6 @@ double gamma32(int64_t k) {
   return static_cast<double>(k) * std::ldexp(1.0, -24);
 }
 
-// float -> bf16 -> float, round to nearest even: the rounding oneDNN's reorders and vcvtne2ps2bf16 do.
-double round_bf16(double v) {
-  const float f = static_cast<float>(v);
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  bits &= 0xffff0000u;
-  float r;
-  std::memcpy(&r, &bits, sizeof r);
-  return r;
-}
 Vec rounded(const Vec& v) {
   Vec r(v.size());
   for (size_t i = 0; i < v.size(); ++i) r[i] = round_bf16(v[i]);

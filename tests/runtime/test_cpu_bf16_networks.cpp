@@ -24,16 +24,6 @@ namespace {
 
 constexpr double kU = 1.0 / 256;  // bf16's unit roundoff
 
-// float -> bf16 -> float, rounded to nearest even, on the host: the reference for the runtime's rounding.
-float round_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-  float r;
-  std::memcpy(&r, &bits, sizeof r);
-  return r;
-}
-
 std::vector<float> random_values(size_t n, uint32_t seed) {
   std::mt19937 g(seed);
   std::uniform_real_distribution<float> d(-2, 2);
@@ -42,17 +32,9 @@ std::vector<float> random_values(size_t n, uint32_t seed) {
   return v;
 }
 
-double max_abs(const std::vector<float>& a) {
-  double m = 0;
-  for (float v : a) m = std::max(m, std::fabs(double(v)));
-  return m;
-}
-
 // The largest difference relative to the larger of the two's largest magnitude.
 double relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
-  return d / std::max({max_abs(a), max_abs(b), 1e-30});
+  return max_abs_diff(a, b) / std::max({max_abs(a), max_abs(b), 1e-30});
 }
 
 // What a training step holds: what a forward keeps for backward, and the step's peak, above the parameters.

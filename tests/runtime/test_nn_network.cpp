@@ -20,19 +20,6 @@ using namespace gn::nn;
 
 namespace {
 
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return INFINITY;
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
-  return m;
-}
-
-double max_abs(const std::vector<float>& a) {
-  double m = 0;
-  for (float v : a) m = std::max(m, std::fabs(double(v)));
-  return m;
-}
-
 ModelOptions networkOptions(const NetworkSpec& net, Init init, uint64_t seed) {
   ModelOptions o = networkOptions(net, seed);
   o.init = init;

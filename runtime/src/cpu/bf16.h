@@ -20,4 +20,19 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>((quiet_nan & nan) | (rounded & ~nan));
 }
 
+// A stored value as a float, and a float stored, for loops over either type (T float or uint16_t: bf16):
+// float as it is, bf16 widened exactly or rounded as above.
+inline float widen(float v) {
+  return v;
+}
+inline float widen(uint16_t v) {
+  return bf16_to_float(v);
+}
+inline void store_rounded(float& out, float v) {
+  out = v;
+}
+inline void store_rounded(uint16_t& out, float v) {
+  out = float_to_bf16(v);
+}
+
 }  // namespace gn::cpu

@@ -60,19 +60,6 @@ constexpr int64_t kParallelMin = kCpuParallelMin;
 
 // Global average pooling's loops over values stored as T (float or bfloat16): a group is one sample's block
 // of channels, hw pixels of `block` lanes, the means of `block` planes.
-float as_float(float v) {
-  return v;
-}
-float as_float(uint16_t v) {
-  return cpu::bf16_to_float(v);
-}
-void store_as(float& out, float v) {
-  out = v;
-}
-void store_as(uint16_t& out, float v) {
-  out = cpu::float_to_bf16(v);
-}
-
 template <class T>
 void plane_means(int64_t planes, int64_t hw, int64_t block, const T* x, float* y) {
   const int64_t groups = planes / block;
@@ -80,7 +67,7 @@ void plane_means(int64_t planes, int64_t hw, int64_t block, const T* x, float* y
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t l = 0; l < block; ++l) {
       double acc = 0;
-      for (int64_t j = 0; j < hw; ++j) acc += as_float(x[(g * hw + j) * block + l]);
+      for (int64_t j = 0; j < hw; ++j) acc += cpu::widen(x[(g * hw + j) * block + l]);
       y[g * block + l] = static_cast<float>(acc / static_cast<double>(hw));
     }
 }
@@ -92,7 +79,7 @@ void spread_means(int64_t planes, int64_t hw, int64_t block, const float* dy, T*
 #pragma omp parallel for if (planes * hw > kParallelMin)
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t j = 0; j < hw; ++j)
-      for (int64_t l = 0; l < block; ++l) store_as(dx[(g * hw + j) * block + l], dy[g * block + l] * inv);
+      for (int64_t l = 0; l < block; ++l) cpu::store_rounded(dx[(g * hw + j) * block + l], dy[g * block + l] * inv);
 }
 
 // --- the kernels -------------------------------------------------------------------------------------------
