@@ -19,6 +19,7 @@ using namespace gn::nn;
 
 namespace {
 
+// Against a float64 reference (nn_test_util.h's max_abs_diff compares two float results).
 double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
   if (a.size() != b.size()) return INFINITY;
   double m = 0;
@@ -111,7 +112,7 @@ class SequenceLayersTest : public QObject {
   void one_hot_rows() {
     const Tensor y = one_hot(from_values(*rt_, {1, 3}, device_, {2, 0, 2}), 3);
     QCOMPARE(y.shape(), (Shape{1, 3, 3}));
-    QCOMPARE(max_abs_diff(to_host(y), {0, 0, 1, 1, 0, 0, 0, 0, 1}), 0.0);
+    QCOMPARE(max_abs_diff(to_host(y), std::vector<double>{0, 0, 1, 1, 0, 0, 0, 0, 1}), 0.0);
   }
 
   void transpose_swaps_any_two_axes() {
@@ -174,7 +175,7 @@ class SequenceLayersTest : public QObject {
       const RegressionLossResult r = regression_loss(kind, from_values(*rt_, {6, 1}, device_, pred),
                                                      from_values(*rt_, {6}, device_, target), true, scale, delta);
       QVERIFY(std::fabs(item(r.loss) - sum / 6) < 1e-6);
-      QVERIFY(max_abs_diff(to_host(r.stats), {sum, squares}) < 1e-5);
+      QVERIFY(max_abs_diff(to_host(r.stats), std::vector<double>{sum, squares}) < 1e-5);
       QVERIFY(max_abs_diff(to_host(r.dpred), grad) < 1e-6);
     }
     expect_error([&] { regression_loss(RegressionLoss::Mse, zeros(*rt_, {4, 2}, device_), zeros(*rt_, {4}, device_)); },
@@ -191,7 +192,7 @@ class SequenceLayersTest : public QObject {
                                                   from_values(*rt_, {n, t}, device_, labels));
     QCOMPARE(ce.dlogits.shape(), (Shape{n, t, v}));
     QVERIFY(std::fabs(item(ce.loss) - sum / (n * t)) < 1e-5);
-    QVERIFY(max_abs_diff(to_host(ce.stats), {sum, correct}) < 1e-4);
+    QVERIFY(max_abs_diff(to_host(ce.stats), std::vector<double>{sum, correct}) < 1e-4);
     expect_error([&] { softmax_cross_entropy(zeros(*rt_, {2, 3, 4}, device_), zeros(*rt_, {2}, device_)); },
                  {"labels", "[2, 3]"});
   }
@@ -209,7 +210,7 @@ class SequenceLayersTest : public QObject {
     const Tensor tz = from_values(*rt_, {n, t, v}, device_, z), tl = from_values(*rt_, {n, t}, device_, labels);
     const CrossEntropy ce = softmax_cross_entropy(tz, tl, true, 0, 0, pad);
     QVERIFY(std::fabs(item(ce.loss) - sum / counted) < 1e-5);
-    QVERIFY(max_abs_diff(to_host(ce.stats), {sum, correct}) < 1e-4);
+    QVERIFY(max_abs_diff(to_host(ce.stats), std::vector<double>{sum, correct}) < 1e-4);
     std::vector<double> mean_grad(grad.size()), all_rows(grad.size());
     for (size_t i = 0; i < grad.size(); ++i) mean_grad[i] = grad[i] / counted, all_rows[i] = grad[i] / (n * t);
     QVERIFY(max_abs_diff(to_host(ce.dlogits), mean_grad) < 1e-6);
@@ -219,7 +220,7 @@ class SequenceLayersTest : public QObject {
     const CrossEntropy none = softmax_cross_entropy(tz, from_values(*rt_, {n, t}, device_, std::vector<float>(6, 1.0f)),
                                                     true, 0, 0, pad);
     QVERIFY(std::isnan(item(none.loss)));
-    QVERIFY(max_abs_diff(to_host(none.stats), {0, 0}) == 0);
+    QVERIFY(max_abs_diff(to_host(none.stats), std::vector<double>{0, 0}) == 0);
     QVERIFY(max_abs_diff(to_host(none.dlogits), std::vector<double>(size_t(n * t * v), 0.0)) == 0);
     // Without ignore_index a label of -1 is still an error, and ignore_index must be a class.
     expect_error([&] { item(softmax_cross_entropy(tz, from_values(*rt_, {n, t}, device_, {3, 0, -1, 4, 1, 1})).loss); },
