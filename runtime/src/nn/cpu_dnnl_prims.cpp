@@ -102,7 +102,7 @@ ConvPrims::ConvPrims(const ConvShape& s, Dt operand_type)
   f_dst = Staged(user_dst, fwd_pd.dst_desc(), kDst, false, true);
 }
 
-void ConvPrims::make_backward() {
+void ConvPrims::make_backward(const ConvShape& s) {
   if (have_bwd) return;
   auto& e = tdnnl().engine;
   // Backward data reads diff_dst and the weights (operand type) and writes diff_src (as dx is stored);
@@ -117,6 +117,11 @@ void ConvPrims::make_backward() {
   bd_diff_dst = Staged(user_dst, bd_pd.diff_dst_desc(), kDiffDst, true, false);
   bd_wei = Staged(plain_w(wei), bd_pd.weights_desc(), kWei, true, false);
   bd_diff_src = Staged(user_src, bd_pd.diff_src_desc(), kDiffSrc, false, true);
+  have_bwd = true;
+  if (ConvWeightGradProduct::suits(s, operand)) {
+    weight_product.emplace(s);
+    return;
+  }
   dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, op_src, f32_wei,
                                               bias_desc(), op_dst, strides, padding, padding);
   bw_pd = dnnl::convolution_backward_weights::primitive_desc(wd, user_scratchpad(), e, fwd_pd);
@@ -124,7 +129,6 @@ void ConvPrims::make_backward() {
   bw_src = Staged(user_src, bw_pd.src_desc(), kSrcW, true, false);
   bw_diff_dst = Staged(user_dst, bw_pd.diff_dst_desc(), kDiffDstW, true, false);
   bw_diff_wei = Staged(plain_w(wei), bw_pd.diff_weights_desc(), kDiffWei, false, true);
-  have_bwd = true;
 }
 
 ConvPrims& conv_prims(const ConvShape& s, Precision precision) {

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "../cpu/host_scratch.h"
+#include "cpu_conv_product.h"
 #include "gpunodes/nn/layers.h"
 #include "gpunodes/precision.h"
 #include "kernels.h"
@@ -91,9 +92,12 @@ struct ConvPrims {
   dnnl::convolution_backward_data::primitive_desc bd_pd;
   dnnl::convolution_backward_data bd;
   Staged bd_diff_dst, bd_wei, bd_diff_src;
+  // The weight gradient: oneDNN's backward-weights convolution, or (where ConvWeightGradProduct::suits) the
+  // product instead, and then bw is not made.
   dnnl::convolution_backward_weights::primitive_desc bw_pd;
   dnnl::convolution_backward_weights bw;
   Staged bw_src, bw_diff_dst, bw_diff_wei;
+  std::optional<ConvWeightGradProduct> weight_product;
 
   // The operands' type (src, weights, diff_dst): f32, or bf16 under Precision::Bf16. The weight gradient
   // stays f32; y and dx are written as the caller stores them (ConvShape's out_type and in_type).
@@ -110,8 +114,8 @@ struct ConvPrims {
   // A zero descriptor tells oneDNN there is no bias (and no bias gradient).
   memory::desc bias_desc() const { return with_bias ? memory::desc(bias, Dt::f32, Tag::x) : memory::desc(); }
 
-  // Makes the backward primitives, once.
-  void make_backward();
+  // Makes the backward primitives for `s` (the shape this was made for), once.
+  void make_backward(const ConvShape& s);
 };
 
 // The primitives of a convolution of shape `s` computed in `precision`, made on this thread's first call.

@@ -144,23 +144,28 @@ class CpuNnKernels final : public NnKernels {
     kc.op.check_cancelled();
     try {
       ConvPrims& p = conv_prims(s, kc.precision);
-      p.make_backward();
+      p.make_backward(s);
       auto& t = tdnnl();
-      memory src = p.bw_src.bind(const_cast<void*>(x));
-      memory ddst = p.bw_diff_dst.bind(const_cast<void*>(dy));
-      memory dwei = p.bw_diff_wei.bind(dw);
-      std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
-                                           {DNNL_ARG_DIFF_DST, ddst},
-                                           {DNNL_ARG_DIFF_WEIGHTS, dwei},
-                                           {DNNL_ARG_SCRATCHPAD, scratchpad(p.bw_pd.scratchpad_desc())}};
-      if (s.bias) args.emplace(DNNL_ARG_DIFF_BIAS, memory(p.bias_desc(), t.engine, db));
-      p.bw.execute(t.stream, args);
-      p.bw_diff_wei.finish(dwei, dw);
+      std::optional<memory> ddst;  // dy as backward weights read it
+      if (p.weight_product) {
+        p.weight_product->run(s, x, dy, dw, db);
+      } else {
+        memory src = p.bw_src.bind(const_cast<void*>(x));
+        ddst = p.bw_diff_dst.bind(const_cast<void*>(dy));
+        memory dwei = p.bw_diff_wei.bind(dw);
+        std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
+                                             {DNNL_ARG_DIFF_DST, *ddst},
+                                             {DNNL_ARG_DIFF_WEIGHTS, dwei},
+                                             {DNNL_ARG_SCRATCHPAD, scratchpad(p.bw_pd.scratchpad_desc())}};
+        if (s.bias) args.emplace(DNNL_ARG_DIFF_BIAS, memory(p.bias_desc(), t.engine, db));
+        p.bw.execute(t.stream, args);
+        p.bw_diff_wei.finish(dwei, dw);
+      }
       if (dx) {
         kc.op.check_cancelled();
         // Both backwards read dy in the same layout as a rule (bf16 NHWC on AMX): staged once for both.
-        memory ddst2 = p.bd_diff_dst.prim_desc == p.bw_diff_dst.prim_desc
-                           ? ddst
+        memory ddst2 = ddst && p.bd_diff_dst.prim_desc == p.bw_diff_dst.prim_desc
+                           ? *ddst
                            : p.bd_diff_dst.bind(const_cast<void*>(dy));
         memory wei = p.bd_wei.bind(const_cast<float*>(w));
         memory dsrc = p.bd_diff_src.bind(dx);
