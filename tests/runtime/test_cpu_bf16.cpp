@@ -361,10 +361,12 @@ class CpuBf16Test : public QObject {
     // Channels of the blocked cases: multiples of 16, the block on AVX-512 (8 on AVX2).
     QTest::newRow("3x3 stride 2, blocked") << ConvCase{2, 32, 9, 9, 32, 3, 2, 1, 1, false, true};
     QTest::newRow("1x1 projection, blocked") << ConvCase{2, 32, 7, 7, 64, 1, 2, 0, 1, true, true};
-    // On AMX the weight gradient of a strided or small-output blocked convolution is a matmul over im2col
-    // columns (cpu_conv_product.h): the rows above with a stride, and this one (16 positions); the next has
-    // 100 positions and takes oneDNN's kernel.
+    // On AMX some passes of a blocked convolution are matmuls over im2col columns (cpu_conv_product.h): the
+    // weight gradient with a stride or few positions (the rows above, and the next two); the forward and the
+    // data gradient at 16 positions or fewer (the 1x1 projection and the 4x4 row) or with a stride from 128
+    // channels (the 7x7 row). The last row has 100 positions and takes oneDNN's kernels in every pass.
     QTest::newRow("3x3 pad 1 at 4x4, blocked") << ConvCase{3, 48, 4, 4, 64, 3, 1, 1, 1, true, true};
+    QTest::newRow("3x3 stride 2 from 128 channels, blocked") << ConvCase{2, 128, 7, 7, 32, 3, 2, 1, 1, true, true};
     QTest::newRow("3x3 pad 1 at 10x10, blocked") << ConvCase{2, 32, 10, 10, 48, 3, 1, 1, 1, true, true};
     QTest::newRow("1x1 plain") << ConvCase{3, 8, 5, 5, 12, 1, 1, 0, 1, true, false};
     QTest::newRow("depthwise 3x3") << ConvCase{2, 16, 6, 6, 16, 3, 1, 1, 16, true, false};

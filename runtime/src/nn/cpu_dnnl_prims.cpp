@@ -95,7 +95,11 @@ ConvPrims::ConvPrims(const ConvShape& s, Dt operand_type)
                any_dst = desc(dst, Tag::nchw, y_type);
   dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
                                     any_src, any_wei, bias_desc(), any_dst, strides, padding, padding);
-  fwd_pd = dnnl::convolution_forward::primitive_desc(d, user_scratchpad(), e);
+  fwd_pd = dnnl::convolution_forward::primitive_desc(d, user_scratchpad(), e);  // the backwards' hint too
+  if (ConvProduct::suits(s, operand, ConvProduct::Pass::Forward)) {
+    forward_product.emplace(s, ConvProduct::Pass::Forward);
+    return;
+  }
   fwd = dnnl::convolution_forward(fwd_pd);
   f_src = Staged(user_src, fwd_pd.src_desc(), kSrc, true, false);
   f_wei = Staged(plain_w(wei), fwd_pd.weights_desc(), kWei, true, false);
@@ -110,16 +114,20 @@ void ConvPrims::make_backward(const ConvShape& s) {
   memory::desc op_src = desc(src, Tag::nchw, operand), dx_src = desc(src, Tag::nchw, dx_type),
                op_wei = desc(wei, wei_tag, operand), f32_wei = desc(wei, wei_tag, Dt::f32),
                op_dst = desc(dst, Tag::nchw, operand);
-  dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, dx_src, op_wei, op_dst,
-                                           strides, padding, padding);
-  bd_pd = dnnl::convolution_backward_data::primitive_desc(dd, user_scratchpad(), e, fwd_pd);
-  bd = dnnl::convolution_backward_data(bd_pd);
-  bd_diff_dst = Staged(user_dst, bd_pd.diff_dst_desc(), kDiffDst, true, false);
-  bd_wei = Staged(plain_w(wei), bd_pd.weights_desc(), kWei, true, false);
-  bd_diff_src = Staged(user_src, bd_pd.diff_src_desc(), kDiffSrc, false, true);
   have_bwd = true;
-  if (ConvWeightGradProduct::suits(s, operand)) {
-    weight_product.emplace(s);
+  if (ConvProduct::suits(s, operand, ConvProduct::Pass::DataGradient)) {
+    data_product.emplace(s, ConvProduct::Pass::DataGradient);
+  } else {
+    dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, dx_src, op_wei, op_dst,
+                                             strides, padding, padding);
+    bd_pd = dnnl::convolution_backward_data::primitive_desc(dd, user_scratchpad(), e, fwd_pd);
+    bd = dnnl::convolution_backward_data(bd_pd);
+    bd_diff_dst = Staged(user_dst, bd_pd.diff_dst_desc(), kDiffDst, true, false);
+    bd_wei = Staged(plain_w(wei), bd_pd.weights_desc(), kWei, true, false);
+    bd_diff_src = Staged(user_src, bd_pd.diff_src_desc(), kDiffSrc, false, true);
+  }
+  if (ConvProduct::suits(s, operand, ConvProduct::Pass::WeightGradient)) {
+    weight_product.emplace(s, ConvProduct::Pass::WeightGradient);
     return;
   }
   dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct, op_src, f32_wei,

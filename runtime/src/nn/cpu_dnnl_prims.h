@@ -85,19 +85,21 @@ struct ConvPrims {
   // Grouped weights are 5-d for oneDNN, [g, K/g, C/g, R, S]: the same memory as our [K, C/g, R, S].
   Tag wei_tag = Tag::oihw;
   bool with_bias = true;
+  // Each pass is oneDNN's convolution or, where ConvProduct::suits it, a product; then that pass's
+  // primitive (fwd, bd or bw) and its staging are not made.
   dnnl::convolution_forward::primitive_desc fwd_pd;
   dnnl::convolution_forward fwd;
   Staged f_src, f_wei, f_dst;
+  std::optional<ConvProduct> forward_product;
   bool have_bwd = false;
   dnnl::convolution_backward_data::primitive_desc bd_pd;
   dnnl::convolution_backward_data bd;
   Staged bd_diff_dst, bd_wei, bd_diff_src;
-  // The weight gradient: oneDNN's backward-weights convolution, or (where ConvWeightGradProduct::suits) the
-  // product instead, and then bw is not made.
+  std::optional<ConvProduct> data_product;
   dnnl::convolution_backward_weights::primitive_desc bw_pd;
   dnnl::convolution_backward_weights bw;
   Staged bw_src, bw_diff_dst, bw_diff_wei;
-  std::optional<ConvWeightGradProduct> weight_product;
+  std::optional<ConvProduct> weight_product;
 
   // The operands' type (src, weights, diff_dst): f32, or bf16 under Precision::Bf16. The weight gradient
   // stays f32; y and dx are written as the caller stores them (ConvShape's out_type and in_type).

@@ -122,6 +122,7 @@ class CpuNnKernels final : public NnKernels {
     kc.op.check_cancelled();
     try {
       ConvPrims& p = conv_prims(s, kc.precision);
+      if (p.forward_product) return p.forward_product->forward(s, x, w, s.bias ? b : nullptr, y);
       auto& t = tdnnl();
       memory src = p.f_src.bind(const_cast<void*>(x));
       memory wei = p.f_wei.bind(const_cast<float*>(w));
@@ -148,7 +149,7 @@ class CpuNnKernels final : public NnKernels {
       auto& t = tdnnl();
       std::optional<memory> ddst;  // dy as backward weights read it
       if (p.weight_product) {
-        p.weight_product->run(s, x, dy, dw, db);
+        p.weight_product->weight_gradient(s, x, dy, dw, db);
       } else {
         memory src = p.bw_src.bind(const_cast<void*>(x));
         ddst = p.bw_diff_dst.bind(const_cast<void*>(dy));
@@ -161,7 +162,10 @@ class CpuNnKernels final : public NnKernels {
         p.bw.execute(t.stream, args);
         p.bw_diff_wei.finish(dwei, dw);
       }
-      if (dx) {
+      if (dx && p.data_product) {
+        kc.op.check_cancelled();
+        p.data_product->data_gradient(s, dy, w, dx);
+      } else if (dx) {
         kc.op.check_cancelled();
         // Both backwards read dy in the same layout as a rule (bf16 NHWC on AMX): staged once for both.
         memory ddst2 = ddst && p.bd_diff_dst.prim_desc == p.bw_diff_dst.prim_desc
