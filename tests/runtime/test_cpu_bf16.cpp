@@ -402,11 +402,12 @@ class CpuBf16Test : public QObject {
   // on AMX; the fp32 block elsewhere), and it stores the activations in bf16. Batch norm (with its fused
   // shortcut add and ReLU) and the global average pool read them as floats, compute in float (double for
   // the sums) and round what they store once: given the same values, each result is the float32 NCHW one
-  // rounded to bf16, to the bit (each channel's values are summed in the same order in every layout), and the
-  // statistics and parameter gradients are the same bits.
+  // rounded to bf16, to the bit (each channel's values are summed in the same order in every layout: image by
+  // image, the images' partial sums then added in order, though NHWC sums an image per thread and the others a
+  // channel group per thread), and the statistics and parameter gradients are the same bits.
   void batchnorm_and_pooling_in_the_bf16_layout_data() {
     QTest::addColumn<int>("channels");
-    QTest::newRow("64 channels (32 bf16 lanes in NHWC)") << 64;
+    QTest::newRow("64 channels") << 64;
     QTest::newRow("48 channels") << 48;
     QTest::newRow("24 channels") << 24;
     QTest::newRow("12 channels") << 12;

@@ -5,9 +5,12 @@
 // and FMA it takes 0.52 ms, as float32 does.
 #include "cpu_batchnorm.h"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "../cpu/bf16.h"
 #include "cpu_parallel.h"

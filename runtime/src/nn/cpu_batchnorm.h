@@ -7,11 +7,11 @@
 
 namespace gn::nn {
 
-// Batch norm runs over NCHW (block 1), the blocked layouts and NHWC (block == C, cpu_layout.h) alike, a group
-// of B channels side by side: value (n, c, j) of group cb = c / B and lane l = c % B sits at
-// n * image + cb * group + j * step + l. Blocked (B = block, NCHW with B = 1): image C * HW, group HW * B,
-// step B. NHWC: image HW * C, group B, step C, with B the largest of 16, 8 and 1 that divides C (for bf16
-// values 32 first: a cache line). With B a compile-time constant the lane loops vectorise.
+// Batch norm runs over NCHW (block 1), the blocked layouts and NHWC (block == C, cpu_layout.h) alike. NCHW
+// and the blocked layouts take a group of B channels per thread, side by side: value (n, c, j) of group
+// cb = c / B and lane l = c % B sits at n * C * HW + cb * HW * B + j * B + l (B = block; NCHW: B = 1), with B
+// a compile-time constant so that the lane loops vectorise. NHWC streams whole rows of C channels, an image
+// per thread. The sums are in double, image by image, in the same order in every layout.
 // The activations (x, residual, y; dy, dx, dresidual) are stored as BnShape::type says: float or bfloat16
 // (uint16_t), read as floats and rounded once when written; the parameters and statistics are float.
 struct BnForward {
