@@ -23,6 +23,7 @@ struct OpNode {
   std::vector<std::shared_ptr<OpNode>> dependents;
   std::exception_ptr error;
   bool error_from_input = false;  // skipped because something it reads had failed
+  bool awaited = false;           // a host sleeps in wait() until this op is done: finish() wakes it
   // Set when the op becomes ready, under the engine's lock: the error stuck to what it reads, so that the
   // worker learns it without taking the lock again.
   std::exception_ptr input_error;
@@ -86,7 +87,9 @@ Engine::Engine(Profiler& profiler, WorkerFactory factory)
 Engine::~Engine() {
   {
     std::unique_lock lock(mutex_);
+    ++all_waiters_;
     done_cv_.wait(lock, [&] { return pending_ == 0; });
+    --all_waiters_;
   }
   for (auto& [key, worker] : workers_) worker->stop();
 }
@@ -284,8 +287,11 @@ std::vector<std::shared_ptr<OpNode>> Engine::finish(const std::shared_ptr<OpNode
   ++completed_;
   --pending_;
   const bool room = has_room_for_waiting_hosts();  // a host waiting in push may go on
+  // Only a host asleep on this op, or on an empty engine, is woken: waking a host in wait_all() at every one
+  // of thousands of tiny ops cost the worker a futex call and a context switch each time.
+  const bool wake = op->awaited || (pending_ == 0 && all_waiters_ > 0);
   lock.unlock();
-  done_cv_.notify_all();
+  if (wake) done_cv_.notify_all();
   if (room) room_cv_.notify_all();
   return ready;
 }
@@ -329,13 +335,21 @@ void Engine::wait_until(std::unique_lock<std::mutex>& lock, Pred pred) {
 
 void Engine::wait(const VarPtr& var) {
   std::unique_lock lock(mutex_);
-  wait_until(lock, [&] { return !var->last_writer || var->last_writer->done; });
+  // The predicate marks the op it waits for, so that finish() wakes this host when that op is done. Should a
+  // later op write var meanwhile, it depends on that one, which finishes first and wakes the host to mark it.
+  wait_until(lock, [&] {
+    if (!var->last_writer || var->last_writer->done) return true;
+    var->last_writer->awaited = true;
+    return false;
+  });
   if (var->error) std::rethrow_exception(var->error);
 }
 
 void Engine::wait_all() {
   std::unique_lock lock(mutex_);
+  ++all_waiters_;
   wait_until(lock, [&] { return pending_ == 0; });
+  --all_waiters_;
   if (auto e = std::exchange(first_error_, nullptr)) std::rethrow_exception(e);
 }
 

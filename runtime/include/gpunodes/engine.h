@@ -149,6 +149,7 @@ class Engine {
   std::shared_ptr<OpNode> last_pushed_;  // sequential schedule chains every op after this one
   Schedule schedule_ = Schedule::Parallel;
   size_t pending_ = 0;
+  size_t all_waiters_ = 0;  // hosts in wait_all() (or the destructor): woken when pending_ reaches 0
   std::atomic<uint64_t> completed_{0};  // ops finished so far: what a spinning waiter watches
   size_t max_queued_ = kDefaultMaxQueued;
   std::exception_ptr first_error_;
