@@ -681,13 +681,16 @@ int main(int argc, char** argv) {
           fmt("%.2f", bf16.peak_mib / fp32.peak_mib), "<= 0.6");
       if (torch[0] < 0) std::printf("\n(PyTorch not found for /usr/bin/python3: apt-get install python3-torch)\n");
       if (profile) {
-        ModelOptions o;
-        o.arch = Arch::ResNet18;
-        TrainOptions to;
-        to.batch_size = 32;
-        to.precision = Precision::Bf16;
-        gn::bench::print_step_profile("ResNet-18 bf16 step (batch 32)", o, to, random_batch(32, 1, 28, 1), threads,
-                                      resnet_steps);
+        auto profile_of = [&](Arch arch, int64_t batch, const char* title, int steps_to_profile) {
+          ModelOptions o;
+          o.arch = arch;
+          TrainOptions to;
+          to.batch_size = batch;
+          to.precision = Precision::Bf16;
+          gn::bench::print_step_profile(title, o, to, random_batch(batch, 1, 28, 1), threads, steps_to_profile);
+        };
+        profile_of(Arch::Mlp, 256, "MLP bf16 step (batch 256)", 200);
+        profile_of(Arch::ResNet18, 32, "ResNet-18 bf16 step (batch 32)", resnet_steps);
       }
     }
   }

@@ -27,9 +27,9 @@ namespace {
 // Elementwise loops go parallel only when the work pays for waking the team.
 constexpr int64_t kParallelThreshold = 1 << 15;
 
-// body(i) for every i in [0, n): an OpenMP loop past kParallelThreshold, a plain one on this thread below it.
-// Not `#pragma omp parallel for if (...)`: a region whose if is false still enters libgomp, which allocated and
-// freed a team of one each time, about a quarter of a tiny op's 2.3 us here.
+// body(i) for every i in [0, n): an OpenMP loop past kParallelThreshold, a plain one on this thread below
+// it. Not `#pragma omp parallel for if (...)`: a region whose if is false still enters libgomp, which
+// allocated and freed a team of one each time, about a quarter of a tiny op's 2.3 us here.
 template <class F>
 void for_each_index(int64_t n, F&& body) {
   if (n <= kParallelThreshold) {

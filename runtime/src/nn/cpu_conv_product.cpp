@@ -145,7 +145,8 @@ void ConvProduct::data_gradient(const ConvShape& s, const void* dy, const float*
   col2im(s, dcols, static_cast<uint16_t*>(dx));
 }
 
-void ConvProduct::weight_gradient(const ConvShape& s, const void* x, const void* dy, float* dw, float* db) const {
+void ConvProduct::weight_gradient(const ConvShape& s, const void* x, const void* dy, float* dw,
+                                  float* db) const {
   auto& t = tdnnl();
   auto* cols = static_cast<uint16_t*>(t.scratch.get(kSrcW, b_.get_size()));
   im2col(s, static_cast<const uint16_t*>(x), cols);
