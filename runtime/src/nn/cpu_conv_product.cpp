@@ -115,13 +115,19 @@ ConvProduct::ConvProduct(const ConvShape& s, Pass pass) {
   weights_ = dnnl::reorder(dnnl::reorder::primitive_desc(e, weights_from_, e, weights_to_));
 }
 
+memory ConvProduct::weights_in_bf16(const float* w) const {
+  auto& t = tdnnl();
+  memory w_in(weights_from_, t.engine, const_cast<float*>(w)),
+      w16(weights_to_, t.engine, t.scratch.get(kWei, weights_to_.get_size()));
+  weights_.execute(t.stream, w_in, w16);
+  return w16;
+}
+
 void ConvProduct::forward(const ConvShape& s, const void* x, const float* w, const float* b, void* y) const {
   auto& t = tdnnl();
   auto* cols = static_cast<uint16_t*>(t.scratch.get(kSrc, a_.get_size()));
   im2col(s, static_cast<const uint16_t*>(x), cols);
-  memory w_in(weights_from_, t.engine, const_cast<float*>(w)),
-      w16(weights_to_, t.engine, t.scratch.get(kWei, weights_to_.get_size()));
-  weights_.execute(t.stream, w_in, w16);
+  const memory w16 = weights_in_bf16(w);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(a_, t.engine, cols)},
                                        {DNNL_ARG_WEIGHTS, memory(b_, t.engine, w16.get_data_handle())},
                                        {DNNL_ARG_DST, memory(c_, t.engine, y)},
@@ -133,9 +139,7 @@ void ConvProduct::forward(const ConvShape& s, const void* x, const float* w, con
 
 void ConvProduct::data_gradient(const ConvShape& s, const void* dy, const float* w, void* dx) const {
   auto& t = tdnnl();
-  memory w_in(weights_from_, t.engine, const_cast<float*>(w)),
-      w16(weights_to_, t.engine, t.scratch.get(kWei, weights_to_.get_size()));
-  weights_.execute(t.stream, w_in, w16);
+  const memory w16 = weights_in_bf16(w);
   auto* dcols = static_cast<float*>(t.scratch.get(kDiffSrc, c_.get_size()));
   product_.execute(t.stream, {{DNNL_ARG_SRC, memory(a_, t.engine, const_cast<void*>(dy))},
                               {DNNL_ARG_WEIGHTS, memory(b_, t.engine, w16.get_data_handle())},

@@ -41,6 +41,9 @@ class ConvProduct {
   void weight_gradient(const ConvShape& s, const void* x, const void* dy, float* dw, float* db) const;
 
  private:
+  // Forward and data gradient: w rounded to bf16 in the columns' order, in this thread's scratch.
+  dnnl::memory weights_in_bf16(const float* w) const;
+
   dnnl::matmul::primitive_desc pd_;
   dnnl::matmul product_;
   // The product's operands and result (which is which follows the pass).
